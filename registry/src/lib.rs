@@ -1,0 +1,163 @@
+//! `loadout`: the tool registry, its storage and its router.
+//!
+//! This crate owns the contract between tools and the servers that expose them:
+//! [`Tool`] and [`Domain`] (what a tool is, wherever it was declared), the link-time
+//! collection that `#[tool]` and [`domain!`] submit to, the [`Registry`] that validates
+//! arguments and calls tools, the [`Store`] that keeps every piece of state a user
+//! expects to survive, and the [`router`] that picks the tools a message needs.
+//!
+//! It must not depend on any domain crate, on axum or on rmcp: domains depend on this
+//! crate, servers depend on both, and nothing calls back up.
+
+mod context;
+mod domain;
+mod error;
+pub mod export;
+mod registry;
+pub mod router;
+pub mod schema;
+pub mod settings;
+pub mod store;
+pub mod tokens;
+mod tool;
+pub mod toolkit;
+
+pub use context::ToolContext;
+pub use domain::{Domain, DomainEntry};
+pub use error::{RegistryError, ToolError};
+pub use registry::Registry;
+pub use settings::{Settings, is_secret_key, mask_secret};
+pub use store::{Store, StoreError};
+pub use tool::{Annotations, Backend, Tier, Tool, ToolEntry};
+
+/// Declares `fn` items as tools; see the crate README for the keys it takes.
+pub use loadout_macros::tool;
+
+// Domain crates depend on `loadout` only; these re-exports spare them a second
+// version of each crate the generated code names.
+pub use schemars;
+pub use serde;
+pub use serde_json;
+
+/// Declares a domain once, next to its tools.
+///
+/// ```ignore
+/// loadout::domain! {
+///     name: "weather",
+///     description: "Forecasts and current conditions.",
+///     settings_keys: ["openweathermap_api_key"],
+///     keywords: ["weather", "forecast"],
+/// }
+/// ```
+///
+/// `settings_keys` empty (or left out) means the domain is always active. Optional:
+/// `tier: "free" | "pro"`, `always_on: true` (exposed on every turn; only `core`),
+/// `conflicts: ["other_domain"]`.
+#[macro_export]
+macro_rules! domain {
+    (
+        name: $name:literal,
+        description: $description:literal
+        $(, settings_keys: [$($key:literal),* $(,)?])?
+        $(, keywords: [$($keyword:literal),* $(,)?])?
+        $(, tier: $tier:literal)?
+        $(, always_on: $always_on:literal)?
+        $(, conflicts: [$($conflict:literal),* $(,)?])?
+        $(,)?
+    ) => {
+        const _: () = {
+            $crate::__private::inventory::submit! {
+                $crate::DomainEntry {
+                    name: $name,
+                    description: $description,
+                    settings_keys: &[$($($key),*)?],
+                    keywords: &[$($($keyword),*)?],
+                    tier: $crate::__private::tier_from_str(
+                        $crate::__private::first_or("free", &[$($tier)?]),
+                    ),
+                    always_on: $crate::__private::first_bool_or(false, &[$($always_on)?]),
+                    conflicts: &[$($($conflict),*)?],
+                    file: file!(),
+                    line: line!(),
+                }
+            }
+        };
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    //! Items for generated code only. Not a stable interface.
+    pub use crate::schema::schema_for;
+    pub use crate::tool::{CallFn, CallFuture};
+    pub use inventory;
+    pub use schemars;
+    pub use serde;
+    pub use serde_json;
+
+    use crate::{Tier, ToolContext, ToolError};
+
+    pub const fn tier_from_str(s: &str) -> Tier {
+        match s.as_bytes() {
+            b"pro" => Tier::Pro,
+            _ => Tier::Free,
+        }
+    }
+
+    pub const fn first_or(default: &'static str, given: &[&'static str]) -> &'static str {
+        match given {
+            [first, ..] => first,
+            [] => default,
+        }
+    }
+
+    pub const fn first_bool_or(default: bool, given: &[bool]) -> bool {
+        match given {
+            [first, ..] => *first,
+            [] => default,
+        }
+    }
+
+    /// Deserializes the arguments struct of a tool; the error names the field.
+    pub fn parse_args<T: serde::de::DeserializeOwned>(
+        args: serde_json::Value,
+    ) -> Result<T, ToolError> {
+        serde_json::from_value(args).map_err(|e| ToolError::InvalidArgs {
+            field: None,
+            message: e.to_string(),
+        })
+    }
+
+    /// Turns what a tool body returned into the registry's result type.
+    pub trait IntoToolResult {
+        fn into_tool_result(self) -> Result<serde_json::Value, ToolError>;
+    }
+
+    impl<T: serde::Serialize, E: std::fmt::Display> IntoToolResult for Result<T, E> {
+        fn into_tool_result(self) -> Result<serde_json::Value, ToolError> {
+            match self {
+                Ok(value) => to_value(&value),
+                Err(e) => Err(ToolError::Execution(e.to_string())),
+            }
+        }
+    }
+
+    /// Wraps a plain `Serialize` return value; the macro picks this path for
+    /// return types that are not spelled `Result<..>`.
+    pub fn ok_result<T: serde::Serialize>(value: T) -> Result<serde_json::Value, ToolError> {
+        to_value(&value)
+    }
+
+    fn to_value<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, ToolError> {
+        serde_json::to_value(value)
+            .map_err(|e| ToolError::Execution(format!("result is not JSON: {e}")))
+    }
+
+    /// Keeps the context type nameable from generated code.
+    pub type Context = ToolContext;
+
+    /// Schema of a tool that takes no arguments.
+    pub fn empty_object_schema() -> serde_json::Value {
+        serde_json::json!({"type": "object", "properties": {}})
+    }
+}

@@ -1,0 +1,1 @@
+//! The router: picks the tools a message needs. (Being written.)

@@ -1,0 +1,196 @@
+//! Settings: key/value strings in the [`Store`], read through a cache.
+//!
+//! Reads are served from memory; the cache is dropped by every write made through
+//! this handle and reloaded when the store reports a write by anyone else, with a
+//! TTL (default 10 s) as the backstop.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::store::{Store, StoreError};
+
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+
+/// Cached view of the settings table; cheap to clone, clones share the cache.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    store: Store,
+    ttl: Duration,
+    cache: Arc<Mutex<Option<Cached>>>,
+}
+
+#[derive(Debug)]
+struct Cached {
+    loaded: Instant,
+    version: i64,
+    values: Arc<BTreeMap<String, String>>,
+}
+
+impl Settings {
+    pub fn new(store: Store) -> Settings {
+        Settings::with_ttl(store, DEFAULT_TTL)
+    }
+
+    pub fn with_ttl(store: Store, ttl: Duration) -> Settings {
+        Settings {
+            store,
+            ttl,
+            cache: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// All settings. Served from the cache while it is fresh and the store reports
+    /// no write since it was loaded.
+    pub async fn snapshot(&self) -> Result<Arc<BTreeMap<String, String>>, StoreError> {
+        let cached = {
+            let guard = self.lock();
+            guard
+                .as_ref()
+                .filter(|c| c.loaded.elapsed() < self.ttl)
+                .map(|c| (c.version, c.values.clone()))
+        };
+        let version = self.store.settings_version().await?;
+        if let Some((cached_version, values)) = cached {
+            if cached_version == version {
+                return Ok(values);
+            }
+        }
+        let values = Arc::new(self.store.settings_all().await?);
+        // Read the version again after loading: a write in between makes the next
+        // read reload rather than trust a stale map.
+        let version_after = self.store.settings_version().await?;
+        *self.lock() = Some(Cached {
+            loaded: Instant::now(),
+            version: if version_after == version {
+                version
+            } else {
+                i64::MIN
+            },
+            values: values.clone(),
+        });
+        Ok(values)
+    }
+
+    /// The cached map without asking the store: for the routing hot path, which
+    /// must not wait on storage. `None` until the first [`snapshot`](Self::snapshot).
+    pub fn cached(&self) -> Option<Arc<BTreeMap<String, String>>> {
+        self.lock()
+            .as_ref()
+            .filter(|c| c.loaded.elapsed() < self.ttl)
+            .map(|c| c.values.clone())
+    }
+
+    pub async fn get(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.snapshot().await?.get(key).cloned())
+    }
+
+    pub async fn set(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        self.store.setting_set(key, value).await?;
+        self.invalidate();
+        Ok(())
+    }
+
+    pub async fn unset(&self, key: &str) -> Result<bool, StoreError> {
+        let existed = self.store.setting_unset(key).await?;
+        self.invalidate();
+        Ok(existed)
+    }
+
+    /// Drops the cache; the next read goes to the store.
+    pub fn invalidate(&self) {
+        *self.lock() = None;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Cached>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Whether a key names a secret whose value must be masked when read back.
+pub fn is_secret_key(key: &str) -> bool {
+    const MARKERS: &[&str] = &[
+        "key",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "credential",
+        "auth",
+        "cookie",
+        "private",
+    ];
+    let key = key.to_ascii_lowercase();
+    MARKERS.iter().any(|m| key.contains(m))
+}
+
+/// A masked form that shows the value is set without revealing it.
+pub fn mask_secret(value: &str) -> String {
+    let n = value.chars().count();
+    if n <= 8 {
+        "********".into()
+    } else {
+        let tail: String = value.chars().skip(n - 4).collect();
+        format!("********{tail}")
+    }
+}
+
+/// Masks secret-looking values anywhere inside a JSON value (for audit logs).
+pub fn mask_json_secrets(value: &serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            // `{"key": "llm_api_key", "value": "sk-…"}` (set_setting) hides its secret
+            // under a harmless field name.
+            let value_is_secret = map
+                .get("key")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(is_secret_key);
+            serde_json::Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let masked = match v {
+                        serde_json::Value::String(s)
+                            if is_secret_key(k) || (value_is_secret && k == "value") =>
+                        {
+                            serde_json::Value::String(mask_secret(s))
+                        }
+                        other => mask_json_secrets(other),
+                    };
+                    (k.clone(), masked)
+                })
+                .collect(),
+            )
+        }
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.iter().map(mask_json_secrets).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_keys_are_recognised() {
+        assert!(is_secret_key("openweathermap_api_key"));
+        assert!(is_secret_key("llm_api_key"));
+        assert!(is_secret_key("github_token"));
+        assert!(!is_secret_key("filesystem_roots"));
+        assert!(!is_secret_key("llm_model"));
+    }
+
+    #[test]
+    fn masking_keeps_only_a_short_tail() {
+        assert_eq!(mask_secret("short"), "********");
+        assert_eq!(mask_secret("sk-abcdefghijkl"), "********ijkl");
+        let masked = mask_json_secrets(&serde_json::json!({"key": "llm_api_key", "value": "x", "api_key": "sk-123456789"}));
+        assert_eq!(masked["api_key"], "********6789");
+        assert_eq!(masked["value"], "********");
+    }
+}

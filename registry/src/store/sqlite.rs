@@ -1,0 +1,497 @@
+//! The embedded SQLite backend: one file, WAL, a busy timeout so that the chat
+//! server and an MCP server can share it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{
+    AuditRow, DecisionRow, MessageRow, SessionDomainState, StoreError, now_ms,
+    validate_session_id,
+};
+
+/// Versioned migrations, applied in order at open. Never edit a shipped one: add one.
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    r#"
+    CREATE TABLE settings (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL,
+        updated_ms INTEGER NOT NULL
+    );
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        created_ms INTEGER NOT NULL,
+        n_turns INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL REFERENCES sessions(id),
+        turn INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        at_ms INTEGER NOT NULL
+    );
+    CREATE INDEX messages_by_session ON messages(session_id, id);
+    CREATE TABLE session_domains (
+        session_id TEXT NOT NULL,
+        domain TEXT NOT NULL,
+        last_used_turn INTEGER NOT NULL,
+        pinned INTEGER NOT NULL DEFAULT 0,
+        unloaded INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (session_id, domain)
+    );
+    CREATE TABLE domain_use (
+        domain TEXT PRIMARY KEY,
+        last_used_ms INTEGER NOT NULL
+    );
+    CREATE TABLE tool_history (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at_ms INTEGER NOT NULL,
+        session_id TEXT,
+        turn INTEGER NOT NULL,
+        message TEXT NOT NULL,
+        n_tools INTEGER NOT NULL,
+        tokens INTEGER NOT NULL,
+        reasons TEXT NOT NULL
+    );
+    CREATE INDEX tool_history_by_session ON tool_history(session_id, id);
+    CREATE TABLE audit_log (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at_ms INTEGER NOT NULL,
+        client TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        args TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        detail TEXT,
+        duration_ms REAL NOT NULL
+    );
+    "#,
+)];
+
+/// Newest schema version this binary knows.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// SQLite state backend.
+#[derive(Clone)]
+pub struct SqliteStore {
+    path: PathBuf,
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and brings its schema up to date.
+    pub async fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        let path = path.to_path_buf();
+        let opened = path.clone();
+        let conn = tokio::task::spawn_blocking(move || -> Result<Connection, StoreError> {
+            let open_err = |e: &dyn std::fmt::Display| StoreError::Open {
+                url: format!("sqlite:{}", opened.display()),
+                message: e.to_string(),
+            };
+            if let Some(parent) = opened.parent() {
+                if !parent.as_os_str().is_empty() {
+                    std::fs::create_dir_all(parent).map_err(|e| open_err(&e))?;
+                }
+            }
+            let mut conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
+            configure(&conn).map_err(|e| open_err(&e))?;
+            migrate(&mut conn)?;
+            Ok(conn)
+        })
+        .await
+        .map_err(|e| StoreError::Database(e.to_string()))??;
+        Ok(SqliteStore {
+            path,
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on the connection on a blocking thread. Domains use this for their
+    /// own tables in the shared database.
+    pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+        R: Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            // A panic while holding the lock poisons it; the connection itself is
+            // still consistent (SQLite rolls back), so keep using it.
+            let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::Database(format!("storage task failed: {e}")))?
+    }
+
+    pub async fn settings_all(&self) -> Result<BTreeMap<String, String>, StoreError> {
+        self.call(|c| {
+            let mut stmt = c.prepare_cached("SELECT key, value FROM settings")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<Result<BTreeMap<_, _>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn setting_set(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.call(move |c| {
+            c.execute(
+                "INSERT INTO settings(key, value, updated_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_ms = excluded.updated_ms",
+                params![key, value, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn setting_unset(&self, key: &str) -> Result<bool, StoreError> {
+        let key = key.to_owned();
+        self.call(move |c| Ok(c.execute("DELETE FROM settings WHERE key = ?1", [key])? > 0))
+            .await
+    }
+
+    /// `PRAGMA data_version` changes when another connection (another process)
+    /// commits; combined with our own write counter it detects any settings write.
+    pub async fn settings_version(&self) -> Result<i64, StoreError> {
+        self.call(|c| {
+            let data_version: i64 = c.query_row("PRAGMA data_version", [], |r| r.get(0))?;
+            let changes = c.total_changes() as i64;
+            Ok(data_version.wrapping_mul(1_000_003).wrapping_add(changes))
+        })
+        .await
+    }
+
+    pub async fn session_create(&self) -> Result<String, StoreError> {
+        let id = new_session_id();
+        self.session_ensure(&id).await?;
+        Ok(id)
+    }
+
+    pub async fn session_ensure(&self, id: &str) -> Result<(), StoreError> {
+        validate_session_id(id)?;
+        let id = id.to_owned();
+        self.call(move |c| {
+            c.execute(
+                "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
+                params![id, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.call(move |c| {
+            Ok(c.query_row("SELECT 1 FROM sessions WHERE id = ?1", [id], |_| Ok(()))
+                .optional()?
+                .is_some())
+        })
+        .await
+    }
+
+    pub async fn session_turn(&self, id: &str) -> Result<i64, StoreError> {
+        let id = id.to_owned();
+        self.call(move |c| {
+            Ok(c.query_row("SELECT n_turns FROM sessions WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .optional()?
+            .unwrap_or(0))
+        })
+        .await
+    }
+
+    pub async fn message_append(
+        &self,
+        session: &str,
+        role: &str,
+        content: &serde_json::Value,
+    ) -> Result<i64, StoreError> {
+        validate_session_id(session)?;
+        let (session, role, content) = (session.to_owned(), role.to_owned(), content.to_string());
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "INSERT OR IGNORE INTO sessions(id, created_ms) VALUES (?1, ?2)",
+                params![session, now_ms()],
+            )?;
+            if role == "user" {
+                tx.execute(
+                    "UPDATE sessions SET n_turns = n_turns + 1 WHERE id = ?1",
+                    [&session],
+                )?;
+            }
+            let turn: i64 =
+                tx.query_row("SELECT n_turns FROM sessions WHERE id = ?1", [&session], |r| {
+                    r.get(0)
+                })?;
+            tx.execute(
+                "INSERT INTO messages(session_id, turn, role, content, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![session, turn, role, content, now_ms()],
+            )?;
+            tx.commit()?;
+            Ok(turn)
+        })
+        .await
+    }
+
+    pub async fn messages(&self, session: &str) -> Result<Vec<MessageRow>, StoreError> {
+        let session = session.to_owned();
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT turn, role, content, at_ms FROM messages WHERE session_id = ?1 ORDER BY id",
+            )?;
+            let rows = stmt.query_map([session], |r| {
+                let content: String = r.get(2)?;
+                Ok(MessageRow {
+                    turn: r.get(0)?,
+                    role: r.get(1)?,
+                    content: serde_json::from_str(&content)
+                        .unwrap_or(serde_json::Value::String(content)),
+                    at_ms: r.get(3)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn session_domains(
+        &self,
+        session: &str,
+    ) -> Result<Vec<SessionDomainState>, StoreError> {
+        let session = session.to_owned();
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT domain, last_used_turn, pinned, unloaded FROM session_domains
+                 WHERE session_id = ?1 ORDER BY domain",
+            )?;
+            let rows = stmt.query_map([session], |r| {
+                Ok(SessionDomainState {
+                    domain: r.get(0)?,
+                    last_used_turn: r.get(1)?,
+                    pinned: r.get(2)?,
+                    unloaded: r.get(3)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn session_domain_put(
+        &self,
+        session: &str,
+        state: &SessionDomainState,
+    ) -> Result<(), StoreError> {
+        validate_session_id(session)?;
+        let (session, state) = (session.to_owned(), state.clone());
+        self.call(move |c| {
+            c.execute(
+                "INSERT INTO session_domains(session_id, domain, last_used_turn, pinned, unloaded)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT(session_id, domain) DO UPDATE SET
+                   last_used_turn = excluded.last_used_turn,
+                   pinned = excluded.pinned,
+                   unloaded = excluded.unloaded",
+                params![
+                    session,
+                    state.domain,
+                    state.last_used_turn,
+                    state.pinned,
+                    state.unloaded
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn domain_used(&self, domain: &str, at_ms: i64) -> Result<(), StoreError> {
+        let domain = domain.to_owned();
+        self.call(move |c| {
+            c.execute(
+                "INSERT INTO domain_use(domain, last_used_ms) VALUES (?1, ?2)
+                 ON CONFLICT(domain) DO UPDATE SET last_used_ms = max(last_used_ms, excluded.last_used_ms)",
+                params![domain, at_ms],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn domains_used_since(&self, since_ms: i64) -> Result<Vec<String>, StoreError> {
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT domain FROM domain_use WHERE last_used_ms >= ?1 ORDER BY domain",
+            )?;
+            let rows = stmt.query_map([since_ms], |r| r.get(0))?;
+            Ok(rows.collect::<Result<Vec<String>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn decisions_insert(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {
+        let rows = rows.to_vec();
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut stmt = tx.prepare_cached(
+                    "INSERT INTO tool_history(at_ms, session_id, turn, message, n_tools, tokens, reasons)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?;
+                for row in &rows {
+                    stmt.execute(params![
+                        row.at_ms,
+                        row.session,
+                        row.turn,
+                        row.message,
+                        row.n_tools,
+                        row.tokens,
+                        row.reasons.to_string()
+                    ])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn decisions(&self, session: &str) -> Result<Vec<DecisionRow>, StoreError> {
+        let session = session.to_owned();
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons
+                 FROM tool_history WHERE session_id = ?1 ORDER BY id",
+            )?;
+            let rows = stmt.query_map([session], |r| {
+                let reasons: String = r.get(6)?;
+                Ok(DecisionRow {
+                    at_ms: r.get(0)?,
+                    session: r.get(1)?,
+                    turn: r.get(2)?,
+                    message: r.get(3)?,
+                    n_tools: r.get(4)?,
+                    tokens: r.get(5)?,
+                    reasons: serde_json::from_str(&reasons).unwrap_or(serde_json::Value::Null),
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn audit_insert(&self, rows: &[AuditRow]) -> Result<(), StoreError> {
+        let rows = rows.to_vec();
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut stmt = tx.prepare_cached(
+                    "INSERT INTO audit_log(at_ms, client, tool, args, outcome, detail, duration_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?;
+                for row in &rows {
+                    stmt.execute(params![
+                        row.at_ms,
+                        row.client,
+                        row.tool,
+                        row.args.to_string(),
+                        row.outcome,
+                        row.detail,
+                        row.duration_ms
+                    ])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn audit_tail(&self, n: usize) -> Result<Vec<AuditRow>, StoreError> {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT at_ms, client, tool, args, outcome, detail, duration_ms FROM
+                 (SELECT * FROM audit_log ORDER BY id DESC LIMIT ?1) ORDER BY id",
+            )?;
+            let rows = stmt.query_map([n], |r| {
+                let args: String = r.get(3)?;
+                Ok(AuditRow {
+                    at_ms: r.get(0)?,
+                    client: r.get(1)?,
+                    tool: r.get(2)?,
+                    args: serde_json::from_str(&args).unwrap_or(serde_json::Value::Null),
+                    outcome: r.get(4)?,
+                    detail: r.get(5)?,
+                    duration_ms: r.get(6)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+}
+
+/// Pragmas every connection to a shared file needs.
+pub fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(())
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_ms INTEGER NOT NULL)",
+    )?;
+    let found: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+        [],
+        |r| r.get(0),
+    )?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            known: SCHEMA_VERSION,
+        });
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.execute(
+            "INSERT INTO schema_version(version, applied_ms) VALUES (?1, ?2)",
+            params![version, now_ms()],
+        )?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+/// 128 random bits from the OS as hex; session ids must not be guessable.
+fn new_session_id() -> String {
+    let mut bytes = [0u8; 16];
+    if getrandom_fill(&mut bytes).is_err() {
+        // Fall back to time and address entropy; ids stay unique, if guessable.
+        let seed = now_ms() as u128 ^ (&bytes as *const _ as usize as u128) << 64;
+        bytes = seed.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn getrandom_fill(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}

@@ -1,0 +1,31 @@
+//! Project tasks: `cargo xtask lint | eval | bench | ci`.
+//!
+//! Each task lives in its own module; this file only dispatches.
+
+mod bench;
+mod eval;
+mod lint;
+
+use anyhow::bail;
+
+const USAGE: &str = "usage: cargo xtask <lint | eval | bench> [options]
+  lint                      check domains and tools (keywords, names, descriptions, schemas, linking)
+  eval  --catalog DIR --cases FILE [--json]   replay labeled conversations through the router
+  bench [--quick]           routing time per message against a naive baseline";
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((task, rest)) = args.split_first() else {
+        bail!("{USAGE}");
+    };
+    match task.as_str() {
+        "lint" => lint::run(rest),
+        "eval" => eval::run(rest),
+        "bench" => bench::run(rest),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown task `{other}`\n{USAGE}"),
+    }
+}
