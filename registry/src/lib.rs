@@ -89,7 +89,7 @@ macro_rules! domain {
 pub mod __private {
     //! Items for generated code only. Not a stable interface.
     pub use crate::schema::schema_for;
-    pub use crate::tool::{CallFn, CallFuture};
+    pub use crate::tool::{Annotations, CallFn, CallFuture, ToolEntry};
     pub use inventory;
     pub use schemars;
     pub use serde;
@@ -128,24 +128,32 @@ pub mod __private {
         })
     }
 
-    /// Turns what a tool body returned into the registry's result type.
-    pub trait IntoToolResult {
-        fn into_tool_result(self) -> Result<serde_json::Value, ToolError>;
+    /// Wraps what a tool body returned so that method resolution picks the
+    /// `Result` conversion when it applies and the plain one otherwise (autoref
+    /// specialization): the return type is never recognised by its spelling.
+    pub struct Returned<T>(pub T);
+
+    pub trait ResultReturn {
+        fn into_tool_result(&self) -> Result<serde_json::Value, ToolError>;
     }
 
-    impl<T: serde::Serialize, E: std::fmt::Display> IntoToolResult for Result<T, E> {
-        fn into_tool_result(self) -> Result<serde_json::Value, ToolError> {
-            match self {
-                Ok(value) => to_value(&value),
+    impl<T: serde::Serialize, E: std::fmt::Display> ResultReturn for Returned<Result<T, E>> {
+        fn into_tool_result(&self) -> Result<serde_json::Value, ToolError> {
+            match &self.0 {
+                Ok(value) => to_value(value),
                 Err(e) => Err(ToolError::Execution(e.to_string())),
             }
         }
     }
 
-    /// Wraps a plain `Serialize` return value; the macro picks this path for
-    /// return types that are not spelled `Result<..>`.
-    pub fn ok_result<T: serde::Serialize>(value: T) -> Result<serde_json::Value, ToolError> {
-        to_value(&value)
+    pub trait PlainReturn {
+        fn into_tool_result(&self) -> Result<serde_json::Value, ToolError>;
+    }
+
+    impl<T: serde::Serialize> PlainReturn for &Returned<T> {
+        fn into_tool_result(&self) -> Result<serde_json::Value, ToolError> {
+            to_value(&self.0)
+        }
     }
 
     fn to_value<T: serde::Serialize>(value: &T) -> Result<serde_json::Value, ToolError> {

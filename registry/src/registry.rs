@@ -93,7 +93,10 @@ impl Registry {
     }
 
     /// Checks names, duplicates and domain references, and indexes the result.
-    pub fn from_parts(mut domains: Vec<Domain>, mut tools: Vec<Tool>) -> Result<Registry, RegistryError> {
+    pub fn from_parts(
+        mut domains: Vec<Domain>,
+        mut tools: Vec<Tool>,
+    ) -> Result<Registry, RegistryError> {
         // Link order is unspecified: sort so that every listing and every error is
         // the same from build to build.
         domains.sort_by(|a, b| a.name.cmp(&b.name).then(a.origin.cmp(&b.origin)));
@@ -132,7 +135,10 @@ impl Registry {
                     origin: tool.origin.clone(),
                 });
             };
-            tools_by_domain.entry(domain_idx).or_default().push(tool.name.clone());
+            tools_by_domain
+                .entry(domain_idx)
+                .or_default()
+                .push(tool.name.clone());
             tool_index.insert(tool.name.clone(), i);
         }
         for (domain_idx, names) in tools_by_domain {
@@ -205,7 +211,11 @@ impl Registry {
     }
 
     /// Settings keys a domain still needs, given the current settings.
-    pub fn missing_settings(&self, domain: &str, settings: &BTreeMap<String, String>) -> Vec<String> {
+    pub fn missing_settings(
+        &self,
+        domain: &str,
+        settings: &BTreeMap<String, String>,
+    ) -> Vec<String> {
         self.domain(domain)
             .map(|d| {
                 d.missing_settings(|key| settings.get(key).is_some_and(|v| !v.trim().is_empty()))
@@ -237,11 +247,22 @@ impl Registry {
     /// Validates, checks the domain's settings, then runs the tool. The body never
     /// runs on invalid arguments or an unconfigured domain; a panic in it becomes
     /// [`ToolError::Panicked`].
-    pub async fn call(&self, name: &str, args: Value, ctx: ToolContext) -> Result<Value, ToolError> {
+    pub async fn call(
+        &self,
+        name: &str,
+        args: Value,
+        ctx: ToolContext,
+    ) -> Result<Value, ToolError> {
         // Clients send `null` or nothing for tools without parameters.
-        let args = if args.is_null() { Value::Object(Default::default()) } else { args };
+        let args = if args.is_null() {
+            Value::Object(Default::default())
+        } else {
+            args
+        };
         self.validate(name, &args)?;
-        let tool = self.tool(name).ok_or_else(|| ToolError::UnknownTool { name: name.to_owned() })?;
+        let tool = self.tool(name).ok_or_else(|| ToolError::UnknownTool {
+            name: name.to_owned(),
+        })?;
         let settings = ctx.settings().snapshot().await?;
         let missing = self.missing_settings(&tool.domain, &settings);
         if !missing.is_empty() {
@@ -253,7 +274,11 @@ impl Registry {
         let future = match &tool.backend {
             Backend::Native(call) => call(ctx, args),
             Backend::External(external) => external.call(&tool.name, args),
-            Backend::None => return Err(ToolError::NoBackend { name: tool.name.clone() }),
+            Backend::None => {
+                return Err(ToolError::NoBackend {
+                    name: tool.name.clone(),
+                });
+            }
         };
         match tokio::spawn(future).await {
             Ok(result) => result,
@@ -280,15 +305,19 @@ fn panic_message(error: tokio::task::JoinError) -> String {
 }
 
 /// Tool names: `[a-z0-9_-]{1,64}` (OpenAI's limit); domain names: `[a-z0-9_]{1,64}`.
-fn check_name(what: &'static str, name: &str, origin: &str, allow_dash: bool) -> Result<(), RegistryError> {
+fn check_name(
+    what: &'static str,
+    name: &str,
+    origin: &str,
+    allow_dash: bool,
+) -> Result<(), RegistryError> {
     let reason = if name.is_empty() {
         Some("empty")
     } else if name.len() > 64 {
         Some("longer than 64 characters")
-    } else if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || (allow_dash && b == b'-'))
-    {
+    } else if !name.bytes().all(|b| {
+        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || (allow_dash && b == b'-')
+    }) {
         Some(if allow_dash {
             "use only a-z, 0-9, `_` and `-`"
         } else {

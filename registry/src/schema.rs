@@ -102,7 +102,8 @@ mod tests {
 
     #[test]
     fn missing_required_field_is_named() {
-        let schema = json!({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]});
+        let schema =
+            json!({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]});
         let validator = ArgsValidator::new(&schema).expect("valid schema");
         let violation = validator.check(&json!({})).expect_err("must fail");
         assert_eq!(violation.field.as_deref(), Some("city"));

@@ -150,19 +150,19 @@ pub fn mask_json_secrets(value: &serde_json::Value) -> serde_json::Value {
                 .and_then(serde_json::Value::as_str)
                 .is_some_and(is_secret_key);
             serde_json::Value::Object(
-            map.iter()
-                .map(|(k, v)| {
-                    let masked = match v {
-                        serde_json::Value::String(s)
-                            if is_secret_key(k) || (value_is_secret && k == "value") =>
-                        {
-                            serde_json::Value::String(mask_secret(s))
-                        }
-                        other => mask_json_secrets(other),
-                    };
-                    (k.clone(), masked)
-                })
-                .collect(),
+                map.iter()
+                    .map(|(k, v)| {
+                        let masked = match v {
+                            serde_json::Value::String(s)
+                                if is_secret_key(k) || (value_is_secret && k == "value") =>
+                            {
+                                serde_json::Value::String(mask_secret(s))
+                            }
+                            other => mask_json_secrets(other),
+                        };
+                        (k.clone(), masked)
+                    })
+                    .collect(),
             )
         }
         serde_json::Value::Array(items) => {
@@ -189,7 +189,9 @@ mod tests {
     fn masking_keeps_only_a_short_tail() {
         assert_eq!(mask_secret("short"), "********");
         assert_eq!(mask_secret("sk-abcdefghijkl"), "********ijkl");
-        let masked = mask_json_secrets(&serde_json::json!({"key": "llm_api_key", "value": "x", "api_key": "sk-123456789"}));
+        let masked = mask_json_secrets(
+            &serde_json::json!({"key": "llm_api_key", "value": "x", "api_key": "sk-123456789"}),
+        );
         assert_eq!(masked["api_key"], "********6789");
         assert_eq!(masked["value"], "********");
     }

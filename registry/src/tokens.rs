@@ -11,7 +11,9 @@ fn tokenizer() -> &'static tiktoken_rs::CoreBPE {
     static BPE: OnceLock<tiktoken_rs::CoreBPE> = OnceLock::new();
     // The vocabulary ships inside the crate; failing to parse it is a build defect,
     // not an input error.
-    BPE.get_or_init(|| tiktoken_rs::o200k_base().expect("o200k_base vocabulary ships with tiktoken-rs"))
+    BPE.get_or_init(|| {
+        tiktoken_rs::o200k_base().expect("o200k_base vocabulary ships with tiktoken-rs")
+    })
 }
 
 /// Tokens a JSON value costs when sent as compact JSON.

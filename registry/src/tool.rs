@@ -164,8 +164,14 @@ mod tests {
     #[test]
     fn first_sentence_stops_at_the_first_sentence_end() {
         assert_eq!(first_sentence("Adds numbers. Then more."), "Adds numbers.");
-        assert_eq!(first_sentence("Use e.g. 1.5 units. More."), "Use e.g. 1.5 units.");
-        assert_eq!(first_sentence("No end mark\nsecond line"), "No end mark second line");
+        assert_eq!(
+            first_sentence("Use e.g. 1.5 units. More."),
+            "Use e.g. 1.5 units."
+        );
+        assert_eq!(
+            first_sentence("No end mark\nsecond line"),
+            "No end mark second line"
+        );
         assert_eq!(first_sentence("Para one\n\nPara two."), "Para one");
     }
 }

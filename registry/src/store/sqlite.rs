@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    AuditRow, DecisionRow, MessageRow, SessionDomainState, StoreError, now_ms,
-    validate_session_id,
+    AuditRow, DecisionRow, MessageRow, SessionDomainState, StoreError, now_ms, validate_session_id,
 };
 
 /// Versioned migrations, applied in order at open. Never edit a shipped one: add one.
@@ -192,9 +191,11 @@ impl SqliteStore {
     pub async fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_owned();
         self.call(move |c| {
-            Ok(c.query_row("SELECT 1 FROM sessions WHERE id = ?1", [id], |_| Ok(()))
-                .optional()?
-                .is_some())
+            Ok(
+                c.query_row("SELECT 1 FROM sessions WHERE id = ?1", [id], |_| Ok(()))
+                    .optional()?
+                    .is_some(),
+            )
         })
         .await
     }
@@ -202,11 +203,13 @@ impl SqliteStore {
     pub async fn session_turn(&self, id: &str) -> Result<i64, StoreError> {
         let id = id.to_owned();
         self.call(move |c| {
-            Ok(c.query_row("SELECT n_turns FROM sessions WHERE id = ?1", [id], |r| {
-                r.get(0)
-            })
-            .optional()?
-            .unwrap_or(0))
+            Ok(
+                c.query_row("SELECT n_turns FROM sessions WHERE id = ?1", [id], |r| {
+                    r.get(0)
+                })
+                .optional()?
+                .unwrap_or(0),
+            )
         })
         .await
     }
