@@ -19,14 +19,7 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
             return quote! { #error #item };
         }
     };
-    let attr_span = if attr.is_empty() {
-        Span::call_site()
-    } else {
-        attr.clone()
-            .into_iter()
-            .next()
-            .map_or(Span::call_site(), |t| t.span())
-    };
+    let attr_tokens = attr.clone();
     let mut errors = Vec::new();
     let raw: RawAttr = match syn::parse2(attr) {
         Ok(raw) => raw,
@@ -36,7 +29,7 @@ pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let attr = ToolAttr::from_raw(raw, &mut errors);
-    let spec = validate(attr, attr_span, &function, &mut errors);
+    let spec = validate(attr, &attr_tokens, &function, &mut errors);
     let output = match spec {
         Some(spec) if errors.is_empty() => {
             let registration = registration(&spec, &function);

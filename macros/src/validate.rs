@@ -33,7 +33,7 @@ pub struct ToolSpec {
 
 pub fn validate(
     attr: ToolAttr,
-    attr_span: Span,
+    attr_tokens: &proc_macro2::TokenStream,
     function: &ItemFn,
     errors: &mut Vec<syn::Error>,
 ) -> Option<ToolSpec> {
@@ -45,10 +45,12 @@ pub fn validate(
             lit.value()
         }
         None => {
-            errors.push(syn::Error::new(
-                attr_span,
-                "missing `domain`: every tool belongs to a domain, e.g. #[tool(domain = \"scratchpad\")]",
-            ));
+            let message = "missing `domain`: every tool belongs to a domain, e.g. #[tool(domain = \"scratchpad\")]";
+            errors.push(if attr_tokens.is_empty() {
+                syn::Error::new(Span::call_site(), message)
+            } else {
+                syn::Error::new_spanned(attr_tokens, message)
+            });
             String::new()
         }
     };
@@ -112,8 +114,8 @@ pub fn validate(
     };
 
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        errors.push(syn::Error::new(
-            sig.generics.span(),
+        errors.push(syn::Error::new_spanned(
+            &sig.generics,
             "tool functions cannot be generic: the registry needs one concrete input schema",
         ));
     }
@@ -135,21 +137,21 @@ pub fn validate(
     let mut n_context = 0;
     for input in &sig.inputs {
         match input {
-            FnArg::Receiver(receiver) => errors.push(syn::Error::new(
-                receiver.span(),
+            FnArg::Receiver(receiver) => errors.push(syn::Error::new_spanned(
+                receiver,
                 "tools are free functions: remove `self` (methods cannot be registered)",
             )),
             FnArg::Typed(pat_type) => match &*pat_type.ty {
                 Type::Reference(reference) => {
                     n_context += 1;
                     if reference.mutability.is_some() {
-                        errors.push(syn::Error::new(
-                            reference.span(),
+                        errors.push(syn::Error::new_spanned(
+                            reference,
                             "the context parameter is a shared reference: `ctx: &ToolContext`",
                         ));
                     } else if n_context > 1 {
-                        errors.push(syn::Error::new(
-                            pat_type.span(),
+                        errors.push(syn::Error::new_spanned(
+                            pat_type,
                             "only one context parameter (`&ToolContext`) is allowed",
                         ));
                     } else {
@@ -159,8 +161,8 @@ pub fn validate(
                 ty => {
                     n_args += 1;
                     if n_args > 1 {
-                        errors.push(syn::Error::new(
-                            pat_type.span(),
+                        errors.push(syn::Error::new_spanned(
+                            pat_type,
                             "a tool takes at most one arguments struct; put every field in one struct deriving Deserialize and JsonSchema",
                         ));
                     } else {

@@ -1,1 +1,75 @@
-fn main() {}
+//! The `loadout` binary: command-line interface, chat server and MCP server.
+//!
+//! This crate is the only one that knows wire formats and processes: it links every
+//! domain through `loadout-domains`, opens the store, and hands messages to the
+//! router and calls to the registry.
+
+mod app;
+mod cli;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "loadout", version, about = "Tool registry and router for AI agents")]
+struct Cli {
+    /// Directory for the database and per-session files.
+    #[arg(long, env = "LOADOUT_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
+    /// State backend URL; default: SQLite `loadout.db` in the data dir.
+    #[arg(long, env = "LOADOUT_DATABASE_URL", global = true)]
+    database_url: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Domains and tools: active or not and why, token cost.
+    Tools(cli::tools::Args),
+    /// Calls one tool with JSON arguments.
+    Call(cli::call::Args),
+    /// Reads and writes settings.
+    #[command(subcommand)]
+    Settings(cli::settings::Command),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LOADOUT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = app::Config {
+        data_dir: cli.data_dir.unwrap_or_else(app::default_data_dir),
+        database_url: cli.database_url,
+    };
+    let app = app::App::open(&config).await?;
+    match cli.command {
+        Command::Tools(args) => cli::tools::run(&app, args).await,
+        Command::Call(args) => cli::call::run(&app, args).await,
+        Command::Settings(command) => cli::settings::run(&app, command).await,
+    }
+}

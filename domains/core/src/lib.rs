@@ -1,35 +1,418 @@
-//! placeholder
+//! The `core` domain: tools about Loadout itself (domains, tools, settings) and the
+//! few utilities every conversation may need (the time, arithmetic).
+//!
+//! It is sent on every turn, so its tools stay few and their descriptions short.
+//! It depends on `loadout` only and must not depend on any other domain crate; the
+//! router's meta-tools (`search_tools`, `load_tools`, ...) live elsewhere.
 
-use loadout::ToolContext;
-use loadout::schemars::JsonSchema;
-use loadout::serde::Deserialize;
+mod expression;
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use loadout::{ToolContext, ToolError, is_secret_key, mask_secret};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use expression::{ExpressionError, MAX_DEPTH, MAX_INPUT_LEN, evaluate};
 
 loadout::domain! {
     name: "core",
-    description: "Loadout itself.",
-    keywords: ["loadout"],
+    description: "Loadout itself: which domains and tools exist and whether they are active, reading and changing settings (API keys, folders), plus the current time in any timezone and a safe calculator.",
+    keywords: [
+        "loadout", "tools", "domains", "settings", "configure", "api key",
+        "time", "date", "timezone", "clock", "calculate", "math", "arithmetic",
+        "설정", "시간", "날짜", "계산",
+    ],
     always_on: true,
-}
-
-#[derive(Deserialize, JsonSchema)]
-#[serde(crate = "loadout::serde")]
-#[schemars(crate = "loadout::schemars")]
-pub struct EchoArgs {
-    /// Text to echo.
-    pub text: String,
-}
-
-/// Echoes text. Used to check the macro.
-#[loadout::tool(domain = "core", keywords = ["echo"], read_only = true)]
-pub async fn echo(args: EchoArgs, ctx: &ToolContext) -> Result<String, String> {
-    Ok(format!("{}:{}", ctx.namespace(), args.text))
-}
-
-/// Says hi.
-#[loadout::tool(domain = "core")]
-pub fn hello() -> &'static str {
-    "hi"
 }
 
 /// Referenced by the `loadout-domains` hub so the linker keeps this crate.
 pub fn link() {}
+
+// ---------------------------------------------------------------------------
+// Domains and tools
+
+/// One domain as `list_domains` reports it.
+#[derive(Debug, Serialize)]
+pub struct DomainStatus {
+    pub name: String,
+    pub description: String,
+    /// All required settings have values.
+    pub active: bool,
+    /// Sent on every turn, whatever the message.
+    pub always_on: bool,
+    /// Settings keys the domain needs that have no value yet.
+    pub missing_settings: Vec<String>,
+    pub n_tools: usize,
+}
+
+/// Lists every domain with whether it is active, which settings it still needs, and how many tools it has.
+///
+/// Use it to see what Loadout can do and what must be configured first: a domain
+/// with `missing_settings` becomes active once those keys are set with `set_setting`.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["domains", "capabilities", "what can you do", "active", "도메인"],
+    read_only = true,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn list_domains(ctx: &ToolContext) -> Result<Vec<DomainStatus>, ToolError> {
+    let settings = ctx.settings().snapshot().await?;
+    let registry = ctx.registry();
+    Ok(registry
+        .domains()
+        .iter()
+        .map(|domain| {
+            let missing_settings = registry.missing_settings(&domain.name, &settings);
+            DomainStatus {
+                name: domain.name.clone(),
+                description: domain.description.clone(),
+                active: missing_settings.is_empty(),
+                always_on: domain.always_on,
+                missing_settings,
+                n_tools: domain.tools.len(),
+            }
+        })
+        .collect())
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListToolsArgs {
+    /// Only tools of this domain (see `list_domains`); all tools when omitted.
+    #[serde(default)]
+    pub domain: Option<String>,
+}
+
+/// One tool as `list_tools` reports it.
+#[derive(Debug, Serialize)]
+pub struct ToolSummary {
+    pub name: String,
+    pub domain: String,
+    /// The first sentence of the tool's description.
+    pub hint: String,
+}
+
+/// Lists tools by name with their domain and a one-sentence hint, optionally for one domain.
+///
+/// Use it to find the exact name of a tool; the full description and parameters
+/// come with the tool itself once it is loaded.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["tools", "functions", "commands", "list", "도구"],
+    read_only = true,
+    idempotent = true,
+    open_world = false
+)]
+pub fn list_tools(args: ListToolsArgs, ctx: &ToolContext) -> Result<Vec<ToolSummary>, ToolError> {
+    let registry = ctx.registry();
+    if let Some(domain) = &args.domain {
+        if registry.domain(domain).is_none() {
+            let known: Vec<&str> = registry.domains().iter().map(|d| d.name.as_str()).collect();
+            return Err(ToolError::execution(format!(
+                "unknown domain `{domain}`; known domains: {}",
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(registry
+        .all_tools()
+        .iter()
+        .filter(|tool| args.domain.as_ref().is_none_or(|d| *d == tool.domain))
+        .map(|tool| ToolSummary {
+            name: tool.name.clone(),
+            domain: tool.domain.clone(),
+            hint: tool.hint.clone(),
+        })
+        .collect())
+}
+
+// ---------------------------------------------------------------------------
+// Settings
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GetSettingArgs {
+    /// The setting's key, e.g. `filesystem_roots`.
+    pub key: String,
+}
+
+/// A setting as read back; secret values are masked.
+#[derive(Debug, Serialize)]
+pub struct SettingValue {
+    pub key: String,
+    /// The value, masked when the key looks secret; `null` when unset.
+    pub value: Option<String>,
+    pub is_set: bool,
+    pub masked: bool,
+    /// Domains that need this key to be active.
+    pub needed_by: Vec<String>,
+}
+
+/// Reads one setting; values of secret-looking keys (API keys, tokens, passwords) are masked.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["setting", "config", "value", "설정"],
+    read_only = true,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn get_setting(
+    args: GetSettingArgs,
+    ctx: &ToolContext,
+) -> Result<SettingValue, ToolError> {
+    check_key(&args.key)?;
+    let value = ctx.settings().get(&args.key).await?;
+    Ok(setting_value(ctx, &args.key, value.as_deref()))
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetSettingArgs {
+    /// The setting's key: lowercase letters, digits and `_`, e.g. `filesystem_roots`.
+    pub key: String,
+    /// The new value. An empty string removes the setting.
+    pub value: String,
+}
+
+/// What `set_setting` did.
+#[derive(Debug, Serialize)]
+pub struct SetSettingResult {
+    pub key: String,
+    /// The stored value, masked when the key looks secret; `null` when removed.
+    pub value: Option<String>,
+    pub removed: bool,
+    /// Domains that need this key, with whether they are active now.
+    pub domains: Vec<DomainActivation>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DomainActivation {
+    pub domain: String,
+    pub active: bool,
+    pub missing_settings: Vec<String>,
+}
+
+/// Stores a setting (for example an API key or `filesystem_roots`); an empty value removes it.
+///
+/// The change applies at once: domains whose required settings are now all set become
+/// active, and the response says which. Secret values are never echoed back in full.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["setting", "configure", "api key", "enable", "설정"],
+    read_only = false,
+    destructive = false,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn set_setting(
+    args: SetSettingArgs,
+    ctx: &ToolContext,
+) -> Result<SetSettingResult, ToolError> {
+    check_key(&args.key)?;
+    let removed = args.value.trim().is_empty();
+    if removed {
+        ctx.settings().unset(&args.key).await?;
+    } else {
+        ctx.settings().set(&args.key, &args.value).await?;
+    }
+    let settings = ctx.settings().snapshot().await?;
+    let registry = ctx.registry();
+    let domains = registry
+        .domains()
+        .iter()
+        .filter(|d| d.settings_keys.iter().any(|k| *k == args.key))
+        .map(|d| {
+            let missing_settings = registry.missing_settings(&d.name, &settings);
+            DomainActivation {
+                domain: d.name.clone(),
+                active: missing_settings.is_empty(),
+                missing_settings,
+            }
+        })
+        .collect();
+    Ok(SetSettingResult {
+        value: (!removed).then(|| shown_value(&args.key, &args.value)),
+        key: args.key,
+        removed,
+        domains,
+    })
+}
+
+/// All settings as `list_settings` reports them.
+#[derive(Debug, Serialize)]
+pub struct SettingsList {
+    pub settings: Vec<SettingValue>,
+    /// Keys some domain needs that have no value yet, with the domains needing them.
+    pub unset_required: BTreeMap<String, Vec<String>>,
+}
+
+/// Lists every stored setting (secret values masked) and the keys domains still need.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["settings", "config", "configuration", "설정"],
+    read_only = true,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn list_settings(ctx: &ToolContext) -> Result<SettingsList, ToolError> {
+    let snapshot = ctx.settings().snapshot().await?;
+    let settings = snapshot
+        .iter()
+        .map(|(key, value)| setting_value(ctx, key, Some(value)))
+        .collect();
+    let mut unset_required: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for domain in ctx.registry().domains() {
+        for key in ctx.registry().missing_settings(&domain.name, &snapshot) {
+            unset_required
+                .entry(key)
+                .or_default()
+                .push(domain.name.clone());
+        }
+    }
+    Ok(SettingsList {
+        settings,
+        unset_required,
+    })
+}
+
+fn check_key(key: &str) -> Result<(), ToolError> {
+    loadout::store::validate_setting_key(key).map_err(|_| {
+        ToolError::execution(format!(
+            "invalid setting key `{}`: use 1-128 lowercase letters, digits and `_`, e.g. `filesystem_roots`",
+            key.chars().take(128).collect::<String>()
+        ))
+    })
+}
+
+fn shown_value(key: &str, value: &str) -> String {
+    if is_secret_key(key) {
+        mask_secret(value)
+    } else {
+        value.to_owned()
+    }
+}
+
+fn setting_value(ctx: &ToolContext, key: &str, value: Option<&str>) -> SettingValue {
+    let needed_by = ctx
+        .registry()
+        .domains()
+        .iter()
+        .filter(|d| d.settings_keys.iter().any(|k| k == key))
+        .map(|d| d.name.clone())
+        .collect();
+    SettingValue {
+        key: key.to_owned(),
+        value: value.map(|v| shown_value(key, v)),
+        is_set: value.is_some(),
+        masked: value.is_some() && is_secret_key(key),
+        needed_by,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Time
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CurrentTimeArgs {
+    /// IANA timezone name such as `Asia/Seoul`, `Europe/Paris` or `America/New_York`; UTC when omitted.
+    #[serde(default)]
+    pub timezone: Option<String>,
+}
+
+/// The current time in one timezone.
+#[derive(Debug, Serialize)]
+pub struct CurrentTime {
+    pub timezone: String,
+    /// RFC 3339, with the zone's offset.
+    pub datetime: String,
+    pub date: String,
+    pub time: String,
+    pub weekday: String,
+    /// Offset from UTC, e.g. `+09:00`.
+    pub utc_offset: String,
+    /// Zone abbreviation, e.g. `KST`.
+    pub abbreviation: String,
+    pub unix_seconds: i64,
+}
+
+/// Gives the current date and time in an IANA timezone (default UTC).
+///
+/// Use it whenever the answer depends on today's date, the day of the week, or the
+/// time somewhere in the world.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["time", "date", "now", "today", "timezone", "clock", "시간", "날짜", "오늘"],
+    read_only = true,
+    idempotent = false,
+    open_world = false
+)]
+pub fn current_time(args: CurrentTimeArgs) -> Result<CurrentTime, ToolError> {
+    let name = args
+        .timezone
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("UTC");
+    let zone = chrono_tz::Tz::from_str(name).map_err(|_| {
+        ToolError::execution(format!(
+            "unknown timezone `{}`: use an IANA name such as `Asia/Seoul`, `Europe/London` or `UTC`",
+            name.chars().take(64).collect::<String>()
+        ))
+    })?;
+    let now = chrono::Utc::now().with_timezone(&zone);
+    Ok(CurrentTime {
+        timezone: zone.name().to_owned(),
+        datetime: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, false),
+        date: now.format("%Y-%m-%d").to_string(),
+        time: now.format("%H:%M:%S").to_string(),
+        weekday: now.format("%A").to_string(),
+        utc_offset: now.format("%:z").to_string(),
+        abbreviation: now.format("%Z").to_string(),
+        unix_seconds: now.timestamp(),
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Arithmetic
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CalculateArgs {
+    /// Arithmetic expression, e.g. `(3 + 4) * 2 ^ 3 / sqrt(16)`. Operators `+ - * / % ^`,
+    /// parentheses, functions sqrt, abs, ln, log10, sin, cos, tan (radians), min, max,
+    /// round (optional digits), floor, ceil; constants pi and e.
+    pub expression: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Calculation {
+    pub expression: String,
+    pub result: f64,
+}
+
+/// Evaluates an arithmetic expression exactly as written and returns the number.
+///
+/// Use it instead of mental arithmetic for anything beyond trivial sums. Supports
+/// `+ - * / % ^`, parentheses, sqrt, abs, ln, log10, sin, cos, tan, min, max, round,
+/// floor, ceil, pi and e. It is not a code interpreter: no variables or units.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["calculate", "math", "arithmetic", "compute", "sum", "percent", "계산", "수학"],
+    read_only = true,
+    idempotent = true,
+    open_world = false
+)]
+pub fn calculate(args: CalculateArgs) -> Result<Calculation, ExpressionError> {
+    let result = evaluate(&args.expression)?;
+    Ok(Calculation {
+        expression: args.expression,
+        result,
+    })
+}
+
+#[cfg(test)]
+mod tests;

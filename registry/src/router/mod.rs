@@ -1,1 +1,941 @@
-//! The router: picks the tools a message needs. (Being written.)
+//! The router: picks the tools a message needs.
+//!
+//! [`Router::new`] builds every index once (keyword automaton, BM25 indexes, token
+//! costs); [`Router::select`] is pure: no IO, no clock, no locks. The server loads the
+//! session from the store into a [`SessionView`], calls `select`, and persists what the
+//! [`SessionView`] updates return; the eval does the same in memory.
+//!
+//! Stages, in order (see [`Stage`]): activation by settings; always-on core; session
+//! (pinned, sticky, loaded by meta-tools); keywords; similarity (BM25, and a dense stage
+//! when a [`DenseIndex`] is installed); carry-over of last turn's tools for a follow-up
+//! without evidence; fallback when nothing optional is selected; granularity (large
+//! domains send their best tools and hint the rest); collisions; token budget.
+//!
+//! Recall comes first: a needed tool that is hidden breaks the task, an extra tool only
+//! costs tokens. So every selected domain sends at least its best tools, and the budget
+//! never drops core, pinned, sticky or loaded tools.
+
+mod embed;
+mod keywords;
+mod lexical;
+mod selection;
+mod session;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+pub use embed::{DenseIndex, Embedder};
+pub use selection::{DomainDecision, Hint, MessageLogging, SelectedTool, Selection, Stage, ToolDecision};
+pub use session::{SessionError, SessionView, carry_over};
+
+use crate::Registry;
+use keywords::{KeywordIndex, KeywordOwner};
+use lexical::{Bm25Index, Field};
+
+/// Tunables of the router. Every field has a default; a config file may set any subset.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// A domain whose tools were called stays loaded until it has been idle (no call, no
+    /// load) for more than this many user turns.
+    pub idle_turns: i64,
+    /// Most tokens of tool definitions to send; the lowest-scoring optional tools are
+    /// trimmed to fit. Core, pinned, sticky and loaded tools are never trimmed.
+    pub token_budget: usize,
+    /// Least BM25 score (0..1: the share of the message's term weight a text explains)
+    /// for a domain no keyword matched to be selected by similarity.
+    pub bm25_min_score: f32,
+    /// A similarity-selected domain must also score at least this fraction of the best
+    /// domain's similarity, so one strong match does not drag weak ones along.
+    pub bm25_relative: f32,
+    /// At most this many domains are selected by similarity alone.
+    pub bm25_top_k: usize,
+    /// Domains with more tools than this are ranked tool by tool: the best
+    /// `domain_tool_cap` tools are sent, the rest become hints.
+    pub domain_tool_cap: usize,
+    /// Tools whose call pins their domain for the rest of the session (mid-workflow
+    /// state such as a scratchpad table).
+    pub pin_on_tools: Vec<String>,
+    /// Re-send last turn's evidence-selected tools when a message has no evidence of
+    /// its own (`yes do it`).
+    pub carry_over: bool,
+    /// Most hints returned.
+    pub max_hints: usize,
+    /// Least cosine for the dense stage to select a domain.
+    pub dense_min_score: f32,
+    /// At most this many domains selected by the dense stage alone.
+    pub dense_top_k: usize,
+    /// Results of [`Router::search`].
+    pub search_limit: usize,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            idle_turns: 5,
+            token_budget: 4000,
+            bm25_min_score: 0.12,
+            bm25_relative: 0.5,
+            bm25_top_k: 2,
+            domain_tool_cap: 6,
+            pin_on_tools: vec!["create_table".into()],
+            carry_over: true,
+            max_hints: 40,
+            dense_min_score: 0.35,
+            dense_top_k: 2,
+            search_limit: 10,
+        }
+    }
+}
+
+/// One message to route.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteInput<'a> {
+    pub message: &'a str,
+    /// Current settings; a domain is active when each of its settings keys has a
+    /// non-blank value.
+    pub settings: &'a BTreeMap<String, String>,
+    pub session: &'a SessionView,
+    /// Overrides [`RouterConfig::token_budget`] for this call.
+    pub token_budget: Option<usize>,
+}
+
+/// Picks the tools each message needs. Cheap to share (`Arc`); rebuild when the
+/// registry changes.
+pub struct Router {
+    registry: Arc<Registry>,
+    config: RouterConfig,
+    keywords: KeywordIndex,
+    tool_index: Bm25Index,
+    domain_index: Bm25Index,
+    dense: Option<DenseIndex>,
+    tool_domain: Vec<usize>,
+    tools_by_domain: Vec<Vec<usize>>,
+    domain_is_core: Vec<bool>,
+    tool_tokens: Vec<usize>,
+    hint_tokens: Vec<usize>,
+    all_tools_tokens: usize,
+    /// Per tool: conflicting tools (both directions).
+    tool_conflicts: Vec<Vec<usize>>,
+    /// Per domain: conflicting domains (both directions).
+    domain_conflicts: Vec<Vec<usize>>,
+    /// Per tool: a small prior for reading before writing (`list_`, `get_`, `search_`),
+    /// used to order tools no evidence separates.
+    tool_prior: Vec<f32>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("registry", &self.registry)
+            .field("keywords", &self.keywords.n_patterns())
+            .field("dense", &self.dense)
+            .finish()
+    }
+}
+
+/// Per-message evidence, gathered before any decision.
+struct Evidence {
+    active: Vec<bool>,
+    domain_keyword_hits: Vec<u16>,
+    tool_keyword_hits: Vec<u16>,
+    /// Per tool: BM25 share of the message it explains, 0..1 (plus dense when present).
+    tool_similarity: Vec<f32>,
+    /// Per domain: the better of its own text's and its best tool's similarity.
+    domain_similarity: Vec<f32>,
+    notes: Vec<String>,
+    similarity_stage: Stage,
+}
+
+impl Router {
+    /// Builds the keyword automaton, the BM25 indexes and the per-tool token costs.
+    pub fn new(registry: Arc<Registry>, config: RouterConfig) -> Router {
+        let domains = registry.domains();
+        let tools = registry.all_tools();
+        let tool_domain: Vec<usize> = tools
+            .iter()
+            .map(|t| registry.domain_idx(&t.domain).unwrap_or(0))
+            .collect();
+        let mut tools_by_domain = vec![Vec::new(); domains.len()];
+        for (tool_idx, &domain_idx) in tool_domain.iter().enumerate() {
+            if let Some(list) = tools_by_domain.get_mut(domain_idx) {
+                list.push(tool_idx);
+            }
+        }
+        let domain_is_core = domains
+            .iter()
+            .map(|d| d.always_on || d.name == "core")
+            .collect();
+
+        let keyword_pairs = domains
+            .iter()
+            .enumerate()
+            .flat_map(|(d, domain)| domain.keywords.iter().map(move |k| (k.as_str(), KeywordOwner::Domain(d))))
+            .chain(
+                tools
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(t, tool)| tool.keywords.iter().map(move |k| (k.as_str(), KeywordOwner::Tool(t)))),
+            );
+        let keywords = KeywordIndex::new(keyword_pairs);
+
+        let spaced_tool_names: Vec<String> = tools.iter().map(|t| t.name.replace(['_', '-'], " ")).collect();
+        let joined_tool_keywords: Vec<String> = tools.iter().map(|t| t.keywords.join(" ")).collect();
+        let joined_tool_examples: Vec<String> = tools.iter().map(|t| t.examples.join(" . ")).collect();
+        let joined_domain_keywords: Vec<String> = domains.iter().map(|d| d.keywords.join(" ")).collect();
+        let spaced_domain_names: Vec<String> = domains.iter().map(|d| d.name.replace('_', " ")).collect();
+        let tool_documents: Vec<Vec<Field<'_>>> = tools
+            .iter()
+            .enumerate()
+            .map(|(t, tool)| {
+                vec![
+                    Field { text: &spaced_tool_names[t], weight: 2.0 },
+                    Field { text: &tool.description, weight: 1.0 },
+                    Field { text: &joined_tool_keywords[t], weight: 1.0 },
+                    Field { text: &joined_tool_examples[t], weight: 1.0 },
+                ]
+            })
+            .collect();
+        let domain_documents: Vec<Vec<Field<'_>>> = domains
+            .iter()
+            .enumerate()
+            .map(|(d, domain)| {
+                vec![
+                    Field { text: &spaced_domain_names[d], weight: 2.0 },
+                    Field { text: &domain.description, weight: 1.0 },
+                    Field { text: &joined_domain_keywords[d], weight: 1.0 },
+                ]
+            })
+            .collect();
+        let tool_index = Bm25Index::new(&tool_documents);
+        let domain_index = Bm25Index::new(&domain_documents);
+
+        let tool_tokens: Vec<usize> = (0..tools.len()).map(|t| registry.token_cost(t)).collect();
+        let hint_tokens = tools
+            .iter()
+            .map(|t| crate::tokens::count_json(&crate::export::hint(t)))
+            .collect();
+        let all_tools_tokens = tool_tokens.iter().sum();
+
+        let mut tool_conflicts = vec![Vec::new(); tools.len()];
+        for (t, tool) in tools.iter().enumerate() {
+            for other in tool.conflicts.iter().filter_map(|name| registry.tool_idx(name)) {
+                if other != t {
+                    push_unique(&mut tool_conflicts[t], other);
+                    push_unique(&mut tool_conflicts[other], t);
+                }
+            }
+        }
+        let mut domain_conflicts = vec![Vec::new(); domains.len()];
+        for (d, domain) in domains.iter().enumerate() {
+            for other in domain.conflicts.iter().filter_map(|name| registry.domain_idx(name)) {
+                if other != d {
+                    push_unique(&mut domain_conflicts[d], other);
+                    push_unique(&mut domain_conflicts[other], d);
+                }
+            }
+        }
+        let tool_prior = tools
+            .iter()
+            .map(|t| {
+                let reads = ["list", "get", "search", "find", "lookup", "query"];
+                let last_word = t.name.rsplit('_').next().unwrap_or("");
+                let reads_first = t.name.split('_').any(|w| reads.contains(&w)) || last_word == "status";
+                if reads_first { 0.002 } else { 0.0 }
+            })
+            .collect();
+
+        Router {
+            registry,
+            config,
+            keywords,
+            tool_index,
+            domain_index,
+            dense: None,
+            tool_domain,
+            tools_by_domain,
+            domain_is_core,
+            tool_tokens,
+            hint_tokens,
+            all_tools_tokens,
+            tool_conflicts,
+            domain_conflicts,
+            tool_prior,
+        }
+    }
+
+    /// Installs (or removes) the dense stage. Vectors must be in registry tool order;
+    /// with a mismatched count the stage stays off and selections say why.
+    pub fn set_dense(&mut self, dense: Option<DenseIndex>) {
+        self.dense = dense;
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// Core: the domain named `core` or any `always_on` domain.
+    pub fn is_core_domain(&self, domain: &str) -> bool {
+        self.registry
+            .domain_idx(domain)
+            .and_then(|d| self.domain_is_core.get(d).copied())
+            .unwrap_or(false)
+    }
+
+    /// Tokens of one tool's definition, precomputed.
+    pub fn tool_tokens(&self, tool_idx: usize) -> usize {
+        self.tool_tokens.get(tool_idx).copied().unwrap_or(0)
+    }
+
+    pub fn all_tools_tokens(&self) -> usize {
+        self.all_tools_tokens
+    }
+
+    fn is_active(&self, domain_idx: usize, settings: &BTreeMap<String, String>) -> bool {
+        if self.domain_is_core.get(domain_idx).copied().unwrap_or(false) {
+            return true;
+        }
+        self.registry.domains().get(domain_idx).is_some_and(|domain| {
+            domain
+                .settings_keys
+                .iter()
+                .all(|key| settings.get(key).is_some_and(|v| !v.trim().is_empty()))
+        })
+    }
+
+    /// `search_tools(query)`: hints for the active tools that best match `query`, by
+    /// keyword and BM25, best first.
+    pub fn search(&self, query: &str, settings: &BTreeMap<String, String>) -> Vec<Hint> {
+        let evidence = self.gather_evidence(query, settings);
+        let tools = self.registry.all_tools();
+        let mut scored: Vec<(f32, usize)> = (0..tools.len())
+            .filter(|&t| evidence.active.get(self.tool_domain[t]).copied().unwrap_or(false))
+            .map(|t| {
+                let d = self.tool_domain[t];
+                let keyword = f32::from(evidence.tool_keyword_hits[t]) + 0.5 * f32::from(evidence.domain_keyword_hits[d]);
+                (keyword + evidence.tool_similarity[t] + 0.5 * evidence.domain_similarity[d], t)
+            })
+            .filter(|&(score, _)| score > 0.0)
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        scored
+            .into_iter()
+            .take(self.config.search_limit)
+            .map(|(_, t)| self.hint_for(t))
+            .collect()
+    }
+
+    fn hint_for(&self, tool_idx: usize) -> Hint {
+        let tool = &self.registry.all_tools()[tool_idx];
+        Hint {
+            name: tool.name.clone(),
+            domain: tool.domain.clone(),
+            hint: tool.hint.clone(),
+        }
+    }
+
+    fn gather_evidence(&self, message: &str, settings: &BTreeMap<String, String>) -> Evidence {
+        let n_domains = self.registry.domains().len();
+        let n_tools = self.registry.all_tools().len();
+        let active: Vec<bool> = (0..n_domains).map(|d| self.is_active(d, settings)).collect();
+
+        let lowered = message.to_lowercase();
+        let mut domain_keyword_hits = vec![0u16; n_domains];
+        let mut tool_keyword_hits = vec![0u16; n_tools];
+        self.keywords.for_each_match(&lowered, |owner| match owner {
+            KeywordOwner::Domain(d) => {
+                if let Some(hits) = domain_keyword_hits.get_mut(d) {
+                    *hits = hits.saturating_add(1);
+                }
+            }
+            KeywordOwner::Tool(t) => {
+                if let Some(hits) = tool_keyword_hits.get_mut(t) {
+                    *hits = hits.saturating_add(1);
+                }
+            }
+        });
+
+        let mut terms = Vec::new();
+        let mut tool_similarity = vec![0.0f32; n_tools];
+        self.tool_index.query_terms(&lowered, &mut terms);
+        let tool_query_mass: f32 = terms.iter().map(|&t| self.tool_index.max_term_score(t)).sum();
+        if tool_query_mass > 0.0 {
+            self.tool_index.score_into(&terms, &mut tool_similarity);
+            for score in &mut tool_similarity {
+                *score /= tool_query_mass;
+            }
+        }
+        let mut domain_text_similarity = vec![0.0f32; n_domains];
+        self.domain_index.query_terms(&lowered, &mut terms);
+        let domain_query_mass: f32 = terms.iter().map(|&t| self.domain_index.max_term_score(t)).sum();
+        if domain_query_mass > 0.0 {
+            self.domain_index.score_into(&terms, &mut domain_text_similarity);
+            for score in &mut domain_text_similarity {
+                *score /= domain_query_mass;
+            }
+        }
+
+        let mut notes = Vec::new();
+        let mut similarity_stage = Stage::Bm25;
+        if let Some(dense) = &self.dense {
+            match self.dense_scores(dense, message) {
+                Ok(cosines) => {
+                    similarity_stage = Stage::Fused;
+                    for (score, cosine) in tool_similarity.iter_mut().zip(cosines) {
+                        *score = score.max(cosine);
+                    }
+                }
+                Err(message) => notes.push(format!("dense stage off ({message}); lexical only")),
+            }
+        }
+
+        let mut domain_similarity = domain_text_similarity;
+        for (t, &score) in tool_similarity.iter().enumerate() {
+            if let Some(slot) = domain_similarity.get_mut(self.tool_domain[t]) {
+                *slot = slot.max(score);
+            }
+        }
+        Evidence {
+            active,
+            domain_keyword_hits,
+            tool_keyword_hits,
+            tool_similarity,
+            domain_similarity,
+            notes,
+            similarity_stage,
+        }
+    }
+
+    /// Per-tool cosine between the message and the tool vectors, clamped to 0..1.
+    fn dense_scores(&self, dense: &DenseIndex, message: &str) -> Result<Vec<f32>, String> {
+        if dense.tool_vectors.len() != self.registry.all_tools().len() {
+            return Err(format!(
+                "{} vectors for {} tools",
+                dense.tool_vectors.len(),
+                self.registry.all_tools().len()
+            ));
+        }
+        let mut vectors = dense.embedder.embed(&[message])?;
+        let mut query = vectors.pop().ok_or("the embedder returned no vector")?;
+        embed::normalize(&mut query);
+        Ok(dense
+            .tool_vectors
+            .iter()
+            .map(|v| embed::dot(v, &query).max(0.0))
+            .collect())
+    }
+
+    /// Routes one message. Pure: the same input gives the same selection.
+    pub fn select(&self, input: &RouteInput<'_>) -> Selection {
+        let registry = &*self.registry;
+        let domains = registry.domains();
+        let tools = registry.all_tools();
+        let n_domains = domains.len();
+        let config = &self.config;
+        let session = input.session;
+        let budget = input.token_budget.unwrap_or(config.token_budget);
+        let evidence = self.gather_evidence(input.message, input.settings);
+        let mut notes = evidence.notes.clone();
+
+        // Domain stages. `verdicts[d]` is `Some` once a stage has decided the domain.
+        let mut verdicts: Vec<DomainVerdict> = Vec::with_capacity(n_domains);
+        let mut n_active_tools = 0;
+        for (d, domain) in domains.iter().enumerate() {
+            let similarity = evidence.domain_similarity[d];
+            let keyword_hits = evidence.domain_keyword_hits[d]
+                + self.tools_by_domain[d]
+                    .iter()
+                    .map(|&t| evidence.tool_keyword_hits[t])
+                    .sum::<u16>();
+            let verdict = if !evidence.active[d] {
+                let missing = registry.missing_settings(&domain.name, input.settings);
+                DomainVerdict::out(Stage::Inactive, 0.0, format!("missing settings: {}", missing.join(", ")))
+            } else if self.domain_is_core[d] {
+                DomainVerdict::whole(Stage::AlwaysOn, 1.0, "always on".into())
+            } else if session.state(&domain.name).is_some_and(|s| s.unloaded)
+                && !session.load_all_this_turn
+                && !self.has_loaded_tool(session, d)
+            {
+                DomainVerdict::out(Stage::Unloaded, similarity, "unloaded by the model".into())
+            } else if session.load_all_this_turn {
+                DomainVerdict::whole(Stage::Loaded, 1.0, "load_all_for_this_turn".into())
+            } else if let Some(stage) = session.holds(&domain.name, config.idle_turns) {
+                let reason = match stage {
+                    Stage::Pinned => "pinned for the session by mid-workflow state".to_owned(),
+                    _ => format!("used in this session within {} turns", config.idle_turns),
+                };
+                DomainVerdict::ranked(stage, similarity.max(keyword_score(keyword_hits)), reason)
+            } else if keyword_hits > 0 {
+                DomainVerdict::ranked(
+                    Stage::Keyword,
+                    keyword_score(keyword_hits).max(similarity),
+                    format!("{keyword_hits} keyword match(es)"),
+                )
+            } else if self.has_loaded_tool(session, d) {
+                DomainVerdict::ranked(Stage::Loaded, similarity, "tool loaded by name this turn".into())
+            } else {
+                DomainVerdict::out(Stage::NotMatched, similarity, String::new())
+            };
+            if evidence.active[d] {
+                n_active_tools += self.tools_by_domain[d].len();
+            }
+            verdicts.push(verdict);
+        }
+
+        // Similarity for active domains the keywords missed.
+        let best_similarity = (0..n_domains)
+            .filter(|&d| evidence.active[d] && !self.domain_is_core[d])
+            .map(|d| evidence.domain_similarity[d])
+            .fold(0.0f32, f32::max);
+        let mut by_similarity: Vec<usize> = (0..n_domains)
+            .filter(|&d| verdicts[d].stage == Stage::NotMatched)
+            .filter(|&d| {
+                let s = evidence.domain_similarity[d];
+                s >= config.bm25_min_score && s >= config.bm25_relative * best_similarity
+            })
+            .collect();
+        by_similarity.sort_by(|&a, &b| {
+            evidence.domain_similarity[b]
+                .total_cmp(&evidence.domain_similarity[a])
+                .then(a.cmp(&b))
+        });
+        let top_k = match evidence.similarity_stage {
+            Stage::Fused => config.bm25_top_k.max(config.dense_top_k),
+            _ => config.bm25_top_k,
+        };
+        for &d in by_similarity.iter().take(top_k) {
+            let score = evidence.domain_similarity[d];
+            verdicts[d] = DomainVerdict::ranked(
+                evidence.similarity_stage,
+                score,
+                format!("{} similarity {score:.2}", evidence.similarity_stage),
+            );
+        }
+        for verdict in verdicts.iter_mut().filter(|v| v.stage == Stage::NotMatched) {
+            verdict.reason = format!("similarity {:.2} below threshold", verdict.score);
+        }
+
+        let evidence_found = verdicts
+            .iter()
+            .any(|v| matches!(v.stage, Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused));
+
+        // Collisions between domains: keep the better one unless both are justified.
+        self.resolve_domain_collisions(&mut verdicts);
+
+        // Tool scores: domain evidence plus the tool's own.
+        let domain_scores: Vec<f32> = verdicts.iter().map(|v| v.score).collect();
+        let tool_score = |t: usize| -> f32 {
+            let d = self.tool_domain[t];
+            domain_scores[d] + evidence.tool_similarity[t] + 0.5 * f32::from(evidence.tool_keyword_hits[t].min(2))
+                + self.tool_prior[t]
+        };
+
+        let mut sent: Vec<Option<(Stage, f32)>> = vec![None; tools.len()];
+        let mut tool_decisions = Vec::new();
+        let mut ranked_out: Vec<usize> = Vec::new();
+        for d in 0..n_domains {
+            let verdict = &verdicts[d];
+            match verdict.send {
+                Send::Nothing => {}
+                Send::Whole => {
+                    for &t in &self.tools_by_domain[d] {
+                        sent[t] = Some((verdict.stage, tool_score(t)));
+                    }
+                }
+                Send::Ranked => {
+                    let members = &self.tools_by_domain[d];
+                    if members.len() <= config.domain_tool_cap {
+                        for &t in members {
+                            sent[t] = Some((verdict.stage, tool_score(t)));
+                        }
+                        continue;
+                    }
+                    let mut ranked: Vec<usize> = members.clone();
+                    ranked.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
+                    for (rank, &t) in ranked.iter().enumerate() {
+                        let included = rank < config.domain_tool_cap;
+                        let score = tool_score(t);
+                        if included {
+                            sent[t] = Some((verdict.stage, score));
+                        } else {
+                            ranked_out.push(t);
+                        }
+                        tool_decisions.push(ToolDecision {
+                            tool: tools[t].name.clone(),
+                            domain: domains[d].name.clone(),
+                            included,
+                            stage: Stage::Ranked,
+                            score,
+                        });
+                    }
+                }
+            }
+        }
+
+        // Tools loaded by name always go.
+        for name in &session.loaded_tools {
+            if let Some(t) = registry.tool_idx(name)
+                && evidence.active[self.tool_domain[t]]
+            {
+                sent[t] = Some((Stage::Loaded, tool_score(t)));
+                let d = self.tool_domain[t];
+                if !verdicts[d].included() {
+                    verdicts[d] = DomainVerdict::ranked(Stage::Loaded, verdicts[d].score, "tool loaded by name".into());
+                }
+            }
+        }
+
+        // A follow-up with no evidence of its own sees what the last turn sent.
+        if config.carry_over && !evidence_found {
+            for name in &session.carried_tools {
+                let Some(t) = registry.tool_idx(name) else { continue };
+                let d = self.tool_domain[t];
+                if !evidence.active[d] || verdicts[d].stage == Stage::Unloaded || sent[t].is_some() {
+                    continue;
+                }
+                sent[t] = Some((Stage::Carried, tool_score(t)));
+                if !verdicts[d].included() {
+                    verdicts[d] = DomainVerdict::ranked(
+                        Stage::Carried,
+                        verdicts[d].score,
+                        "sent last turn; this message has no evidence of its own".into(),
+                    );
+                }
+            }
+        }
+
+        // Fallback: nothing optional selected.
+        let any_optional = (0..n_domains).any(|d| !self.domain_is_core[d] && verdicts[d].included());
+        if !any_optional {
+            self.fallback(&evidence, session, budget, &mut verdicts, &mut sent, &mut ranked_out, &tool_score);
+        }
+
+        self.resolve_tool_collisions(&evidence, session, &verdicts, &mut sent, &mut ranked_out, &mut tool_decisions);
+
+        // Token budget: trim the lowest-scoring optional tools, never core, pinned,
+        // sticky, loaded or fallback (already fitted) ones.
+        let mut tokens: usize = sent
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(t, _)| self.tool_tokens[t])
+            .sum();
+        if tokens > budget && !session.load_all_this_turn {
+            let mut trimmable: Vec<(f32, usize)> = sent
+                .iter()
+                .enumerate()
+                .filter_map(|(t, s)| s.map(|(stage, score)| (t, stage, score)))
+                .filter(|&(_, stage, _)| {
+                    matches!(
+                        stage,
+                        Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Carried | Stage::Ranked
+                    )
+                })
+                .map(|(t, _, score)| (score, t))
+                .collect();
+            trimmable.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+            for (score, t) in trimmable {
+                if tokens <= budget {
+                    break;
+                }
+                sent[t] = None;
+                tokens -= self.tool_tokens[t];
+                ranked_out.push(t);
+                tool_decisions.retain(|decision| decision.tool != tools[t].name);
+                tool_decisions.push(ToolDecision {
+                    tool: tools[t].name.clone(),
+                    domain: tools[t].domain.clone(),
+                    included: false,
+                    stage: Stage::BudgetTrimmed,
+                    score,
+                });
+            }
+        }
+
+        // Domain decisions reflect what is actually sent.
+        let mut n_sent_by_domain = vec![0usize; n_domains];
+        for (t, s) in sent.iter().enumerate() {
+            if s.is_some() {
+                n_sent_by_domain[self.tool_domain[t]] += 1;
+            }
+        }
+        let domain_decisions: Vec<DomainDecision> = verdicts
+            .into_iter()
+            .enumerate()
+            .map(|(d, verdict)| {
+                let included = n_sent_by_domain[d] > 0;
+                let (stage, reason) = if verdict.included() && !included {
+                    (Stage::BudgetTrimmed, format!("{}; trimmed to fit {budget} tokens", verdict.reason))
+                } else {
+                    (verdict.stage, verdict.reason)
+                };
+                DomainDecision {
+                    domain: domains[d].name.clone(),
+                    included,
+                    stage,
+                    score: verdict.score,
+                    reason,
+                }
+            })
+            .collect();
+
+        // Sent tools: core first, then by score.
+        let mut selected: Vec<SelectedTool> = sent
+            .iter()
+            .enumerate()
+            .filter_map(|(t, s)| {
+                s.map(|(stage, score)| SelectedTool {
+                    name: tools[t].name.clone(),
+                    domain: tools[t].domain.clone(),
+                    stage,
+                    score,
+                    tokens: self.tool_tokens[t],
+                    tool_idx: t,
+                })
+            })
+            .collect();
+        selected.sort_by(|a, b| {
+            let a_core = self.domain_is_core[self.tool_domain[a.tool_idx]];
+            let b_core = self.domain_is_core[self.tool_domain[b.tool_idx]];
+            b_core
+                .cmp(&a_core)
+                .then(b.score.total_cmp(&a.score))
+                .then(a.tool_idx.cmp(&b.tool_idx))
+        });
+
+        // Hints: tools of considered domains that are not sent, best first.
+        ranked_out.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
+        ranked_out.dedup();
+        let mut hints = Vec::new();
+        let mut hint_tokens = 0;
+        for &t in &ranked_out {
+            if hints.len() >= config.max_hints {
+                break;
+            }
+            if sent[t].is_some() || hints.iter().any(|h: &Hint| h.name == tools[t].name) {
+                continue;
+            }
+            hint_tokens += self.hint_tokens[t];
+            hints.push(self.hint_for(t));
+        }
+        if hints.len() < ranked_out.len() && ranked_out.len() > config.max_hints {
+            notes.push(format!("{} more tools not hinted", ranked_out.len() - hints.len()));
+        }
+
+        Selection {
+            n_tools: selected.len(),
+            tools: selected,
+            hints,
+            domains: domain_decisions,
+            tool_decisions,
+            tokens,
+            hint_tokens,
+            all_tools_tokens: self.all_tools_tokens,
+            token_budget: budget,
+            n_active_tools,
+            notes,
+        }
+    }
+
+    fn has_loaded_tool(&self, session: &SessionView, domain_idx: usize) -> bool {
+        session
+            .loaded_tools
+            .iter()
+            .filter_map(|name| self.registry.tool_idx(name))
+            .any(|t| self.tool_domain[t] == domain_idx)
+    }
+
+    /// Two conflicting domains both selected: keep the better-scoring one unless the
+    /// message matched both by keyword or the session used both.
+    fn resolve_domain_collisions(&self, verdicts: &mut [DomainVerdict]) {
+        for d in 0..verdicts.len() {
+            for &other in &self.domain_conflicts[d] {
+                if other <= d || !verdicts[d].included() || !verdicts[other].included() {
+                    continue;
+                }
+                let both_justified = |stage_a: Stage, stage_b: Stage| {
+                    (stage_a == Stage::Keyword && stage_b == Stage::Keyword) || (is_held(stage_a) && is_held(stage_b))
+                };
+                if both_justified(verdicts[d].stage, verdicts[other].stage) {
+                    continue;
+                }
+                let (winner, loser) = if verdicts[d].score >= verdicts[other].score { (d, other) } else { (other, d) };
+                if is_protected(verdicts[loser].stage) {
+                    continue;
+                }
+                let winner_name = &self.registry.domains()[winner].name;
+                verdicts[loser] = DomainVerdict::out(
+                    Stage::Collision,
+                    verdicts[loser].score,
+                    format!("conflicts with {winner_name}, which scored higher"),
+                );
+            }
+        }
+    }
+
+    /// Two conflicting tools both sent: keep the better-scoring one unless both were
+    /// matched by keyword or both their domains were used this session.
+    fn resolve_tool_collisions(
+        &self,
+        evidence: &Evidence,
+        session: &SessionView,
+        verdicts: &[DomainVerdict],
+        sent: &mut [Option<(Stage, f32)>],
+        ranked_out: &mut Vec<usize>,
+        tool_decisions: &mut Vec<ToolDecision>,
+    ) {
+        let tools = self.registry.all_tools();
+        for t in 0..tools.len() {
+            for &other in &self.tool_conflicts[t] {
+                let (Some((stage_t, score_t)), Some((stage_o, score_o))) = (sent[t], sent[other]) else {
+                    continue;
+                };
+                if other <= t {
+                    continue;
+                }
+                let matched = |tool: usize| {
+                    evidence.tool_keyword_hits[tool] > 0 || verdicts[self.tool_domain[tool]].stage == Stage::Keyword
+                };
+                let used = |tool: usize| session.state(&tools[tool].domain).is_some_and(|s| !s.unloaded && s.last_used_turn > i64::MIN / 2);
+                if (matched(t) && matched(other)) || (used(t) && used(other)) {
+                    continue;
+                }
+                let (loser, loser_stage, loser_score) =
+                    if score_t >= score_o { (other, stage_o, score_o) } else { (t, stage_t, score_t) };
+                if is_protected(loser_stage) || self.domain_is_core[self.tool_domain[loser]] {
+                    continue;
+                }
+                sent[loser] = None;
+                ranked_out.push(loser);
+                tool_decisions.retain(|decision| decision.tool != tools[loser].name);
+                tool_decisions.push(ToolDecision {
+                    tool: tools[loser].name.clone(),
+                    domain: tools[loser].domain.clone(),
+                    included: false,
+                    stage: Stage::Collision,
+                    score: loser_score,
+                });
+            }
+        }
+    }
+
+    /// Nothing optional was selected: send every active tool if that fits the budget,
+    /// else the best domains (by similarity, warm ones first on ties) that fit, and hint
+    /// the rest.
+    #[allow(clippy::too_many_arguments)]
+    fn fallback(
+        &self,
+        evidence: &Evidence,
+        session: &SessionView,
+        budget: usize,
+        verdicts: &mut [DomainVerdict],
+        sent: &mut [Option<(Stage, f32)>],
+        ranked_out: &mut Vec<usize>,
+        tool_score: &dyn Fn(usize) -> f32,
+    ) {
+        let optional: Vec<usize> = (0..verdicts.len())
+            .filter(|&d| evidence.active[d] && !self.domain_is_core[d] && verdicts[d].stage == Stage::NotMatched)
+            .collect();
+        let domain_tokens = |d: usize| -> usize { self.tools_by_domain[d].iter().map(|&t| self.tool_tokens[t]).sum() };
+        let mut tokens: usize = sent
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(t, _)| self.tool_tokens[t])
+            .sum();
+        let all_optional_tokens: usize = optional.iter().map(|&d| domain_tokens(d)).sum();
+        let fits_whole = tokens + all_optional_tokens <= budget;
+        let mut order = optional.clone();
+        let is_warm = |d: usize| session.warm.iter().any(|w| *w == self.registry.domains()[d].name);
+        order.sort_by(|&a, &b| {
+            evidence.domain_similarity[b]
+                .total_cmp(&evidence.domain_similarity[a])
+                .then(is_warm(b).cmp(&is_warm(a)))
+                .then(a.cmp(&b))
+        });
+        for d in order {
+            let cost = domain_tokens(d);
+            let score = evidence.domain_similarity[d];
+            if fits_whole || tokens + cost <= budget {
+                tokens += cost;
+                let stage = if is_warm(d) { Stage::Warm } else { Stage::Fallback };
+                let reason = if fits_whole {
+                    "nothing matched: every active tool fits the budget".to_owned()
+                } else {
+                    format!("nothing matched: among the best domains that fit {budget} tokens")
+                };
+                verdicts[d] = DomainVerdict::whole(stage, score, reason);
+                for &t in &self.tools_by_domain[d] {
+                    sent[t] = Some((stage, tool_score(t)));
+                }
+            } else {
+                verdicts[d].reason = format!("nothing matched and it does not fit {budget} tokens: hinted");
+                ranked_out.extend(self.tools_by_domain[d].iter().copied());
+            }
+        }
+    }
+}
+
+/// How much of a domain a verdict sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Send {
+    Nothing,
+    Whole,
+    /// Large domains: the best tools, hints for the rest.
+    Ranked,
+}
+
+struct DomainVerdict {
+    stage: Stage,
+    send: Send,
+    score: f32,
+    reason: String,
+}
+
+impl DomainVerdict {
+    fn out(stage: Stage, score: f32, reason: String) -> Self {
+        DomainVerdict { stage, send: Send::Nothing, score, reason }
+    }
+
+    fn whole(stage: Stage, score: f32, reason: String) -> Self {
+        DomainVerdict { stage, send: Send::Whole, score, reason }
+    }
+
+    fn ranked(stage: Stage, score: f32, reason: String) -> Self {
+        DomainVerdict { stage, send: Send::Ranked, score, reason }
+    }
+
+    fn included(&self) -> bool {
+        self.send != Send::Nothing
+    }
+}
+
+/// Keyword evidence on the 0..1 scale of the other stages: one hit 0.6, two 0.8, ...
+fn keyword_score(hits: u16) -> f32 {
+    if hits == 0 { 0.0 } else { (0.4 + 0.2 * f32::from(hits)).min(1.0) }
+}
+
+/// Stages held by the session rather than by this message.
+fn is_held(stage: Stage) -> bool {
+    matches!(stage, Stage::Sticky | Stage::Pinned | Stage::Loaded)
+}
+
+/// Stages whose tools neither collisions nor the budget may drop.
+fn is_protected(stage: Stage) -> bool {
+    matches!(stage, Stage::AlwaysOn | Stage::Sticky | Stage::Pinned | Stage::Loaded)
+}
+
+fn push_unique(list: &mut Vec<usize>, value: usize) {
+    if !list.contains(&value) {
+        list.push(value);
+    }
+}
+
+#[cfg(test)]
+mod tests;

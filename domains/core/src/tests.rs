@@ -1,0 +1,227 @@
+//! Calls each tool through the registry, as a server would.
+
+use std::sync::Arc;
+
+use loadout::{Registry, Settings, Store, ToolContext, ToolError};
+use serde_json::{Value, json};
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    registry: Arc<Registry>,
+    ctx: ToolContext,
+}
+
+async fn harness() -> Harness {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Store::open_dir(dir.path()).await.expect("store");
+    let registry = Arc::new(Registry::from_inventory().expect("registry"));
+    let ctx = ToolContext::new(registry.clone(), Settings::new(store));
+    Harness {
+        _dir: dir,
+        registry,
+        ctx,
+    }
+}
+
+impl Harness {
+    async fn call(&self, tool: &str, args: Value) -> Result<Value, ToolError> {
+        self.registry.call(tool, args, self.ctx.clone()).await
+    }
+}
+
+#[tokio::test]
+async fn list_domains_and_tools() {
+    let h = harness().await;
+    let domains = h
+        .call("list_domains", json!({}))
+        .await
+        .expect("list_domains");
+    let core = domains
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["name"] == "core"))
+        .expect("core listed");
+    assert_eq!(core["active"], true);
+    assert_eq!(core["always_on"], true);
+    assert_eq!(core["n_tools"], 7);
+
+    let tools = h
+        .call("list_tools", json!({"domain": "core"}))
+        .await
+        .expect("list_tools");
+    let names: Vec<&str> = tools
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "calculate",
+            "current_time",
+            "get_setting",
+            "list_domains",
+            "list_settings",
+            "list_tools",
+            "set_setting"
+        ]
+    );
+    assert!(tools[0]["hint"].as_str().is_some_and(|h| h.ends_with('.')));
+
+    let error = h
+        .call("list_tools", json!({"domain": "nope"}))
+        .await
+        .expect_err("unknown domain");
+    assert!(
+        error.to_string().contains("unknown domain `nope`"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn set_then_get_masks_secrets() {
+    let h = harness().await;
+    let set = h
+        .call(
+            "set_setting",
+            json!({"key": "openweathermap_api_key", "value": "sk-abcdefghijkl"}),
+        )
+        .await
+        .expect("set");
+    assert_eq!(set["value"], "********ijkl");
+
+    let got = h
+        .call("get_setting", json!({"key": "openweathermap_api_key"}))
+        .await
+        .expect("get");
+    assert_eq!(got["value"], "********ijkl");
+    assert_eq!(got["masked"], true);
+    assert_eq!(got["is_set"], true);
+
+    // The store holds the real value.
+    let stored = h
+        .ctx
+        .settings()
+        .get("openweathermap_api_key")
+        .await
+        .expect("read");
+    assert_eq!(stored.as_deref(), Some("sk-abcdefghijkl"));
+
+    h.call("set_setting", json!({"key": "llm_model", "value": "small"}))
+        .await
+        .expect("set plain");
+    let listed = h.call("list_settings", json!({})).await.expect("list");
+    let text = listed.to_string();
+    assert!(!text.contains("sk-abcdefghijkl"), "{text}");
+    assert!(text.contains("\"small\""), "{text}");
+
+    // An empty value removes the setting.
+    let removed = h
+        .call("set_setting", json!({"key": "llm_model", "value": ""}))
+        .await
+        .expect("unset");
+    assert_eq!(removed["removed"], true);
+    let got = h
+        .call("get_setting", json!({"key": "llm_model"}))
+        .await
+        .expect("get");
+    assert_eq!(got["is_set"], false);
+    assert_eq!(got["value"], Value::Null);
+}
+
+#[tokio::test]
+async fn setting_keys_are_validated() {
+    let h = harness().await;
+    for key in ["Bad Key", "", "a/b", "DROP TABLE"] {
+        let error = h
+            .call("set_setting", json!({"key": key, "value": "x"}))
+            .await
+            .expect_err(key);
+        assert!(error.to_string().contains("invalid setting key"), "{error}");
+    }
+    let error = h
+        .call("set_setting", json!({"key": "a"}))
+        .await
+        .expect_err("missing value");
+    assert!(
+        matches!(&error, ToolError::InvalidArgs { field: Some(f), .. } if f == "value"),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn current_time_in_a_valid_and_an_invalid_zone() {
+    let h = harness().await;
+    let seoul = h
+        .call("current_time", json!({"timezone": "Asia/Seoul"}))
+        .await
+        .expect("seoul");
+    assert_eq!(seoul["timezone"], "Asia/Seoul");
+    assert_eq!(seoul["utc_offset"], "+09:00");
+    assert!(
+        seoul["datetime"]
+            .as_str()
+            .is_some_and(|d| d.ends_with("+09:00"))
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    assert!((seoul["unix_seconds"].as_i64().expect("secs") - now).abs() < 5);
+
+    let utc = h.call("current_time", json!({})).await.expect("utc");
+    assert_eq!(utc["timezone"], "UTC");
+    assert_eq!(utc["utc_offset"], "+00:00");
+
+    let error = h
+        .call("current_time", json!({"timezone": "Mars/Olympus_Mons"}))
+        .await
+        .expect_err("bad zone");
+    let message = error.to_string();
+    assert!(
+        message.contains("unknown timezone `Mars/Olympus_Mons`"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn calculate_through_the_registry() {
+    let h = harness().await;
+    let result = h
+        .call(
+            "calculate",
+            json!({"expression": "2 + 3 * 4 ^ 2 / (1 + 1)"}),
+        )
+        .await
+        .expect("calc");
+    assert_eq!(result["result"], 26.0);
+
+    let error = h
+        .call("calculate", json!({"expression": "1 / (2 - 2)"}))
+        .await
+        .expect_err("div by zero");
+    assert!(error.to_string().contains("division by zero"), "{error}");
+
+    let error = h
+        .call("calculate", json!({"expression": "import os"}))
+        .await
+        .expect_err("not arithmetic");
+    assert!(
+        error.to_string().contains("unknown name `import`"),
+        "{error}"
+    );
+
+    let deep = "(".repeat(5000) + "1" + &")".repeat(5000);
+    let error = h
+        .call("calculate", json!({"expression": deep}))
+        .await
+        .expect_err("too long");
+    assert!(error.to_string().contains("at most 1000"), "{error}");
+
+    let deep = "(".repeat(450) + "1" + &")".repeat(450);
+    let error = h
+        .call("calculate", json!({"expression": deep}))
+        .await
+        .expect_err("too deep");
+    assert!(error.to_string().contains("nests deeper"), "{error}");
+}

@@ -1,0 +1,496 @@
+//! The scratchpad on SQLite: one database file per session namespace.
+//!
+//! Writes go through a normal connection. `query_data` opens a second connection
+//! with `SQLITE_OPEN_READ_ONLY`, turns `query_only` on, allows no attached database
+//! (so neither `ATTACH` nor `VACUUM INTO` can reach another file), and is interrupted
+//! after a timeout; rusqlite refuses a second statement in the text.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use loadout::ToolError;
+use rusqlite::limits::Limit;
+use rusqlite::types::{Value as SqlValue, ValueRef};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params_from_iter};
+use serde_json::Value;
+
+use crate::{
+    ColumnInfo, ColumnType, CreateTableArgs, InsertDataArgs, MAX_COLUMNS, QueryResult,
+    RowsInserted, TableCreated, TableDescription, TableDropped, TableSummary, check_identifier,
+    quoted,
+};
+
+/// How long one `query_data` statement may run.
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest scratch database: 64 MiB of 4 KiB pages.
+const MAX_PAGE_COUNT: i64 = 16_384;
+/// Longest text returned in one cell of a query result, in characters.
+const MAX_CELL_CHARS: usize = 10_000;
+
+pub async fn create_table(path: PathBuf, args: CreateTableArgs) -> Result<TableCreated, ToolError> {
+    check_identifier("table", &args.table)?;
+    if args.columns.is_empty() {
+        return Err(ToolError::execution("a table needs at least one column"));
+    }
+    if args.columns.len() > MAX_COLUMNS {
+        return Err(ToolError::execution(format!(
+            "{} columns given; at most {MAX_COLUMNS}",
+            args.columns.len()
+        )));
+    }
+    let mut seen = HashSet::new();
+    for column in &args.columns {
+        check_identifier("column", &column.name)?;
+        if !seen.insert(column.name.to_ascii_lowercase()) {
+            return Err(ToolError::execution(format!(
+                "column `{}` is listed twice",
+                column.name
+            )));
+        }
+    }
+    let sql = create_table_sql(&args);
+    let table = args.table.clone();
+    blocking(move || {
+        let conn = open_writer(&path)?;
+        let existed = table_exists(&conn, &table)?;
+        if existed && !args.if_not_exists {
+            return Err(ToolError::execution(format!(
+                "table `{table}` already exists; use describe_table to see it, drop_table to replace it, or pass if_not_exists"
+            )));
+        }
+        conn.execute_batch(&sql).map_err(sql_error)?;
+        Ok(TableCreated {
+            table,
+            sql,
+            created: !existed,
+        })
+    })
+    .await
+}
+
+fn create_table_sql(args: &CreateTableArgs) -> String {
+    let n_keys = args.columns.iter().filter(|c| c.primary_key).count();
+    let mut parts: Vec<String> = args
+        .columns
+        .iter()
+        .map(|column| {
+            let name = quoted(&column.name);
+            let mut part = format!("{name} {}", column.column_type.sql_name());
+            if column.primary_key && n_keys == 1 {
+                part.push_str(" PRIMARY KEY");
+            }
+            if column.not_null {
+                part.push_str(" NOT NULL");
+            }
+            match column.column_type {
+                ColumnType::Boolean => part.push_str(&format!(" CHECK ({name} IN (0, 1))")),
+                ColumnType::Date => part.push_str(&format!(" CHECK ({name} IS date({name}))")),
+                ColumnType::Text | ColumnType::Integer | ColumnType::Real => {}
+            }
+            part
+        })
+        .collect();
+    if n_keys > 1 {
+        let keys: Vec<String> = args
+            .columns
+            .iter()
+            .filter(|c| c.primary_key)
+            .map(|c| quoted(&c.name))
+            .collect();
+        parts.push(format!("PRIMARY KEY ({})", keys.join(", ")));
+    }
+    format!(
+        "CREATE TABLE {}{} ({})",
+        if args.if_not_exists {
+            "IF NOT EXISTS "
+        } else {
+            ""
+        },
+        quoted(&args.table),
+        parts.join(", ")
+    )
+}
+
+pub async fn insert_data(path: PathBuf, args: InsertDataArgs) -> Result<RowsInserted, ToolError> {
+    check_identifier("table", &args.table)?;
+    blocking(move || {
+        let mut conn = open_writer(&path)?;
+        let columns = column_names(&conn, &args.table)?;
+        let tx = conn.transaction().map_err(sql_error)?;
+        for (row_idx, row) in args.rows.iter().enumerate() {
+            if row.is_empty() {
+                return Err(ToolError::execution(format!(
+                    "row {row_idx} is an empty object; give at least one column"
+                )));
+            }
+            let mut names = Vec::with_capacity(row.len());
+            let mut values = Vec::with_capacity(row.len());
+            for (key, value) in row {
+                // Match columns case-insensitively, as SQLite does, but only against
+                // names the table really has: nothing the caller wrote reaches SQL.
+                let Some(column) = columns.iter().find(|c| c.eq_ignore_ascii_case(key)) else {
+                    return Err(ToolError::execution(format!(
+                        "row {row_idx}: table `{}` has no column `{}`; columns: {}",
+                        args.table,
+                        key.chars().take(64).collect::<String>(),
+                        columns.join(", ")
+                    )));
+                };
+                names.push(quoted(column));
+                values.push(json_to_sql(value));
+            }
+            let placeholders: Vec<String> = (1..=values.len()).map(|i| format!("?{i}")).collect();
+            let sql = format!(
+                "INSERT INTO {} ({}) VALUES ({})",
+                quoted(&args.table),
+                names.join(", "),
+                placeholders.join(", ")
+            );
+            let mut stmt = tx.prepare_cached(&sql).map_err(sql_error)?;
+            stmt.execute(params_from_iter(values))
+                .map_err(|e| ToolError::execution(format!("row {row_idx}: {}", describe(&e))))?;
+        }
+        tx.commit().map_err(sql_error)?;
+        let n_rows_total = count_rows(&conn, &args.table)?;
+        Ok(RowsInserted {
+            table: args.table,
+            n_inserted: args.rows.len(),
+            n_rows_total,
+        })
+    })
+    .await
+}
+
+fn json_to_sql(value: &Value) -> SqlValue {
+    match value {
+        Value::Null => SqlValue::Null,
+        Value::Bool(b) => SqlValue::Integer(i64::from(*b)),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => SqlValue::Integer(i),
+            None => n.as_f64().map_or(SqlValue::Null, SqlValue::Real),
+        },
+        Value::String(s) => SqlValue::Text(s.clone()),
+        other => SqlValue::Text(other.to_string()),
+    }
+}
+
+pub async fn query_data(
+    path: PathBuf,
+    sql: String,
+    limit: usize,
+    timeout: Duration,
+) -> Result<QueryResult, ToolError> {
+    if sql.trim().is_empty() {
+        return Err(ToolError::execution("the query is empty"));
+    }
+    blocking(move || {
+        if !path.exists() {
+            // Create the (empty) database so the read-only connection can open it.
+            drop(open_writer(&path)?);
+        }
+        let conn = open_read_only(&path)?;
+        // Interrupt the statement if it outlives the timeout; dropping `done_tx`
+        // when the query ends wakes the watchdog early.
+        let interrupt = conn.get_interrupt_handle();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(timeout) {
+                interrupt.interrupt();
+            }
+        });
+        let result = run_query(&conn, &sql, limit, timeout);
+        drop(done_tx);
+        let _ = watchdog.join();
+        result
+    })
+    .await
+}
+
+fn run_query(
+    conn: &Connection,
+    sql: &str,
+    limit: usize,
+    timeout: Duration,
+) -> Result<QueryResult, ToolError> {
+    let query_error = |e: rusqlite::Error| query_error(e, timeout);
+    let mut stmt = conn.prepare(sql).map_err(query_error)?;
+    let columns: Vec<String> = stmt.column_names().into_iter().map(str::to_owned).collect();
+    let n_columns = columns.len();
+    let mut rows_iter = stmt.query([]).map_err(query_error)?;
+    let mut rows = Vec::new();
+    let mut truncated = false;
+    while let Some(row) = rows_iter.next().map_err(query_error)? {
+        if rows.len() == limit {
+            truncated = true;
+            break;
+        }
+        let mut values = Vec::with_capacity(n_columns);
+        for idx in 0..n_columns {
+            values.push(sql_to_json(row.get_ref(idx).map_err(query_error)?));
+        }
+        rows.push(values);
+    }
+    Ok(QueryResult {
+        columns,
+        n_rows: rows.len(),
+        rows,
+        truncated,
+        limit,
+    })
+}
+
+fn sql_to_json(value: ValueRef<'_>) -> Value {
+    match value {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::from(i),
+        ValueRef::Real(f) => serde_json::Number::from_f64(f)
+            .map(Value::Number)
+            .unwrap_or_else(|| Value::String(f.to_string())),
+        ValueRef::Text(bytes) => {
+            let text = String::from_utf8_lossy(bytes);
+            if text.chars().count() > MAX_CELL_CHARS {
+                let cut: String = text.chars().take(MAX_CELL_CHARS).collect();
+                Value::String(format!("{cut}… [cut at {MAX_CELL_CHARS} characters]"))
+            } else {
+                Value::String(text.into_owned())
+            }
+        }
+        ValueRef::Blob(bytes) => Value::String(format!("<blob of {} bytes>", bytes.len())),
+    }
+}
+
+fn query_error(e: rusqlite::Error, timeout: Duration) -> ToolError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::ReadOnly) => ToolError::execution(format!(
+            "query_data is read-only and the database refused to write ({e}); use insert_data, create_table or drop_table to change data"
+        )),
+        Some(ErrorCode::OperationInterrupted) => ToolError::execution(format!(
+            "the query ran longer than {} s and was stopped; narrow it or add a LIMIT",
+            timeout.as_secs_f64()
+        )),
+        _ if matches!(e, rusqlite::Error::MultipleStatement) => ToolError::execution(
+            "query_data runs exactly one statement; send one SELECT without a second statement after `;`",
+        ),
+        _ => {
+            let message = describe(&e);
+            if message.contains("too many attached databases") {
+                ToolError::execution(
+                    "query_data cannot attach other databases (ATTACH and VACUUM INTO are refused)",
+                )
+            } else {
+                ToolError::execution(format!("query failed: {message}"))
+            }
+        }
+    }
+}
+
+pub async fn list_tables(path: PathBuf) -> Result<Vec<TableSummary>, ToolError> {
+    blocking(move || {
+        if !path.exists() {
+            return Ok(Vec::new());
+        }
+        let conn = open_writer(&path)?;
+        let mut tables = Vec::new();
+        for table in table_names(&conn)? {
+            tables.push(TableSummary {
+                n_rows: count_rows(&conn, &table)?,
+                columns: column_names(&conn, &table)?,
+                table,
+            });
+        }
+        Ok(tables)
+    })
+    .await
+}
+
+pub async fn describe_table(path: PathBuf, table: String) -> Result<TableDescription, ToolError> {
+    check_identifier("table", &table)?;
+    blocking(move || {
+        let conn = open_writer(&path)?;
+        let sql: Option<String> = conn
+            .query_row(
+                "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1 COLLATE NOCASE",
+                [&table],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql_error)?;
+        let Some(sql) = sql else {
+            return Err(no_such_table(&conn, &table));
+        };
+        let mut stmt = conn
+            .prepare(&format!("PRAGMA table_info({})", quoted(&table)))
+            .map_err(sql_error)?;
+        let columns = stmt
+            .query_map([], |r| {
+                Ok(ColumnInfo {
+                    name: r.get(1)?,
+                    column_type: r.get(2)?,
+                    not_null: r.get(3)?,
+                    default: r.get(4)?,
+                    primary_key: r.get::<_, i64>(5)? > 0,
+                })
+            })
+            .map_err(sql_error)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(sql_error)?;
+        Ok(TableDescription {
+            n_rows: count_rows(&conn, &table)?,
+            table,
+            columns,
+            sql,
+        })
+    })
+    .await
+}
+
+pub async fn drop_table(path: PathBuf, table: String) -> Result<TableDropped, ToolError> {
+    check_identifier("table", &table)?;
+    blocking(move || {
+        let conn = open_writer(&path)?;
+        if !table_exists(&conn, &table)? {
+            return Err(no_such_table(&conn, &table));
+        }
+        let n_rows_deleted = count_rows(&conn, &table)?;
+        conn.execute_batch(&format!("DROP TABLE {}", quoted(&table)))
+            .map_err(sql_error)?;
+        Ok(TableDropped {
+            table,
+            n_rows_deleted,
+        })
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------
+// Connections and helpers
+
+async fn blocking<R, F>(f: F) -> Result<R, ToolError>
+where
+    F: FnOnce() -> Result<R, ToolError> + Send + 'static,
+    R: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ToolError::execution(format!("scratchpad task failed: {e}")))?
+}
+
+fn open_writer(path: &Path) -> Result<Connection, ToolError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ToolError::Storage(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    let conn = Connection::open(path).map_err(open_error)?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(open_error)?;
+    conn.pragma_update(None, "trusted_schema", "OFF")
+        .map_err(open_error)?;
+    conn.pragma_update(None, "max_page_count", MAX_PAGE_COUNT)
+        .map_err(open_error)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)
+        .map_err(open_error)?;
+    Ok(conn)
+}
+
+/// The connection `query_data` uses: SQLite itself refuses every write on it.
+pub(crate) fn open_read_only(path: &Path) -> Result<Connection, ToolError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(open_error)?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(open_error)?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(open_error)?;
+    conn.pragma_update(None, "trusted_schema", "OFF")
+        .map_err(open_error)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)
+        .map_err(open_error)?;
+    Ok(conn)
+}
+
+fn open_error(e: rusqlite::Error) -> ToolError {
+    ToolError::Storage(format!("cannot open the scratchpad database: {e}"))
+}
+
+fn sql_error(e: rusqlite::Error) -> ToolError {
+    ToolError::execution(describe(&e))
+}
+
+/// The message SQLite gave, without rusqlite's wrapping.
+fn describe(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqliteFailure(code, Some(message)) => {
+            if code.code == ErrorCode::DiskFull {
+                format!("{message} (the scratchpad is limited to 64 MiB)")
+            } else {
+                message.clone()
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+fn table_names(conn: &Connection) -> Result<Vec<String>, ToolError> {
+    let mut stmt = conn
+        .prepare(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name",
+        )
+        .map_err(sql_error)?;
+    let names = stmt
+        .query_map([], |r| r.get(0))
+        .map_err(sql_error)?
+        .collect::<Result<Vec<String>, _>>()
+        .map_err(sql_error)?;
+    Ok(names)
+}
+
+fn table_exists(conn: &Connection, table: &str) -> Result<bool, ToolError> {
+    conn.query_row(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1 COLLATE NOCASE",
+        [table],
+        |_| Ok(()),
+    )
+    .optional()
+    .map(|found| found.is_some())
+    .map_err(sql_error)
+}
+
+fn no_such_table(conn: &Connection, table: &str) -> ToolError {
+    let existing = table_names(conn).unwrap_or_default();
+    if existing.is_empty() {
+        ToolError::execution(format!(
+            "no table `{table}`: the scratchpad has no tables yet; create one with create_table"
+        ))
+    } else {
+        ToolError::execution(format!(
+            "no table `{table}`; existing tables: {}",
+            existing.join(", ")
+        ))
+    }
+}
+
+/// Column names of a table, in order; a clear error when the table does not exist.
+fn column_names(conn: &Connection, table: &str) -> Result<Vec<String>, ToolError> {
+    let mut stmt = conn
+        .prepare(&format!("PRAGMA table_info({})", quoted(table)))
+        .map_err(sql_error)?;
+    let names = stmt
+        .query_map([], |r| r.get(1))
+        .map_err(sql_error)?
+        .collect::<Result<Vec<String>, _>>()
+        .map_err(sql_error)?;
+    if names.is_empty() {
+        return Err(no_such_table(conn, table));
+    }
+    Ok(names)
+}
+
+fn count_rows(conn: &Connection, table: &str) -> Result<i64, ToolError> {
+    conn.query_row(
+        &format!("SELECT count(*) FROM {}", quoted(table)),
+        [],
+        |r| r.get(0),
+    )
+    .map_err(sql_error)
+}

@@ -1,0 +1,303 @@
+//! What the router returns: the tools to send, hints for the rest, and why.
+
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::Registry;
+use crate::store::DecisionRow;
+
+/// Why a domain or tool is in or out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Stage {
+    /// Core or `always_on`: sent on every turn.
+    AlwaysOn,
+    /// A settings key has no value; never sent.
+    Inactive,
+    /// Used in this session within the idle window.
+    Sticky,
+    /// Mid-workflow state keeps it for the session.
+    Pinned,
+    /// Used by some session in the last 24 h: preferred when falling back.
+    Warm,
+    /// A keyword of the domain or tool is in the message.
+    Keyword,
+    /// Lexical similarity.
+    Bm25,
+    /// Embedding similarity.
+    Dense,
+    /// Lexical and dense rankings fused.
+    Fused,
+    /// Sent last turn on the message's own evidence, carried over for a follow-up that
+    /// has none (`yes do it`).
+    Carried,
+    /// Nothing optional matched: the fallback rule sent it.
+    Fallback,
+    /// Loaded by a meta-tool (`load_tools`, `load_all_for_this_turn`).
+    Loaded,
+    /// Unloaded by a meta-tool; kept out until used or loaded again.
+    Unloaded,
+    /// Ranked inside a selected domain: sent when among the best, hinted otherwise.
+    Ranked,
+    /// Dropped to keep the selection under the token budget.
+    BudgetTrimmed,
+    /// Dropped because a conflicting tool or domain scored better.
+    Collision,
+    /// The message needs no tool (chit-chat); only core is sent.
+    NoToolNeeded,
+    /// Active, but nothing in the message or session pointed at it.
+    NotMatched,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::AlwaysOn => "always_on",
+            Stage::Inactive => "inactive",
+            Stage::Sticky => "sticky",
+            Stage::Pinned => "pinned",
+            Stage::Warm => "warm",
+            Stage::Keyword => "keyword",
+            Stage::Bm25 => "bm25",
+            Stage::Dense => "dense",
+            Stage::Fused => "fused",
+            Stage::Carried => "carried",
+            Stage::Fallback => "fallback",
+            Stage::Loaded => "loaded",
+            Stage::Unloaded => "unloaded",
+            Stage::Ranked => "ranked",
+            Stage::BudgetTrimmed => "budget_trimmed",
+            Stage::Collision => "collision",
+            Stage::NoToolNeeded => "no_tool_needed",
+            Stage::NotMatched => "not_matched",
+        }
+    }
+
+    /// Stages whose score means something to a reader of the summary line.
+    fn shows_score(self) -> bool {
+        matches!(
+            self,
+            Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Fallback
+        )
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The router's verdict on one domain.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DomainDecision {
+    pub domain: String,
+    /// At least one of its tools is sent.
+    pub included: bool,
+    pub stage: Stage,
+    /// Strength of the evidence, 0..1 (keyword and similarity stages; 0 otherwise).
+    pub score: f32,
+    pub reason: String,
+}
+
+/// The router's verdict on one tool of a domain it ranked tool by tool.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolDecision {
+    pub tool: String,
+    pub domain: String,
+    pub included: bool,
+    pub stage: Stage,
+    pub score: f32,
+}
+
+/// A tool whose definition is sent this turn.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SelectedTool {
+    pub name: String,
+    pub domain: String,
+    pub stage: Stage,
+    pub score: f32,
+    /// Tokens of its OpenAI-format definition.
+    pub tokens: usize,
+    #[serde(skip)]
+    pub(crate) tool_idx: usize,
+}
+
+/// The compact line shown for an active tool that is not sent: enough for the model to
+/// ask for it with `load_tools`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Hint {
+    pub name: String,
+    pub domain: String,
+    /// First sentence of the description.
+    pub hint: String,
+}
+
+impl Hint {
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({"name": self.name, "domain": self.domain, "hint": self.hint})
+    }
+}
+
+/// Whether the decision log keeps the message or only its hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MessageLogging {
+    #[default]
+    Plain,
+    /// SHA-256 of the message, hex: the log can still group repeats without keeping text.
+    Sha256,
+}
+
+/// Everything the router decided for one message.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Selection {
+    /// Sent definitions: core first, then by descending score.
+    pub tools: Vec<SelectedTool>,
+    /// Active tools of considered domains that are not sent, best first.
+    pub hints: Vec<Hint>,
+    /// One per domain, in registry order.
+    pub domains: Vec<DomainDecision>,
+    /// Tools of domains ranked tool by tool (large domains, budget trimming, collisions).
+    pub tool_decisions: Vec<ToolDecision>,
+    /// Tokens of the sent definitions.
+    pub tokens: usize,
+    /// Tokens of the hints, as compact JSON.
+    pub hint_tokens: usize,
+    /// Tokens of every tool's definition in the registry: what sending everything costs.
+    pub all_tools_tokens: usize,
+    /// The budget this selection was trimmed to.
+    pub token_budget: usize,
+    pub n_tools: usize,
+    /// Tools of active domains: what the reference "send every active tool" rule sends.
+    pub n_active_tools: usize,
+    /// Notes about how the selection was made (e.g. the dense stage failing).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl Selection {
+    /// Whether a tool's definition is sent this turn.
+    pub fn contains(&self, tool: &str) -> bool {
+        self.tools.iter().any(|t| t.name == tool)
+    }
+
+    pub fn tool_names(&self) -> impl Iterator<Item = &str> {
+        self.tools.iter().map(|t| t.name.as_str())
+    }
+
+    /// The decision for one domain.
+    pub fn domain(&self, name: &str) -> Option<&DomainDecision> {
+        self.domains.iter().find(|d| d.domain == name)
+    }
+
+    /// The one-line trace, e.g.
+    /// `[router] 18/35 tools, 2,140 tokens | weather(keyword:1.00) calendar(bm25:0.52) scratchpad(sticky)`.
+    /// Lists the included domains other than always-on ones, best first.
+    pub fn summary_line(&self) -> String {
+        let mut line = format!(
+            "[router] {}/{} tools, {} tokens |",
+            self.n_tools,
+            self.n_active_tools,
+            thousands(self.tokens)
+        );
+        let mut shown: Vec<&DomainDecision> = self
+            .domains
+            .iter()
+            .filter(|d| d.included && d.stage != Stage::AlwaysOn)
+            .collect();
+        shown.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.domain.cmp(&b.domain)));
+        if shown.is_empty() {
+            line.push_str(" core only");
+        }
+        for decision in shown {
+            if decision.stage.shows_score() {
+                line.push_str(&format!(" {}({}:{:.2})", decision.domain, decision.stage, decision.score));
+            } else {
+                line.push_str(&format!(" {}({})", decision.domain, decision.stage));
+            }
+        }
+        line
+    }
+
+    /// The sent tools as OpenAI function definitions.
+    pub fn tools_openai(&self, registry: &Registry) -> Vec<Value> {
+        self.tools
+            .iter()
+            .filter_map(|t| registry.all_tools().get(t.tool_idx).filter(|tool| tool.name == t.name))
+            .map(crate::export::openai)
+            .collect()
+    }
+
+    /// The decision-log row for this selection. `at_ms` is passed in so the router
+    /// stays free of clocks.
+    pub fn decision_row(
+        &self,
+        session: Option<&str>,
+        turn: i64,
+        message: &str,
+        logging: MessageLogging,
+        at_ms: i64,
+    ) -> DecisionRow {
+        let message = match logging {
+            MessageLogging::Plain => message.to_owned(),
+            MessageLogging::Sha256 => format!("sha256:{}", sha256_hex(message)),
+        };
+        DecisionRow {
+            at_ms,
+            session: session.map(str::to_owned),
+            turn,
+            message,
+            n_tools: self.n_tools as i64,
+            tokens: self.tokens as i64,
+            reasons: serde_json::json!({
+                "domains": self.domains,
+                "tools": self.tools.iter().map(|t| &t.name).collect::<Vec<_>>(),
+                "tool_decisions": self.tool_decisions,
+                "hint_tokens": self.hint_tokens,
+                "all_tools_tokens": self.all_tools_tokens,
+                "notes": self.notes,
+            }),
+        }
+    }
+}
+
+fn sha256_hex(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `2140` → `2,140`.
+pub(crate) fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_groups_digits() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(2140), "2,140");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+
+    #[test]
+    fn message_hash_is_hex_sha256() {
+        assert_eq!(
+            sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

@@ -1,0 +1,230 @@
+//! The router's view of a session, and the pure updates the server and the eval both
+//! apply to it: tool calls, meta-tool loads and unloads, and the turn clock.
+//!
+//! The server builds a [`SessionView`] from the store before routing and persists the
+//! [`SessionDomainState`] rows the updates return; the eval keeps the view in memory.
+
+use serde::Serialize;
+
+use super::Router;
+use super::selection::{Selection, Stage};
+use crate::store::SessionDomainState;
+
+/// What the router needs to know about a session for one turn.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct SessionView {
+    /// The current user turn (1 for the first message); from the persisted message
+    /// count, so it survives restarts.
+    pub turn: i64,
+    /// Per-domain memory of this session.
+    pub domains: Vec<SessionDomainState>,
+    /// Domains any session used in the last 24 h.
+    pub warm: Vec<String>,
+    /// `load_all_for_this_turn` was called: every active tool is sent this turn.
+    pub load_all_this_turn: bool,
+    /// Tools loaded by name during this turn (`load_tools(["send_email"])`): sent
+    /// whatever their domain's ranking says.
+    pub loaded_tools: Vec<String>,
+    /// Tools the previous turn sent on the message's own evidence: a follow-up with no
+    /// evidence of its own (`yes do it`, `push`) sees them again.
+    pub carried_tools: Vec<String>,
+}
+
+/// Why a meta-tool request could not be applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    #[error("no tool or domain named {}", .0.join(", "))]
+    UnknownNames(Vec<String>),
+    #[error("domain `{0}` is always on and cannot be unloaded")]
+    AlwaysOn(String),
+}
+
+impl SessionView {
+    /// A fresh session at `turn`.
+    pub fn new(turn: i64) -> SessionView {
+        SessionView {
+            turn,
+            ..SessionView::default()
+        }
+    }
+
+    /// A view built from stored state.
+    pub fn from_store(turn: i64, domains: Vec<SessionDomainState>, warm: Vec<String>) -> SessionView {
+        SessionView {
+            turn,
+            domains,
+            warm,
+            ..SessionView::default()
+        }
+    }
+
+    /// Moves the clock to a new user turn: per-turn loads end, and what `previous`
+    /// sent on its message's evidence is carried into this turn.
+    pub fn begin_turn(&mut self, turn: i64, previous: Option<&Selection>) {
+        self.turn = turn;
+        self.load_all_this_turn = false;
+        self.loaded_tools.clear();
+        self.carried_tools = previous.map(carry_over).unwrap_or_default();
+    }
+
+    pub fn state(&self, domain: &str) -> Option<&SessionDomainState> {
+        self.domains.iter().find(|s| s.domain == domain)
+    }
+
+    /// Whether a domain is held by the session this turn: pinned, or used within the
+    /// last `idle_turns` turns, and not unloaded since.
+    pub fn holds(&self, domain: &str, idle_turns: i64) -> Option<Stage> {
+        let state = self.state(domain)?;
+        if state.unloaded {
+            return None;
+        }
+        if state.pinned {
+            return Some(Stage::Pinned);
+        }
+        (self.turn - state.last_used_turn <= idle_turns).then_some(Stage::Sticky)
+    }
+
+    /// Records the tools the model called this turn: their domains count as used now,
+    /// and a call to one of the router's `pin_on_tools` pins its domain for the session.
+    /// Returns the rows that changed, for the server to persist.
+    pub fn record_calls<S: AsRef<str>>(&mut self, router: &Router, called: &[S]) -> Vec<SessionDomainState> {
+        let mut changed: Vec<SessionDomainState> = Vec::new();
+        for name in called {
+            let name = name.as_ref();
+            let Some(tool) = router.registry().tool(name) else {
+                continue;
+            };
+            if router.is_core_domain(&tool.domain) {
+                continue;
+            }
+            let pin = router.config().pin_on_tools.iter().any(|p| p == name);
+            let row = self.touch(&tool.domain, pin);
+            upsert(&mut changed, row);
+        }
+        changed
+    }
+
+    /// `load_tools`: each name is a domain or a tool. Domains count as used now (so they
+    /// stay while in use); tools are also sent this turn whatever the ranking says.
+    /// Nothing changes when a name is unknown.
+    pub fn load<S: AsRef<str>>(&mut self, router: &Router, names: &[S]) -> Result<Vec<SessionDomainState>, SessionError> {
+        let registry = router.registry();
+        let unknown: Vec<String> = names
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|n| registry.domain(n).is_none() && registry.tool(n).is_none())
+            .map(str::to_owned)
+            .collect();
+        if !unknown.is_empty() {
+            return Err(SessionError::UnknownNames(unknown));
+        }
+        let mut changed = Vec::new();
+        for name in names.iter().map(AsRef::as_ref) {
+            let domain = match (registry.domain(name), registry.tool(name)) {
+                (Some(domain), _) => domain.name.clone(),
+                (None, Some(tool)) => {
+                    if !self.loaded_tools.iter().any(|t| t == name) {
+                        self.loaded_tools.push(name.to_owned());
+                    }
+                    tool.domain.clone()
+                }
+                (None, None) => continue,
+            };
+            if router.is_core_domain(&domain) {
+                continue;
+            }
+            let row = self.touch(&domain, false);
+            upsert(&mut changed, row);
+        }
+        Ok(changed)
+    }
+
+    /// `unload_tools`: each name is a domain or a tool (meaning its domain). The domain
+    /// stays out, pin included, until it is used or loaded again.
+    pub fn unload<S: AsRef<str>>(&mut self, router: &Router, names: &[S]) -> Result<Vec<SessionDomainState>, SessionError> {
+        let registry = router.registry();
+        let mut domains: Vec<String> = Vec::new();
+        let mut unknown = Vec::new();
+        for name in names.iter().map(AsRef::as_ref) {
+            let domain = match (registry.domain(name), registry.tool(name)) {
+                (Some(domain), _) => domain.name.clone(),
+                (None, Some(tool)) => tool.domain.clone(),
+                (None, None) => {
+                    unknown.push(name.to_owned());
+                    continue;
+                }
+            };
+            if router.is_core_domain(&domain) {
+                return Err(SessionError::AlwaysOn(domain));
+            }
+            if !domains.contains(&domain) {
+                domains.push(domain);
+            }
+        }
+        if !unknown.is_empty() {
+            return Err(SessionError::UnknownNames(unknown));
+        }
+        let mut changed = Vec::new();
+        for domain in domains {
+            self.loaded_tools
+                .retain(|t| registry.tool(t).is_none_or(|tool| tool.domain != domain));
+            self.carried_tools
+                .retain(|t| registry.tool(t).is_none_or(|tool| tool.domain != domain));
+            let state = self.state_mut(&domain);
+            state.unloaded = true;
+            state.pinned = false;
+            changed.push(state.clone());
+        }
+        Ok(changed)
+    }
+
+    /// `load_all_for_this_turn`: every active tool is sent until the next turn begins.
+    pub fn load_all_for_this_turn(&mut self) {
+        self.load_all_this_turn = true;
+    }
+
+    fn touch(&mut self, domain: &str, pin: bool) -> SessionDomainState {
+        let turn = self.turn;
+        let state = self.state_mut(domain);
+        state.last_used_turn = turn;
+        state.unloaded = false;
+        state.pinned |= pin;
+        state.clone()
+    }
+
+    fn state_mut(&mut self, domain: &str) -> &mut SessionDomainState {
+        let idx = match self.domains.iter().position(|s| s.domain == domain) {
+            Some(idx) => idx,
+            None => {
+                self.domains.push(SessionDomainState {
+                    domain: domain.to_owned(),
+                    // Never used: far enough back that it is not sticky.
+                    last_used_turn: i64::MIN / 2,
+                    pinned: false,
+                    unloaded: false,
+                });
+                self.domains.len() - 1
+            }
+        };
+        &mut self.domains[idx]
+    }
+}
+
+/// The tools a selection sent on its message's own evidence, which the next turn
+/// carries over.
+pub fn carry_over(selection: &Selection) -> Vec<String> {
+    selection
+        .tools
+        .iter()
+        .filter(|t| matches!(t.stage, Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Ranked))
+        .map(|t| t.name.clone())
+        .collect()
+}
+
+fn upsert(rows: &mut Vec<SessionDomainState>, row: SessionDomainState) {
+    match rows.iter_mut().find(|r| r.domain == row.domain) {
+        Some(existing) => *existing = row,
+        None => rows.push(row),
+    }
+}

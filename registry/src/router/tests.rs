@@ -1,0 +1,1 @@
+//! Router tests on a small in-memory catalog.

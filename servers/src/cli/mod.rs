@@ -1,0 +1,5 @@
+//! One module per subcommand.
+
+pub mod call;
+pub mod settings;
+pub mod tools;

@@ -1,0 +1,7 @@
+/// Echoes a value.
+#[loadout::tool(domain = "core", keywords = ["echo"])]
+fn echo<T: serde::Serialize>(value: T) -> T {
+    value
+}
+
+fn main() {}

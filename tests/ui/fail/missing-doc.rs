@@ -1,0 +1,6 @@
+#[loadout::tool(domain = "scratchpad", keywords = ["sql"])]
+fn query() -> i64 {
+    1
+}
+
+fn main() {}
