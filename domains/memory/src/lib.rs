@@ -1,4 +1,321 @@
-//! placeholder
+//! The `memory` domain: long-term notes the model keeps for the user across
+//! sessions, found again by ranked full-text search.
+//!
+//! Tool signatures are engine-neutral; each tool dispatches on the store's backend
+//! to the engine's module (`sqlite`: FTS5 with `bm25()`; PostgreSQL will use
+//! `tsvector` beside it with the same behaviour). Depends on `loadout` only, never on
+//! another domain crate.
+
+mod sqlite;
+
+use loadout::store::StoreBackend;
+use loadout::{ToolContext, ToolError};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+loadout::domain! {
+    name: "memory",
+    description: "Long-term memory across conversations: remember facts, preferences and notes about the user, recall them by meaning-bearing words, update or forget them.",
+    keywords: [
+        "memory", "remember", "recall", "note", "notes", "forget", "preference",
+        "fact", "remind", "기억", "메모", "잊어",
+    ],
+}
 
 /// Referenced by the `loadout-domains` hub so the linker keeps this crate.
 pub fn link() {}
+
+/// Longest memory text, in characters.
+pub const MAX_CONTENT_CHARS: usize = 10_000;
+/// Most tags per memory, and longest tag in characters.
+pub const MAX_TAGS: usize = 20;
+pub const MAX_TAG_CHARS: usize = 50;
+/// Most words of a recall query that are searched.
+pub const MAX_QUERY_TERMS: usize = 32;
+
+/// A stored memory.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Memory {
+    pub id: i64,
+    pub content: String,
+    pub tags: Vec<String>,
+    /// UTC, RFC 3339.
+    pub created: String,
+    pub updated: String,
+}
+
+/// A memory found by `recall`, with its relevance (higher is better).
+#[derive(Debug, Clone, Serialize)]
+pub struct RecalledMemory {
+    #[serde(flatten)]
+    pub memory: Memory,
+    pub score: f64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RememberArgs {
+    /// What to remember, as a self-contained sentence, e.g. "Mina prefers window seats on flights".
+    pub content: String,
+    /// Optional labels for grouping and filtering, e.g. `["travel", "preferences"]`.
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Remembered {
+    #[serde(flatten)]
+    pub memory: Memory,
+    /// The same text was already stored; nothing new was written.
+    pub duplicate: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecallArgs {
+    /// Words to look for, e.g. "flight seat preference". Any word may match; memories
+    /// matching more and rarer words rank first.
+    pub query: String,
+    /// Only memories with this tag.
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// Most memories to return: default 10, at most 100.
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateMemoryArgs {
+    /// The memory's id (from `recall` or `list_memories`).
+    pub id: i64,
+    /// New text; unchanged when omitted.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// New tags, replacing the old ones; unchanged when omitted.
+    #[serde(default)]
+    pub tags: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForgetArgs {
+    /// The memory's id (from `recall` or `list_memories`).
+    pub id: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Forgotten {
+    pub id: i64,
+    /// The text that was deleted.
+    pub content: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListMemoriesArgs {
+    /// Only memories with this tag.
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// Most memories to return: default 20, at most 200.
+    #[serde(default)]
+    pub limit: Option<u32>,
+    /// Memories to skip, for paging.
+    #[serde(default)]
+    pub offset: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemoryPage {
+    pub memories: Vec<Memory>,
+    /// All memories matching the filter.
+    pub total: i64,
+    pub offset: u32,
+}
+
+/// Stores a fact, preference or note about the user in long-term memory, kept across conversations.
+///
+/// Write one self-contained sentence per memory; storing the same text twice returns
+/// the existing memory.
+#[loadout::tool(
+    domain = "memory",
+    keywords = ["remember", "save", "note", "keep in mind", "기억해", "메모"],
+    read_only = false,
+    destructive = false,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn remember(args: RememberArgs, ctx: &ToolContext) -> Result<Remembered, ToolError> {
+    let content = check_content(&args.content)?;
+    let tags = normalize_tags(&args.tags)?;
+    match ctx.store().backend() {
+        StoreBackend::Sqlite(store) => sqlite::remember(store, content, tags).await,
+        _ => Err(unsupported_backend()),
+    }
+}
+
+/// Searches long-term memory by words and returns the best-matching memories, most relevant first.
+///
+/// Use it before answering questions about the user's preferences, plans or earlier
+/// conversations. The query is plain words; search syntax is treated as text.
+#[loadout::tool(
+    domain = "memory",
+    keywords = ["recall", "search memory", "what do you know", "remember when", "기억나"],
+    read_only = true,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn recall(args: RecallArgs, ctx: &ToolContext) -> Result<Vec<RecalledMemory>, ToolError> {
+    let Some(match_expr) = fts_query(&args.query) else {
+        return Err(ToolError::execution(
+            "the query has no searchable words; give a few words such as \"birthday gift\"",
+        ));
+    };
+    let limit = bounded_limit(args.limit, 10, 100)?;
+    let tag = args.tag.as_deref().map(normalize_tag).transpose()?;
+    match ctx.store().backend() {
+        StoreBackend::Sqlite(store) => sqlite::recall(store, match_expr, tag, limit).await,
+        _ => Err(unsupported_backend()),
+    }
+}
+
+/// Changes the text or tags of a stored memory, by id.
+#[loadout::tool(
+    domain = "memory",
+    keywords = ["update memory", "correct", "change", "edit note", "수정"],
+    read_only = false,
+    destructive = false,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn update_memory(args: UpdateMemoryArgs, ctx: &ToolContext) -> Result<Memory, ToolError> {
+    if args.content.is_none() && args.tags.is_none() {
+        return Err(ToolError::execution(
+            "nothing to change: give `content`, `tags` or both",
+        ));
+    }
+    let content = args.content.as_deref().map(check_content).transpose()?;
+    let tags = args.tags.as_deref().map(normalize_tags).transpose()?;
+    match ctx.store().backend() {
+        StoreBackend::Sqlite(store) => sqlite::update(store, args.id, content, tags).await,
+        _ => Err(unsupported_backend()),
+    }
+}
+
+/// Deletes a memory for good, by id.
+#[loadout::tool(
+    domain = "memory",
+    keywords = ["forget", "delete memory", "remove note", "잊어", "삭제"],
+    read_only = false,
+    destructive = true,
+    idempotent = false,
+    open_world = false
+)]
+pub async fn forget(args: ForgetArgs, ctx: &ToolContext) -> Result<Forgotten, ToolError> {
+    match ctx.store().backend() {
+        StoreBackend::Sqlite(store) => sqlite::forget(store, args.id).await,
+        _ => Err(unsupported_backend()),
+    }
+}
+
+/// Lists stored memories, newest first, optionally only those with a tag.
+#[loadout::tool(
+    domain = "memory",
+    keywords = ["list memories", "all notes", "what do you remember", "기억 목록"],
+    read_only = true,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn list_memories(
+    args: ListMemoriesArgs,
+    ctx: &ToolContext,
+) -> Result<MemoryPage, ToolError> {
+    let limit = bounded_limit(args.limit, 20, 200)?;
+    let offset = args.offset.unwrap_or(0);
+    let tag = args.tag.as_deref().map(normalize_tag).transpose()?;
+    match ctx.store().backend() {
+        StoreBackend::Sqlite(store) => sqlite::list(store, tag, limit, offset).await,
+        _ => Err(unsupported_backend()),
+    }
+}
+
+fn unsupported_backend() -> ToolError {
+    ToolError::execution("memory is not supported on this storage backend yet")
+}
+
+fn check_content(content: &str) -> Result<String, ToolError> {
+    let content = content.trim();
+    if content.is_empty() {
+        return Err(ToolError::execution("`content` is empty"));
+    }
+    let n_chars = content.chars().count();
+    if n_chars > MAX_CONTENT_CHARS {
+        return Err(ToolError::execution(format!(
+            "`content` has {n_chars} characters; at most {MAX_CONTENT_CHARS}"
+        )));
+    }
+    Ok(content.to_owned())
+}
+
+fn normalize_tag(tag: &str) -> Result<String, ToolError> {
+    let tag = tag.trim().to_lowercase();
+    if tag.is_empty() {
+        return Err(ToolError::execution("tags must not be empty"));
+    }
+    if tag.chars().count() > MAX_TAG_CHARS {
+        return Err(ToolError::execution(format!(
+            "tag `{}…` is longer than {MAX_TAG_CHARS} characters",
+            tag.chars().take(MAX_TAG_CHARS).collect::<String>()
+        )));
+    }
+    Ok(tag)
+}
+
+/// Trimmed, lowercased, without duplicates, in the order given.
+fn normalize_tags(tags: &[String]) -> Result<Vec<String>, ToolError> {
+    if tags.len() > MAX_TAGS {
+        return Err(ToolError::execution(format!(
+            "{} tags given; at most {MAX_TAGS}",
+            tags.len()
+        )));
+    }
+    let mut normalized: Vec<String> = Vec::with_capacity(tags.len());
+    for tag in tags {
+        let tag = normalize_tag(tag)?;
+        if !normalized.contains(&tag) {
+            normalized.push(tag);
+        }
+    }
+    Ok(normalized)
+}
+
+fn bounded_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, ToolError> {
+    match limit {
+        None => Ok(default),
+        Some(0) => Err(ToolError::execution("`limit` must be at least 1")),
+        Some(n) => Ok(n.min(max)),
+    }
+}
+
+/// An FTS5 query that matches any of the words of `query`, each as a quoted prefix
+/// term. Only letters and digits survive, so nothing the user wrote is read as FTS
+/// syntax (`AND`, `NEAR`, `"`, `*`, `:`, `^`, parentheses). `None` when no word is left.
+pub fn fts_query(query: &str) -> Option<String> {
+    let mut terms: Vec<String> = Vec::new();
+    for word in query.split(|c: char| !c.is_alphanumeric()) {
+        if word.is_empty() {
+            continue;
+        }
+        let term = format!("\"{}\"*", word.to_lowercase());
+        if !terms.contains(&term) {
+            terms.push(term);
+        }
+        if terms.len() == MAX_QUERY_TERMS {
+            break;
+        }
+    }
+    (!terms.is_empty()).then(|| terms.join(" OR "))
+}
+
+#[cfg(test)]
+mod tests;
