@@ -6,6 +6,7 @@
 
 mod app;
 mod cli;
+mod mcp;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +35,10 @@ enum Command {
     /// Reads and writes settings.
     #[command(subcommand)]
     Settings(cli::settings::Command),
+    /// Prints the newest tool calls from the audit log.
+    Audit(cli::audit::Args),
+    /// Serves every tool over MCP (stdio by default).
+    Mcp(mcp::Args),
 }
 
 fn main() -> ExitCode {
@@ -71,5 +76,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tools(args) => cli::tools::run(&app, args).await,
         Command::Call(args) => cli::call::run(&app, args).await,
         Command::Settings(command) => cli::settings::run(&app, command).await,
+        Command::Audit(args) => cli::audit::run(&app, args).await,
+        Command::Mcp(args) => mcp::run(&app, args).await,
     }
 }

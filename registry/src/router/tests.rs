@@ -1,1 +1,401 @@
 //! Router tests on a small in-memory catalog.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::*;
+use crate::toolkit;
+
+fn tool(name: &str, description: &str) -> serde_json::Value {
+    json!({"name": name, "description": description, "input_schema": {"type": "object", "properties": {}}})
+}
+
+fn catalog() -> Vec<serde_json::Value> {
+    vec![
+        json!({"domain": "core", "description": "Core tools.", "keywords": ["settings"], "always_on": true,
+               "tools": [tool("list_domains", "List tool domains and whether each is active."),
+                         tool("get_setting", "Read a setting by key.")]}),
+        json!({"domain": "weather", "description": "Weather forecasts and current conditions.",
+               "keywords": ["weather", "forecast", "umbrella", "날씨"], "settings_keys": ["weather_key"],
+               "tools": [tool("get_current_weather", "Current weather conditions for a place."),
+                         tool("get_weather_forecast", "Daily weather forecast for the next days.")]}),
+        json!({"domain": "homeassistant", "description": "Smart home control: lights, switches, climate.",
+               "keywords": ["light", "lamp", "thermostat"],
+               "tools": [tool("ha_turn_on", "Turn on a light or switch."),
+                         tool("ha_turn_off", "Turn off a light or switch."),
+                         tool("ha_set_light", "Set brightness and color of a light.")]}),
+        json!({"domain": "scratchpad", "description": "Tables you can query with SQL.",
+               "keywords": ["table", "sql"],
+               "tools": [tool("create_table", "Create a table with columns."),
+                         tool("insert_data", "Insert rows into a table."),
+                         tool("query_data", "Run a SQL query over stored tables.")]}),
+        json!({"domain": "memory", "description": "Long-term memory of facts about the user.",
+               "keywords": ["remember", "recall"], "conflicts": ["scratchpad"],
+               "tools": [tool("remember", "Store a fact about the user for later."),
+                         json!({"name": "recall", "description": "Look up stored facts about the user.",
+                                "input_schema": {"type": "object", "properties": {}},
+                                "conflicts": ["query_data"]})]}),
+        json!({"domain": "news", "description": "Headlines and articles from news sites.",
+               "keywords": ["news", "headlines"],
+               "tools": [tool("search_news", "Search recent news articles and headlines."),
+                         tool("get_article", "Fetch a news article by URL.")]}),
+        json!({"domain": "docker", "description": "Docker containers, images and volumes.",
+               "keywords": ["docker", "container"],
+               "tools": (0..12).map(|i| tool(&format!("docker_tool_{i:02}"), &format!("Docker operation number {i} on containers."))).chain([
+                   tool("restart_container", "Restart a docker container by name."),
+               ]).collect::<Vec<_>>()}),
+    ]
+}
+
+fn registry() -> Arc<Registry> {
+    let mut builder = Registry::builder();
+    for (i, value) in catalog().into_iter().enumerate() {
+        let parsed = toolkit::parse(&value.to_string(), &format!("test{i}.json"));
+        builder = builder.toolkit(parsed.unwrap_or_else(|e| panic!("test catalog {i}: {e}")));
+    }
+    Arc::new(builder.build().unwrap_or_else(|e| panic!("test registry: {e}")))
+}
+
+fn router_with(config: RouterConfig) -> Router {
+    Router::new(registry(), config)
+}
+
+fn router() -> Router {
+    router_with(RouterConfig::default())
+}
+
+fn all_settings() -> BTreeMap<String, String> {
+    BTreeMap::from([("weather_key".to_owned(), "k".to_owned())])
+}
+
+fn route(router: &Router, message: &str, session: &SessionView) -> Selection {
+    router.select(&RouteInput {
+        message,
+        settings: &all_settings(),
+        session,
+        token_budget: None,
+    })
+}
+
+fn stage_of(selection: &Selection, domain: &str) -> Stage {
+    selection.domain(domain).map(|d| d.stage).unwrap_or(Stage::NotMatched)
+}
+
+#[test]
+fn core_is_always_sent_and_first() {
+    let router = router();
+    let selection = route(&router, "what's the weather tomorrow", &SessionView::new(1));
+    assert_eq!(selection.tools[0].domain, "core");
+    assert_eq!(selection.tools[1].domain, "core");
+    assert!(selection.contains("get_weather_forecast"));
+    assert_eq!(stage_of(&selection, "weather"), Stage::Keyword);
+    assert!(!selection.contains("ha_turn_on"));
+}
+
+#[test]
+fn inactive_domains_are_never_sent_and_name_their_missing_settings() {
+    let router = router();
+    let selection = router.select(&RouteInput {
+        message: "weather forecast please",
+        settings: &BTreeMap::from([("weather_key".to_owned(), "  ".to_owned())]),
+        session: &SessionView::new(1),
+        token_budget: None,
+    });
+    let weather = selection.domain("weather").map(|d| (d.included, d.stage, d.reason.clone()));
+    assert_eq!(weather, Some((false, Stage::Inactive, "missing settings: weather_key".to_owned())));
+    assert!(!selection.contains("get_weather_forecast"));
+}
+
+#[test]
+fn korean_keywords_route() {
+    let router = router();
+    let selection = route(&router, "부산 지금 날씨 어때", &SessionView::new(1));
+    assert!(selection.contains("get_current_weather"));
+    assert_eq!(stage_of(&selection, "weather"), Stage::Keyword);
+}
+
+#[test]
+fn highlight_does_not_fire_the_light_keyword() {
+    let router = router();
+    let selection = route(&router, "give me the highlights of the news", &SessionView::new(1));
+    assert!(selection.contains("search_news"));
+    assert_ne!(stage_of(&selection, "homeassistant"), Stage::Keyword);
+}
+
+#[test]
+fn used_domains_stick_until_idle_longer_than_idle_turns() {
+    let router = router_with(RouterConfig {
+        idle_turns: 2,
+        carry_over: false,
+        ..RouterConfig::default()
+    });
+    let mut view = SessionView::new(1);
+    let first = route(&router, "turn on the lamp", &view);
+    assert!(first.contains("ha_turn_on"));
+    view.record_calls(&router, &["ha_turn_on"]);
+    for turn in 2..=3 {
+        view.begin_turn(turn, None);
+        let selection = route(&router, "a bit dimmer", &view);
+        assert_eq!(stage_of(&selection, "homeassistant"), Stage::Sticky, "turn {turn}");
+        assert!(selection.contains("ha_set_light"));
+    }
+    view.begin_turn(4, None);
+    let selection = route(&router, "a bit dimmer", &view);
+    assert_ne!(stage_of(&selection, "homeassistant"), Stage::Sticky);
+}
+
+#[test]
+fn workflow_tools_pin_their_domain_for_the_session() {
+    let router = router_with(RouterConfig {
+        idle_turns: 1,
+        ..RouterConfig::default()
+    });
+    let mut view = SessionView::new(1);
+    let changed = view.record_calls(&router, &["create_table"]);
+    assert_eq!(changed.len(), 1);
+    assert!(changed[0].pinned);
+    view.begin_turn(10, None);
+    let selection = route(&router, "add another one: 12 oak st", &view);
+    assert_eq!(stage_of(&selection, "scratchpad"), Stage::Pinned);
+    assert!(selection.contains("insert_data"));
+}
+
+#[test]
+fn calls_to_core_tools_change_no_session_state() {
+    let router = router();
+    let mut view = SessionView::new(1);
+    assert!(view.record_calls(&router, &["list_domains", "no_such_tool"]).is_empty());
+    assert!(view.domains.is_empty());
+}
+
+#[test]
+fn conflicting_domains_keep_the_better_one_unless_both_justified() {
+    let router = router();
+    let view = SessionView::new(1);
+    // Only memory is matched by keyword; scratchpad comes by similarity ("facts" no, "table" no):
+    // force both in through the session to check the justified case first.
+    let mut both_used = SessionView::new(2);
+    both_used.record_calls(&router, &["remember", "insert_data"]);
+    let selection = route(&router, "what was that again", &both_used);
+    assert!(selection.domain("memory").is_some_and(|d| d.included));
+    assert!(selection.domain("scratchpad").is_some_and(|d| d.included));
+
+    // Both by keyword: both stay.
+    let selection = route(&router, "remember this table", &view);
+    assert!(selection.contains("remember") && selection.contains("create_table"));
+
+    // One by keyword, one by similarity: the lower one is dropped as a collision.
+    let selection = route(&router, "recall the stored user facts in my sql tables", &view);
+    let memory = selection.domain("memory").map(|d| d.stage);
+    let scratchpad = selection.domain("scratchpad").map(|d| d.stage);
+    assert!(
+        memory == Some(Stage::Collision) || scratchpad == Some(Stage::Collision) || (memory == Some(Stage::Keyword) && scratchpad == Some(Stage::Keyword)),
+        "{memory:?} {scratchpad:?}"
+    );
+}
+
+#[test]
+fn conflicting_tools_keep_the_better_one() {
+    let router = router();
+    let mut view = SessionView::new(1);
+    // scratchpad held by the session, memory matched by keyword: `recall` and
+    // `query_data` conflict; only one session domain is used, so one of them goes.
+    view.record_calls(&router, &["insert_data"]);
+    view.begin_turn(2, None);
+    let selection = route(&router, "recall it", &view);
+    assert!(selection.contains("recall") != selection.contains("query_data") || selection.domain("memory").is_some_and(|d| d.stage == Stage::Collision));
+    let collided = selection.tool_decisions.iter().any(|d| d.stage == Stage::Collision)
+        || selection.domains.iter().any(|d| d.stage == Stage::Collision);
+    assert!(collided, "{}", selection.summary_line());
+}
+
+#[test]
+fn budget_trims_optional_tools_but_never_core_or_sticky() {
+    let router = router();
+    let mut view = SessionView::new(1);
+    view.record_calls(&router, &["ha_turn_on"]);
+    view.begin_turn(2, None);
+    let core_and_sticky: usize = router
+        .registry()
+        .all_tools()
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.domain == "core" || t.domain == "homeassistant")
+        .map(|(i, _)| router.tool_tokens(i))
+        .sum();
+    let selection = router.select(&RouteInput {
+        message: "docker container weather forecast news headlines",
+        settings: &all_settings(),
+        session: &view,
+        token_budget: Some(core_and_sticky + 1),
+    });
+    assert!(selection.contains("list_domains") && selection.contains("get_setting"));
+    assert!(selection.contains("ha_turn_on") && selection.contains("ha_turn_off") && selection.contains("ha_set_light"));
+    assert!(selection.tokens <= core_and_sticky + 1, "{} tokens", selection.tokens);
+    assert!(selection.tool_decisions.iter().any(|d| d.stage == Stage::BudgetTrimmed));
+    assert!(!selection.hints.is_empty());
+}
+
+#[test]
+fn fallback_sends_every_active_tool_when_it_fits() {
+    let router = router();
+    let selection = route(&router, "hmm", &SessionView::new(1));
+    assert_eq!(selection.n_tools, selection.n_active_tools);
+    assert_eq!(stage_of(&selection, "news"), Stage::Fallback);
+}
+
+#[test]
+fn fallback_over_budget_sends_the_best_domains_that_fit_and_hints_the_rest() {
+    let router = router();
+    let core_tokens: usize = (0..router.registry().all_tools().len())
+        .filter(|&i| router.registry().all_tools()[i].domain == "core")
+        .map(|i| router.tool_tokens(i))
+        .sum();
+    let selection = router.select(&RouteInput {
+        message: "hmm",
+        settings: &all_settings(),
+        session: &SessionView::new(1),
+        token_budget: Some(core_tokens + 200),
+    });
+    assert!(selection.tokens <= core_tokens + 200);
+    assert!(selection.n_tools < selection.n_active_tools);
+    assert!(!selection.hints.is_empty());
+}
+
+#[test]
+fn large_domains_send_their_best_tools_and_hint_the_rest() {
+    let router = router_with(RouterConfig {
+        domain_tool_cap: 4,
+        ..RouterConfig::default()
+    });
+    let selection = route(&router, "restart the redis container", &SessionView::new(1));
+    assert!(selection.contains("restart_container"));
+    let docker_sent = selection.tools.iter().filter(|t| t.domain == "docker").count();
+    assert_eq!(docker_sent, 4);
+    assert!(selection.hints.iter().any(|h| h.domain == "docker"));
+    assert_eq!(selection.tool_decisions.iter().filter(|d| d.domain == "docker").count(), 13);
+}
+
+#[test]
+fn meta_tools_load_unload_and_load_all() {
+    let router = router();
+    let mut view = SessionView::new(1);
+    // Loading a tool by name sends it in the same turn.
+    assert!(view.load(&router, &["nope"]).is_err());
+    view.load(&router, &["get_article"]).unwrap_or_default();
+    let selection = route(&router, "weather forecast", &view);
+    assert!(selection.contains("get_article"));
+    assert!(selection.contains("get_weather_forecast"));
+
+    // Unloading keeps the domain out, even against keywords, until used again.
+    let changed = view.unload(&router, &["weather"]).unwrap_or_default();
+    assert!(changed.iter().any(|s| s.domain == "weather" && s.unloaded));
+    let selection = route(&router, "weather forecast", &view);
+    assert!(!selection.contains("get_weather_forecast"));
+    assert_eq!(stage_of(&selection, "weather"), Stage::Unloaded);
+    assert_eq!(view.unload(&router, &["core"]), Err(SessionError::AlwaysOn("core".into())));
+
+    view.load(&router, &["weather"]).unwrap_or_default();
+    let selection = route(&router, "weather forecast", &view);
+    assert!(selection.contains("get_weather_forecast"));
+
+    view.load_all_for_this_turn();
+    let selection = route(&router, "anything", &view);
+    assert_eq!(selection.n_tools, selection.n_active_tools);
+    view.begin_turn(2, Some(&selection));
+    assert!(!view.load_all_this_turn && view.loaded_tools.is_empty());
+}
+
+#[test]
+fn follow_ups_without_evidence_see_last_turns_tools() {
+    let router = router();
+    let mut view = SessionView::new(1);
+    let first = route(&router, "restart the redis container", &view);
+    assert!(first.contains("restart_container"));
+    // The model asked for confirmation and called nothing.
+    view.record_calls::<&str>(&router, &[]);
+    view.begin_turn(2, Some(&first));
+    let second = route(&router, "yes do it", &view);
+    assert!(second.contains("restart_container"));
+    assert_eq!(stage_of(&second, "docker"), Stage::Carried);
+}
+
+#[test]
+fn search_returns_matching_active_tools() {
+    let router = router();
+    let hints = router.search("dim the light", &all_settings());
+    assert!(hints.iter().any(|h| h.name == "ha_set_light"));
+    let hints = router.search("weather", &BTreeMap::new());
+    assert!(hints.iter().all(|h| h.domain != "weather"));
+}
+
+#[test]
+fn summary_line_lists_included_domains_with_stage_and_score() {
+    let router = router();
+    let mut view = SessionView::new(1);
+    view.record_calls(&router, &["create_table"]);
+    view.begin_turn(2, None);
+    let selection = route(&router, "weather forecast for tomorrow", &view);
+    let line = selection.summary_line();
+    assert!(line.starts_with(&format!("[router] {}/{} tools, ", selection.n_tools, selection.n_active_tools)), "{line}");
+    assert!(line.contains(" tokens | "), "{line}");
+    assert!(line.contains("weather(keyword:0.80)"), "{line}");
+    assert!(line.contains("scratchpad(pinned)"), "{line}");
+    assert!(!line.contains("core("), "{line}");
+}
+
+#[test]
+fn decision_row_hashes_the_message_when_asked() {
+    let router = router();
+    let selection = route(&router, "weather", &SessionView::new(3));
+    let row = selection.decision_row(Some("s1"), 3, "weather", MessageLogging::Sha256, 42);
+    assert!(row.message.starts_with("sha256:") && !row.message.contains("weather"));
+    assert_eq!((row.turn, row.at_ms, row.n_tools), (3, 42, selection.n_tools as i64));
+    assert!(row.reasons["domains"].as_array().is_some_and(|d| d.len() == router.registry().domains().len()));
+    let plain = selection.decision_row(None, 3, "weather", MessageLogging::Plain, 42);
+    assert_eq!(plain.message, "weather");
+    assert_eq!(selection.tools_openai(router.registry()).len(), selection.n_tools);
+}
+
+#[test]
+fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
+    struct KeywordFree;
+    impl Embedder for KeywordFree {
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+            Ok(texts
+                .iter()
+                .map(|t| if t.contains("outside") { vec![1.0, 0.0] } else { vec![0.0, 1.0] })
+                .collect())
+        }
+        fn model_id(&self) -> &str {
+            "test"
+        }
+    }
+    struct Broken;
+    impl Embedder for Broken {
+        fn embed(&self, _: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+            Err("model missing".into())
+        }
+        fn model_id(&self) -> &str {
+            "broken"
+        }
+    }
+    let mut router = router();
+    let vectors = router
+        .registry()
+        .all_tools()
+        .iter()
+        .map(|t| if t.name == "get_current_weather" { vec![1.0, 0.0] } else { vec![0.0, 1.0] })
+        .collect();
+    router.set_dense(Some(DenseIndex::new(Arc::new(KeywordFree), vectors)));
+    let selection = route(&router, "what's it like outside", &SessionView::new(1));
+    assert!(selection.contains("get_current_weather"), "{}", selection.summary_line());
+    assert_eq!(stage_of(&selection, "weather"), Stage::Fused);
+
+    router.set_dense(Some(DenseIndex::new(Arc::new(Broken), vec![vec![1.0]; 1])));
+    let selection = route(&router, "weather", &SessionView::new(1));
+    assert!(selection.contains("get_current_weather"));
+    assert!(selection.notes.iter().any(|n| n.contains("lexical only")), "{:?}", selection.notes);
+}

@@ -1,0 +1,30 @@
+//! `loadout audit [--tail N]`: the newest tool calls from the audit log.
+
+use std::process::ExitCode;
+
+use crate::app::App;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// How many rows, newest last.
+    #[arg(long, default_value_t = 20)]
+    tail: usize,
+    /// Print JSON lines.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
+    let rows = app.settings.store().audit_tail(args.tail).await?;
+    for row in rows {
+        if args.json {
+            println!("{}", serde_json::to_string(&row)?);
+        } else {
+            println!(
+                "{} {:<12} {:<20} {:<14} {:>8.1}ms {}",
+                row.at_ms, row.client, row.tool, row.outcome, row.duration_ms, row.args
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
