@@ -103,7 +103,7 @@ fn registration(spec: &ToolSpec, function: &ItemFn) -> TokenStream {
                 #parse_args
                 let __returned = #invoke;
                 let _ = &__ctx;
-                (&#p::Returned(__returned)).into_tool_result()
+                (&#p::Returned(__returned)).to_tool_result()
             })
         }
 

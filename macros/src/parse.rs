@@ -153,14 +153,13 @@ pub fn doc_comment(attrs: &[syn::Attribute]) -> Option<(String, Span)> {
         if !attr.path().is_ident("doc") {
             continue;
         }
-        if let syn::Meta::NameValue(nv) = &attr.meta {
-            if let Expr::Lit(ExprLit {
+        if let syn::Meta::NameValue(nv) = &attr.meta
+            && let Expr::Lit(ExprLit {
                 lit: Lit::Str(s), ..
             }) = &nv.value
-            {
-                span.get_or_insert(s.span());
-                lines.push(s.value());
-            }
+        {
+            span.get_or_insert(s.span());
+            lines.push(s.value());
         }
     }
     let text = lines

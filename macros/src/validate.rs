@@ -93,13 +93,10 @@ pub fn validate(
     for conflict in &attr.conflicts {
         check_identifier(conflict, "conflicts", true, errors);
     }
-    if let Some(tier) = &attr.tier {
-        if !matches!(tier.value().as_str(), "free" | "pro") {
-            errors.push(syn::Error::new(
-                tier.span(),
-                "`tier` is \"free\" or \"pro\"",
-            ));
-        }
+    if let Some(tier) = &attr.tier
+        && !matches!(tier.value().as_str(), "free" | "pro")
+    {
+        errors.push(syn::Error::new(tier.span(), "`tier` is \"free\" or \"pro\""));
     }
 
     let description = match doc_comment(&function.attrs) {

@@ -54,7 +54,7 @@ impl Domain {
     }
 
     /// Settings keys this domain needs that have no value in `is_set`.
-    pub fn missing_settings<'a>(&'a self, is_set: impl Fn(&str) -> bool) -> Vec<&'a str> {
+    pub fn missing_settings(&self, is_set: impl Fn(&str) -> bool) -> Vec<&str> {
         self.settings_keys
             .iter()
             .map(String::as_str)

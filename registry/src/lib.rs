@@ -28,7 +28,7 @@ pub use error::{RegistryError, ToolError};
 pub use registry::Registry;
 pub use settings::{Settings, is_secret_key, mask_secret};
 pub use store::{Store, StoreError};
-pub use tool::{Annotations, Backend, Tier, Tool, ToolEntry};
+pub use tool::{Annotations, Backend, CallFuture, ExternalCall, Tier, Tool, ToolEntry};
 
 /// Declares `fn` items as tools; see the crate README for the keys it takes.
 pub use loadout_macros::tool;
@@ -134,11 +134,11 @@ pub mod __private {
     pub struct Returned<T>(pub T);
 
     pub trait ResultReturn {
-        fn into_tool_result(&self) -> Result<serde_json::Value, ToolError>;
+        fn to_tool_result(&self) -> Result<serde_json::Value, ToolError>;
     }
 
     impl<T: serde::Serialize, E: std::fmt::Display> ResultReturn for Returned<Result<T, E>> {
-        fn into_tool_result(&self) -> Result<serde_json::Value, ToolError> {
+        fn to_tool_result(&self) -> Result<serde_json::Value, ToolError> {
             match &self.0 {
                 Ok(value) => to_value(value),
                 Err(e) => Err(ToolError::Execution(e.to_string())),
@@ -147,11 +147,11 @@ pub mod __private {
     }
 
     pub trait PlainReturn {
-        fn into_tool_result(&self) -> Result<serde_json::Value, ToolError>;
+        fn to_tool_result(&self) -> Result<serde_json::Value, ToolError>;
     }
 
     impl<T: serde::Serialize> PlainReturn for &Returned<T> {
-        fn into_tool_result(&self) -> Result<serde_json::Value, ToolError> {
+        fn to_tool_result(&self) -> Result<serde_json::Value, ToolError> {
             to_value(&self.0)
         }
     }

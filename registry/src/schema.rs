@@ -72,17 +72,16 @@ impl ArgsValidator {
                 jsonschema::paths::LocationSegment::Index(i) => i.to_string(),
             })
             .collect();
-        if let jsonschema::error::ValidationErrorKind::Required { property } = error.kind() {
-            if let Some(name) = property.as_str() {
-                path.push(name.to_owned());
-            }
+        if let jsonschema::error::ValidationErrorKind::Required { property } = error.kind()
+            && let Some(name) = property.as_str()
+        {
+            path.push(name.to_owned());
         }
         if let jsonschema::error::ValidationErrorKind::AdditionalProperties { unexpected } =
             error.kind()
+            && let Some(name) = unexpected.first()
         {
-            if let Some(name) = unexpected.first() {
-                path.push(name.clone());
-            }
+            path.push(name.clone());
         }
         Err(ArgsViolation {
             field: if path.is_empty() {

@@ -55,10 +55,10 @@ impl Settings {
                 .map(|c| (c.version, c.values.clone()))
         };
         let version = self.store.settings_version().await?;
-        if let Some((cached_version, values)) = cached {
-            if cached_version == version {
-                return Ok(values);
-            }
+        if let Some((cached_version, values)) = cached
+            && cached_version == version
+        {
+            return Ok(values);
         }
         let values = Arc::new(self.store.settings_all().await?);
         // Read the version again after loading: a write in between makes the next

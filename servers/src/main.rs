@@ -1,52 +1,16 @@
-//! The `loadout` binary: command-line interface, chat server and MCP server.
-//!
-//! This crate is the only one that knows wire formats and processes: it links every
-//! domain through `loadout-domains`, opens the store, and hands messages to the
-//! router and calls to the registry.
+//! The `loadout` binary: parses the command line and runs it on a tokio runtime.
 
-mod app;
-mod cli;
-mod mcp;
-
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-
-#[derive(Parser, Debug)]
-#[command(name = "loadout", version, about = "Tool registry and router for AI agents")]
-struct Cli {
-    /// Directory for the database and per-session files.
-    #[arg(long, env = "LOADOUT_DATA_DIR", global = true)]
-    data_dir: Option<PathBuf>,
-    /// State backend URL; default: SQLite `loadout.db` in the data dir.
-    #[arg(long, env = "LOADOUT_DATABASE_URL", global = true)]
-    database_url: Option<String>,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Domains and tools: active or not and why, token cost.
-    Tools(cli::tools::Args),
-    /// Calls one tool with JSON arguments.
-    Call(cli::call::Args),
-    /// Reads and writes settings.
-    #[command(subcommand)]
-    Settings(cli::settings::Command),
-    /// Prints the newest tool calls from the audit log.
-    Audit(cli::audit::Args),
-    /// Serves every tool over MCP (stdio by default).
-    Mcp(mcp::Args),
-}
+use clap::Parser;
+use loadout_server::Cli;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LOADOUT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=error")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -57,7 +21,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(loadout_server::run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -66,17 +30,3 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let config = app::Config {
-        data_dir: cli.data_dir.unwrap_or_else(app::default_data_dir),
-        database_url: cli.database_url,
-    };
-    let app = app::App::open(&config).await?;
-    match cli.command {
-        Command::Tools(args) => cli::tools::run(&app, args).await,
-        Command::Call(args) => cli::call::run(&app, args).await,
-        Command::Settings(command) => cli::settings::run(&app, command).await,
-        Command::Audit(args) => cli::audit::run(&app, args).await,
-        Command::Mcp(args) => mcp::run(&app, args).await,
-    }
-}

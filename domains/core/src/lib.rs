@@ -108,14 +108,14 @@ pub struct ToolSummary {
 )]
 pub fn list_tools(args: ListToolsArgs, ctx: &ToolContext) -> Result<Vec<ToolSummary>, ToolError> {
     let registry = ctx.registry();
-    if let Some(domain) = &args.domain {
-        if registry.domain(domain).is_none() {
-            let known: Vec<&str> = registry.domains().iter().map(|d| d.name.as_str()).collect();
-            return Err(ToolError::execution(format!(
-                "unknown domain `{domain}`; known domains: {}",
-                known.join(", ")
-            )));
-        }
+    if let Some(domain) = &args.domain
+        && registry.domain(domain).is_none()
+    {
+        let known: Vec<&str> = registry.domains().iter().map(|d| d.name.as_str()).collect();
+        return Err(ToolError::execution(format!(
+            "unknown domain `{domain}`; known domains: {}",
+            known.join(", ")
+        )));
     }
     Ok(registry
         .all_tools()
@@ -223,7 +223,7 @@ pub async fn set_setting(
     let domains = registry
         .domains()
         .iter()
-        .filter(|d| d.settings_keys.iter().any(|k| *k == args.key))
+        .filter(|d| d.settings_keys.contains(&args.key))
         .map(|d| {
             let missing_settings = registry.missing_settings(&d.name, &settings);
             DomainActivation {

@@ -197,3 +197,22 @@ async fn update_forget_and_list() {
     let message = h.err("remember", json!({"content": "   "})).await;
     assert!(message.contains("empty"), "{message}");
 }
+
+#[test]
+fn fts_query_quotes_every_term() {
+    assert_eq!(
+        crate::fts_query("Wifi AND \"pass*word\" NEAR(x)"),
+        Some("\"wifi\"* OR \"and\"* OR \"pass\"* OR \"word\"* OR \"near\"* OR \"x\"*".into())
+    );
+    assert_eq!(
+        crate::fts_query("서울 여행, 서울"),
+        Some("\"서울\"* OR \"여행\"*".into())
+    );
+    assert_eq!(crate::fts_query(" ^*:() "), None);
+    let many = (0..100)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let query = crate::fts_query(&many).expect("terms");
+    assert_eq!(query.matches(" OR ").count(), crate::MAX_QUERY_TERMS - 1);
+}

@@ -46,9 +46,10 @@ pub enum ColumnType {
     Text,
     Integer,
     Real,
-    /// Stored as 0 or 1; JSON `true`/`false` are accepted on insert.
+    // Stored as 0 or 1; JSON `true`/`false` are accepted on insert. (No doc comments
+    // on variants: they would turn the schema's plain `enum` into a `oneOf`.)
     Boolean,
-    /// Text `YYYY-MM-DD`.
+    // Text `YYYY-MM-DD`.
     Date,
 }
 

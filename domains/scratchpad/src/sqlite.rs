@@ -216,7 +216,7 @@ fn run_query(
 ) -> Result<QueryResult, ToolError> {
     let query_error = |e: rusqlite::Error| query_error(e, timeout);
     let mut stmt = conn.prepare(sql).map_err(query_error)?;
-    let columns: Vec<String> = stmt.column_names().into_iter().map(str::to_owned).collect();
+    let columns: Vec<String> = stmt.column_names().map(str::to_owned).collect();
     let n_columns = columns.len();
     let mut rows_iter = stmt.query([]).map_err(query_error)?;
     let mut rows = Vec::new();

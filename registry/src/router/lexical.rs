@@ -214,6 +214,7 @@ impl Bm25Index {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn n_docs(&self) -> usize {
         self.length_norm.len()
     }

@@ -21,13 +21,14 @@ mod lexical;
 mod selection;
 mod session;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
 
 pub use embed::{DenseIndex, Embedder};
-pub use selection::{DomainDecision, Hint, MessageLogging, SelectedTool, Selection, Stage, ToolDecision};
+pub use selection::{DomainDecision, Hint, MessageLogging, Name, SelectedTool, Selection, Stage, ToolDecision};
 pub use session::{SessionError, SessionView, carry_over};
 
 use crate::Registry;
@@ -112,6 +113,9 @@ pub struct Router {
     domain_index: Bm25Index,
     dense: Option<DenseIndex>,
     tool_domain: Vec<usize>,
+    tool_names: Vec<Name>,
+    tool_hints: Vec<Name>,
+    domain_names: Vec<Name>,
     tools_by_domain: Vec<Vec<usize>>,
     domain_is_core: Vec<bool>,
     tool_tokens: Vec<usize>,
@@ -247,7 +251,13 @@ impl Router {
             })
             .collect();
 
+        let tool_names = tools.iter().map(|t| Name::from(t.name.as_str())).collect();
+        let tool_hints = tools.iter().map(|t| Name::from(t.hint.as_str())).collect();
+        let domain_names = domains.iter().map(|d| Name::from(d.name.as_str())).collect();
         Router {
+            tool_names,
+            tool_hints,
+            domain_names,
             registry,
             config,
             keywords,
@@ -332,11 +342,10 @@ impl Router {
     }
 
     fn hint_for(&self, tool_idx: usize) -> Hint {
-        let tool = &self.registry.all_tools()[tool_idx];
         Hint {
-            name: tool.name.clone(),
-            domain: tool.domain.clone(),
-            hint: tool.hint.clone(),
+            name: self.tool_names[tool_idx].clone(),
+            domain: self.domain_names[self.tool_domain[tool_idx]].clone(),
+            hint: self.tool_hints[tool_idx].clone(),
         }
     }
 
@@ -455,32 +464,32 @@ impl Router {
                     .sum::<u16>();
             let verdict = if !evidence.active[d] {
                 let missing = registry.missing_settings(&domain.name, input.settings);
-                DomainVerdict::out(Stage::Inactive, 0.0, format!("missing settings: {}", missing.join(", ")))
+                DomainVerdict::out(Stage::Inactive, 0.0, format!("missing settings: {}", missing.join(", ")).into())
             } else if self.domain_is_core[d] {
-                DomainVerdict::whole(Stage::AlwaysOn, 1.0, "always on".into())
+                DomainVerdict::whole(Stage::AlwaysOn, 1.0, Cow::Borrowed("always on"))
             } else if session.state(&domain.name).is_some_and(|s| s.unloaded)
                 && !session.load_all_this_turn
                 && !self.has_loaded_tool(session, d)
             {
-                DomainVerdict::out(Stage::Unloaded, similarity, "unloaded by the model".into())
+                DomainVerdict::out(Stage::Unloaded, similarity, Cow::Borrowed("unloaded by the model; kept out until used or loaded again"))
             } else if session.load_all_this_turn {
-                DomainVerdict::whole(Stage::Loaded, 1.0, "load_all_for_this_turn".into())
+                DomainVerdict::whole(Stage::Loaded, 1.0, Cow::Borrowed("load_all_for_this_turn"))
             } else if let Some(stage) = session.holds(&domain.name, config.idle_turns) {
                 let reason = match stage {
-                    Stage::Pinned => "pinned for the session by mid-workflow state".to_owned(),
-                    _ => format!("used in this session within {} turns", config.idle_turns),
+                    Stage::Pinned => "pinned for the session by mid-workflow state",
+                    _ => "used in this session within the idle window",
                 };
-                DomainVerdict::ranked(stage, similarity.max(keyword_score(keyword_hits)), reason)
+                DomainVerdict::ranked(stage, similarity.max(keyword_score(keyword_hits)), Cow::Borrowed(reason))
             } else if keyword_hits > 0 {
                 DomainVerdict::ranked(
                     Stage::Keyword,
                     keyword_score(keyword_hits).max(similarity),
-                    format!("{keyword_hits} keyword match(es)"),
+                    Cow::Borrowed(if keyword_hits == 1 { "a keyword matched" } else { "several keywords matched" }),
                 )
             } else if self.has_loaded_tool(session, d) {
-                DomainVerdict::ranked(Stage::Loaded, similarity, "tool loaded by name this turn".into())
+                DomainVerdict::ranked(Stage::Loaded, similarity, Cow::Borrowed("tool loaded by name this turn"))
             } else {
-                DomainVerdict::out(Stage::NotMatched, similarity, String::new())
+                DomainVerdict::out(Stage::NotMatched, similarity, Cow::Borrowed("no keyword; similarity below threshold"))
             };
             if evidence.active[d] {
                 n_active_tools += self.tools_by_domain[d].len();
@@ -514,11 +523,8 @@ impl Router {
             verdicts[d] = DomainVerdict::ranked(
                 evidence.similarity_stage,
                 score,
-                format!("{} similarity {score:.2}", evidence.similarity_stage),
+                Cow::Borrowed("similarity above threshold, among the best"),
             );
-        }
-        for verdict in verdicts.iter_mut().filter(|v| v.stage == Stage::NotMatched) {
-            verdict.reason = format!("similarity {:.2} below threshold", verdict.score);
         }
 
         let evidence_found = verdicts
@@ -529,15 +535,20 @@ impl Router {
         self.resolve_domain_collisions(&mut verdicts);
 
         // Tool scores: domain evidence plus the tool's own.
-        let domain_scores: Vec<f32> = verdicts.iter().map(|v| v.score).collect();
-        let tool_score = |t: usize| -> f32 {
-            let d = self.tool_domain[t];
-            domain_scores[d] + evidence.tool_similarity[t] + 0.5 * f32::from(evidence.tool_keyword_hits[t].min(2))
-                + self.tool_prior[t]
-        };
+        let tool_scores: Vec<f32> = (0..tools.len())
+            .map(|t| {
+                let d = self.tool_domain[t];
+                verdicts[d].score
+                    + evidence.tool_similarity[t]
+                    + 0.5 * f32::from(evidence.tool_keyword_hits[t].min(2))
+                    + self.tool_prior[t]
+            })
+            .collect();
+        let tool_score = |t: usize| -> f32 { tool_scores[t] };
 
         let mut sent: Vec<Option<(Stage, f32)>> = vec![None; tools.len()];
-        let mut tool_decisions = Vec::new();
+        // Per tool of a domain ranked tool by tool: (stage, included).
+        let mut tool_outcomes: Vec<Option<(Stage, bool)>> = vec![None; tools.len()];
         let mut ranked_out: Vec<usize> = Vec::new();
         for d in 0..n_domains {
             let verdict = &verdicts[d];
@@ -560,19 +571,12 @@ impl Router {
                     ranked.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
                     for (rank, &t) in ranked.iter().enumerate() {
                         let included = rank < config.domain_tool_cap;
-                        let score = tool_score(t);
                         if included {
-                            sent[t] = Some((verdict.stage, score));
+                            sent[t] = Some((verdict.stage, tool_score(t)));
                         } else {
                             ranked_out.push(t);
                         }
-                        tool_decisions.push(ToolDecision {
-                            tool: tools[t].name.clone(),
-                            domain: domains[d].name.clone(),
-                            included,
-                            stage: Stage::Ranked,
-                            score,
-                        });
+                        tool_outcomes[t] = Some((Stage::Ranked, included));
                     }
                 }
             }
@@ -586,7 +590,7 @@ impl Router {
                 sent[t] = Some((Stage::Loaded, tool_score(t)));
                 let d = self.tool_domain[t];
                 if !verdicts[d].included() {
-                    verdicts[d] = DomainVerdict::ranked(Stage::Loaded, verdicts[d].score, "tool loaded by name".into());
+                    verdicts[d] = DomainVerdict::ranked(Stage::Loaded, verdicts[d].score, Cow::Borrowed("tool loaded by name this turn"));
                 }
             }
         }
@@ -604,7 +608,7 @@ impl Router {
                     verdicts[d] = DomainVerdict::ranked(
                         Stage::Carried,
                         verdicts[d].score,
-                        "sent last turn; this message has no evidence of its own".into(),
+                        Cow::Borrowed("sent last turn; this message has no evidence of its own"),
                     );
                 }
             }
@@ -616,7 +620,7 @@ impl Router {
             self.fallback(&evidence, session, budget, &mut verdicts, &mut sent, &mut ranked_out, &tool_score);
         }
 
-        self.resolve_tool_collisions(&evidence, session, &verdicts, &mut sent, &mut ranked_out, &mut tool_decisions);
+        self.resolve_tool_collisions(&evidence, session, &verdicts, &mut sent, &mut ranked_out, &mut tool_outcomes);
 
         // Token budget: trim the lowest-scoring optional tools, never core, pinned,
         // sticky, loaded or fallback (already fitted) ones.
@@ -631,30 +635,18 @@ impl Router {
                 .iter()
                 .enumerate()
                 .filter_map(|(t, s)| s.map(|(stage, score)| (t, stage, score)))
-                .filter(|&(_, stage, _)| {
-                    matches!(
-                        stage,
-                        Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Carried | Stage::Ranked
-                    )
-                })
+                .filter(|&(_, stage, _)| !is_protected(stage) && !matches!(stage, Stage::Fallback | Stage::Warm))
                 .map(|(t, _, score)| (score, t))
                 .collect();
             trimmable.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
-            for (score, t) in trimmable {
+            for (_, t) in trimmable {
                 if tokens <= budget {
                     break;
                 }
                 sent[t] = None;
                 tokens -= self.tool_tokens[t];
                 ranked_out.push(t);
-                tool_decisions.retain(|decision| decision.tool != tools[t].name);
-                tool_decisions.push(ToolDecision {
-                    tool: tools[t].name.clone(),
-                    domain: tools[t].domain.clone(),
-                    included: false,
-                    stage: Stage::BudgetTrimmed,
-                    score,
-                });
+                tool_outcomes[t] = Some((Stage::BudgetTrimmed, false));
             }
         }
 
@@ -671,12 +663,12 @@ impl Router {
             .map(|(d, verdict)| {
                 let included = n_sent_by_domain[d] > 0;
                 let (stage, reason) = if verdict.included() && !included {
-                    (Stage::BudgetTrimmed, format!("{}; trimmed to fit {budget} tokens", verdict.reason))
+                    (Stage::BudgetTrimmed, format!("{}; trimmed to fit {budget} tokens", verdict.reason).into())
                 } else {
                     (verdict.stage, verdict.reason)
                 };
                 DomainDecision {
-                    domain: domains[d].name.clone(),
+                    domain: self.domain_names[d].clone(),
                     included,
                     stage,
                     score: verdict.score,
@@ -691,8 +683,8 @@ impl Router {
             .enumerate()
             .filter_map(|(t, s)| {
                 s.map(|(stage, score)| SelectedTool {
-                    name: tools[t].name.clone(),
-                    domain: tools[t].domain.clone(),
+                    name: self.tool_names[t].clone(),
+                    domain: self.domain_names[self.tool_domain[t]].clone(),
                     stage,
                     score,
                     tokens: self.tool_tokens[t],
@@ -710,20 +702,28 @@ impl Router {
         });
 
         // Hints: tools of considered domains that are not sent, best first.
+        ranked_out.retain(|&t| sent[t].is_none());
         ranked_out.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
         ranked_out.dedup();
-        let mut hints = Vec::new();
+        let mut hints = Vec::with_capacity(ranked_out.len().min(config.max_hints));
         let mut hint_tokens = 0;
-        for &t in &ranked_out {
-            if hints.len() >= config.max_hints {
-                break;
-            }
-            if sent[t].is_some() || hints.iter().any(|h: &Hint| h.name == tools[t].name) {
-                continue;
-            }
+        for &t in ranked_out.iter().take(config.max_hints) {
             hint_tokens += self.hint_tokens[t];
             hints.push(self.hint_for(t));
         }
+        let tool_decisions: Vec<ToolDecision> = tool_outcomes
+            .iter()
+            .enumerate()
+            .filter_map(|(t, outcome)| {
+                outcome.map(|(stage, included)| ToolDecision {
+                    tool: self.tool_names[t].clone(),
+                    domain: self.domain_names[self.tool_domain[t]].clone(),
+                    included: included && sent[t].is_some(),
+                    stage,
+                    score: tool_scores[t],
+                })
+            })
+            .collect();
         if hints.len() < ranked_out.len() && ranked_out.len() > config.max_hints {
             notes.push(format!("{} more tools not hinted", ranked_out.len() - hints.len()));
         }
@@ -766,14 +766,14 @@ impl Router {
                     continue;
                 }
                 let (winner, loser) = if verdicts[d].score >= verdicts[other].score { (d, other) } else { (other, d) };
-                if is_protected(verdicts[loser].stage) {
+                if is_collision_protected(verdicts[loser].stage) {
                     continue;
                 }
                 let winner_name = &self.registry.domains()[winner].name;
                 verdicts[loser] = DomainVerdict::out(
                     Stage::Collision,
                     verdicts[loser].score,
-                    format!("conflicts with {winner_name}, which scored higher"),
+                    format!("conflicts with {winner_name}, which scored higher").into(),
                 );
             }
         }
@@ -788,7 +788,7 @@ impl Router {
         verdicts: &[DomainVerdict],
         sent: &mut [Option<(Stage, f32)>],
         ranked_out: &mut Vec<usize>,
-        tool_decisions: &mut Vec<ToolDecision>,
+        tool_outcomes: &mut [Option<(Stage, bool)>],
     ) {
         let tools = self.registry.all_tools();
         for t in 0..tools.len() {
@@ -806,21 +806,13 @@ impl Router {
                 if (matched(t) && matched(other)) || (used(t) && used(other)) {
                     continue;
                 }
-                let (loser, loser_stage, loser_score) =
-                    if score_t >= score_o { (other, stage_o, score_o) } else { (t, stage_t, score_t) };
-                if is_protected(loser_stage) || self.domain_is_core[self.tool_domain[loser]] {
+                let (loser, loser_stage) = if score_t >= score_o { (other, stage_o) } else { (t, stage_t) };
+                if is_collision_protected(loser_stage) || self.domain_is_core[self.tool_domain[loser]] {
                     continue;
                 }
                 sent[loser] = None;
                 ranked_out.push(loser);
-                tool_decisions.retain(|decision| decision.tool != tools[loser].name);
-                tool_decisions.push(ToolDecision {
-                    tool: tools[loser].name.clone(),
-                    domain: tools[loser].domain.clone(),
-                    included: false,
-                    stage: Stage::Collision,
-                    score: loser_score,
-                });
+                tool_outcomes[loser] = Some((Stage::Collision, false));
             }
         }
     }
@@ -866,16 +858,16 @@ impl Router {
                 tokens += cost;
                 let stage = if is_warm(d) { Stage::Warm } else { Stage::Fallback };
                 let reason = if fits_whole {
-                    "nothing matched: every active tool fits the budget".to_owned()
+                    Cow::Borrowed("nothing matched: every active tool fits the budget")
                 } else {
-                    format!("nothing matched: among the best domains that fit {budget} tokens")
+                    Cow::Owned(format!("nothing matched: among the best domains that fit {budget} tokens"))
                 };
                 verdicts[d] = DomainVerdict::whole(stage, score, reason);
                 for &t in &self.tools_by_domain[d] {
                     sent[t] = Some((stage, tool_score(t)));
                 }
             } else {
-                verdicts[d].reason = format!("nothing matched and it does not fit {budget} tokens: hinted");
+                verdicts[d].reason = Cow::Borrowed("nothing matched and it does not fit the budget: hinted");
                 ranked_out.extend(self.tools_by_domain[d].iter().copied());
             }
         }
@@ -895,19 +887,19 @@ struct DomainVerdict {
     stage: Stage,
     send: Send,
     score: f32,
-    reason: String,
+    reason: Cow<'static, str>,
 }
 
 impl DomainVerdict {
-    fn out(stage: Stage, score: f32, reason: String) -> Self {
+    fn out(stage: Stage, score: f32, reason: Cow<'static, str>) -> Self {
         DomainVerdict { stage, send: Send::Nothing, score, reason }
     }
 
-    fn whole(stage: Stage, score: f32, reason: String) -> Self {
+    fn whole(stage: Stage, score: f32, reason: Cow<'static, str>) -> Self {
         DomainVerdict { stage, send: Send::Whole, score, reason }
     }
 
-    fn ranked(stage: Stage, score: f32, reason: String) -> Self {
+    fn ranked(stage: Stage, score: f32, reason: Cow<'static, str>) -> Self {
         DomainVerdict { stage, send: Send::Ranked, score, reason }
     }
 
@@ -926,9 +918,16 @@ fn is_held(stage: Stage) -> bool {
     matches!(stage, Stage::Sticky | Stage::Pinned | Stage::Loaded)
 }
 
-/// Stages whose tools neither collisions nor the budget may drop.
+/// Stages whose tools the budget may not drop.
 fn is_protected(stage: Stage) -> bool {
     matches!(stage, Stage::AlwaysOn | Stage::Sticky | Stage::Pinned | Stage::Loaded)
+}
+
+/// Stages a collision may not drop: the model or the workflow asked for them. Sticky
+/// is not among them: a conflicting tool the message itself points at beats one that
+/// is merely still loaded.
+fn is_collision_protected(stage: Stage) -> bool {
+    matches!(stage, Stage::AlwaysOn | Stage::Pinned | Stage::Loaded)
 }
 
 fn push_unique(list: &mut Vec<usize>, value: usize) {

@@ -1,5 +1,8 @@
 //! What the router returns: the tools to send, hints for the rest, and why.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -90,23 +93,83 @@ impl std::fmt::Display for Stage {
     }
 }
 
+/// A tool, domain or hint text shared with the router's tables: selections clone a
+/// pointer, not the text, so routing does not allocate per tool.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Name(Arc<str>);
+
+impl Name {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Name {
+    fn from(text: &str) -> Self {
+        Name(Arc::from(text))
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Name {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for Name {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Name {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl PartialEq<String> for Name {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl Serialize for Name {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
 /// The router's verdict on one domain.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct DomainDecision {
-    pub domain: String,
+    pub domain: Name,
     /// At least one of its tools is sent.
     pub included: bool,
     pub stage: Stage,
     /// Strength of the evidence, 0..1 (keyword and similarity stages; 0 otherwise).
     pub score: f32,
-    pub reason: String,
+    pub reason: Cow<'static, str>,
 }
 
 /// The router's verdict on one tool of a domain it ranked tool by tool.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ToolDecision {
-    pub tool: String,
-    pub domain: String,
+    pub tool: Name,
+    pub domain: Name,
     pub included: bool,
     pub stage: Stage,
     pub score: f32,
@@ -115,8 +178,8 @@ pub struct ToolDecision {
 /// A tool whose definition is sent this turn.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct SelectedTool {
-    pub name: String,
-    pub domain: String,
+    pub name: Name,
+    pub domain: Name,
     pub stage: Stage,
     pub score: f32,
     /// Tokens of its OpenAI-format definition.
@@ -129,10 +192,10 @@ pub struct SelectedTool {
 /// ask for it with `load_tools`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Hint {
-    pub name: String,
-    pub domain: String,
+    pub name: Name,
+    pub domain: Name,
     /// First sentence of the description.
-    pub hint: String,
+    pub hint: Name,
 }
 
 impl Hint {
@@ -225,7 +288,7 @@ impl Selection {
     pub fn tools_openai(&self, registry: &Registry) -> Vec<Value> {
         self.tools
             .iter()
-            .filter_map(|t| registry.all_tools().get(t.tool_idx).filter(|tool| tool.name == t.name))
+            .filter_map(|t| registry.all_tools().get(t.tool_idx).filter(|tool| t.name == tool.name))
             .map(crate::export::openai)
             .collect()
     }

@@ -218,7 +218,7 @@ pub fn carry_over(selection: &Selection) -> Vec<String> {
         .tools
         .iter()
         .filter(|t| matches!(t.stage, Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Ranked))
-        .map(|t| t.name.clone())
+        .map(|t| t.name.to_string())
         .collect()
 }
 

@@ -103,7 +103,7 @@ fn inactive_domains_are_never_sent_and_name_their_missing_settings() {
         session: &SessionView::new(1),
         token_budget: None,
     });
-    let weather = selection.domain("weather").map(|d| (d.included, d.stage, d.reason.clone()));
+    let weather = selection.domain("weather").map(|d| (d.included, d.stage, d.reason.to_string()));
     assert_eq!(weather, Some((false, Stage::Inactive, "missing settings: weather_key".to_owned())));
     assert!(!selection.contains("get_weather_forecast"));
 }
@@ -242,7 +242,10 @@ fn budget_trims_optional_tools_but_never_core_or_sticky() {
 fn fallback_sends_every_active_tool_when_it_fits() {
     let router = router();
     let selection = route(&router, "hmm", &SessionView::new(1));
-    assert_eq!(selection.n_tools, selection.n_active_tools);
+    // Collisions still apply: `recall` and `query_data` conflict, and nothing justifies both.
+    let n_collided = selection.tool_decisions.iter().filter(|d| d.stage == Stage::Collision).count();
+    assert_eq!(n_collided, 1);
+    assert_eq!(selection.n_tools + n_collided, selection.n_active_tools);
     assert_eq!(stage_of(&selection, "news"), Stage::Fallback);
 }
 

@@ -90,10 +90,10 @@ impl SqliteStore {
                 url: format!("sqlite:{}", opened.display()),
                 message: e.to_string(),
             };
-            if let Some(parent) = opened.parent() {
-                if !parent.as_os_str().is_empty() {
-                    std::fs::create_dir_all(parent).map_err(|e| open_err(&e))?;
-                }
+            if let Some(parent) = opened.parent()
+                && !parent.as_os_str().is_empty()
+            {
+                std::fs::create_dir_all(parent).map_err(|e| open_err(&e))?;
             }
             let mut conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
             configure(&conn).map_err(|e| open_err(&e))?;

@@ -1,19 +1,365 @@
 //! `loadout mcp`: every registered tool over MCP (stdio or streamable HTTP).
+//!
+//! The tool list is built once from the registry (plus the tools of upstream MCP
+//! servers from `loadout.toml`), calls go through `Registry::call`, and every call is
+//! written to the audit log by a background writer. [`http_router`] is the same
+//! server as an axum router, for the chat server to mount at `/mcp`.
 
+mod auth;
+mod catalog;
+mod dynamic;
+mod handler;
+mod upstream;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use loadout::Registry;
+use rmcp::ServiceExt;
+use rmcp::transport::StreamableHttpServerConfig;
+use rmcp::transport::StreamableHttpService;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use tokio::sync::{mpsc, watch};
+
+pub use auth::BearerToken;
+use catalog::Catalog;
+pub use handler::McpHandler;
+use handler::Shared;
+use upstream::Upstreams;
 
 use crate::app::App;
+use crate::audit_writer::AuditWriter;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Serve streamable HTTP on this address instead of stdio.
-    #[arg(long)]
-    http: Option<std::net::SocketAddr>,
+    /// Serve streamable HTTP on this address (path `/mcp`) instead of stdio. Any
+    /// address but loopback needs a bearer token: `LOADOUT_TOKEN`, or one is
+    /// generated and printed once.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
     /// Expose only core and the meta-tools; loading tools changes the list.
     #[arg(long)]
     dynamic: bool,
+    /// Upstream MCP servers to import as domains (default: `loadout.toml` in the
+    /// data dir, if it exists).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Also serve the toolkit files (`*.json`) of this directory; their tools are
+    /// listed and answer "no backend" when called.
+    #[arg(long, value_name = "DIR")]
+    catalog: Option<PathBuf>,
 }
 
-pub async fn run(_app: &App, _args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("mcp: not written yet")
+/// How the MCP server is set up, whatever the transport.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub dynamic: bool,
+    /// The upstream servers' config file; `None`: `loadout.toml` in the data dir.
+    pub config: Option<PathBuf>,
+    /// A directory of toolkit files to add to the registry.
+    pub catalog: Option<PathBuf>,
+}
+
+type ShutdownCallback = Box<dyn FnOnce() + Send>;
+
+/// The MCP server's shared state: catalog, audit writer, upstream connections.
+/// Cheap to clone; each connection gets its own [`McpHandler`].
+#[derive(Clone)]
+pub struct McpServer {
+    shared: Arc<Shared>,
+    upstreams: Arc<Upstreams>,
+    /// Run at shutdown (e.g. closing the HTTP service's open streams).
+    on_shutdown: Arc<Mutex<Vec<ShutdownCallback>>>,
+}
+
+impl std::fmt::Debug for McpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServer")
+            .field("catalog", &*self.shared.catalog())
+            .field("upstreams", &self.upstreams)
+            .finish()
+    }
+}
+
+impl McpServer {
+    /// Builds the catalog and connects the upstream servers (waiting for each one's
+    /// first connection, so that the first tools/list has their tools).
+    pub async fn start(
+        app: App,
+        audit: AuditWriter,
+        options: Options,
+    ) -> anyhow::Result<McpServer> {
+        let (config_path, explicit) = match options.config {
+            Some(path) => (path, true),
+            None => (
+                app.settings.store().data_dir().join(upstream::CONFIG_FILE),
+                false,
+            ),
+        };
+        let servers = upstream::load_config(&config_path, explicit)?;
+        let (changed_tx, changed_rx) = mpsc::unbounded_channel();
+        let upstreams = if servers.is_empty() {
+            Upstreams::none()
+        } else {
+            Upstreams::start(&config_path, servers, changed_tx).await
+        };
+        let base = match &options.catalog {
+            Some(dir) => with_toolkits(&app.registry, dir)?,
+            None => app.registry.clone(),
+        };
+        let registry = with_upstreams(&base, &upstreams).unwrap_or_else(|e| {
+            eprintln!("loadout: upstream tools left out: {e}");
+            base.clone()
+        });
+        let (catalog, _) = watch::channel(Arc::new(Catalog::new(registry)));
+        let shared = Arc::new(Shared {
+            app,
+            catalog,
+            audit,
+            dynamic: options.dynamic,
+        });
+        let upstreams = Arc::new(upstreams);
+        if !upstreams.is_empty() {
+            tokio::spawn(rebuild_on_change(
+                Arc::downgrade(&shared),
+                base,
+                upstreams.clone(),
+                changed_rx,
+            ));
+        }
+        Ok(McpServer {
+            shared,
+            upstreams,
+            on_shutdown: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    /// The registry calls go to now: the linked domains plus the upstream servers'
+    /// (and toolkit) domains. Changes when an upstream's tool list does.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.shared.catalog().registry.clone()
+    }
+
+    /// A handler for one connection.
+    pub fn handler(&self) -> McpHandler {
+        McpHandler::new(self.shared.clone(), false)
+    }
+
+    /// Stops the upstream servers and closes open HTTP streams. The audit writer
+    /// belongs to the caller, which flushes it after this.
+    pub async fn shutdown(&self) {
+        let callbacks = std::mem::take(
+            &mut *self
+                .on_shutdown
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for callback in callbacks {
+            callback();
+        }
+        self.upstreams.shutdown().await;
+    }
+}
+
+/// The registry plus the toolkit files of a directory. A toolkit domain or tool whose
+/// name a linked domain already uses is left out (the linked one is the real one).
+fn with_toolkits(registry: &Registry, dir: &std::path::Path) -> anyhow::Result<Arc<Registry>> {
+    let toolkits = loadout::toolkit::load_dir(dir)
+        .with_context(|| format!("loading toolkits from {}", dir.display()))?;
+    let mut domains = registry.domains().to_vec();
+    let mut tools = registry.all_tools().to_vec();
+    let mut n_skipped = 0;
+    for toolkit in toolkits {
+        if registry.domain(&toolkit.domain.name).is_some() {
+            n_skipped += 1;
+            continue;
+        }
+        tools.extend(
+            toolkit
+                .tools
+                .into_iter()
+                .filter(|t| registry.tool(&t.name).is_none()),
+        );
+        domains.push(toolkit.domain);
+    }
+    if n_skipped > 0 {
+        tracing::info!("{n_skipped} toolkit domains skipped: linked domains of the same name");
+    }
+    Registry::from_parts(domains, tools)
+        .map(Arc::new)
+        .with_context(|| format!("loading toolkits from {}", dir.display()))
+}
+
+/// The base registry plus every upstream server's domain as it is now.
+fn with_upstreams(base: &Arc<Registry>, upstreams: &Upstreams) -> anyhow::Result<Arc<Registry>> {
+    if upstreams.is_empty() {
+        return Ok(base.clone());
+    }
+    let mut domains = base.domains().to_vec();
+    let mut tools = base.all_tools().to_vec();
+    for server in upstreams.servers() {
+        let (domain, domain_tools) = server.domain();
+        domains.push(domain);
+        tools.extend(domain_tools);
+    }
+    Ok(Arc::new(Registry::from_parts(domains, tools)?))
+}
+
+/// Rebuilds the catalog when an upstream server's tools change; connections are
+/// told through the catalog's watch channel.
+async fn rebuild_on_change(
+    shared: std::sync::Weak<Shared>,
+    base: Arc<Registry>,
+    upstreams: Arc<Upstreams>,
+    mut changed: mpsc::UnboundedReceiver<()>,
+) {
+    while changed.recv().await.is_some() {
+        // Coalesce a burst (a reconnect lists tools right after the exit).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        while changed.try_recv().is_ok() {}
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match with_upstreams(&base, &upstreams) {
+            Ok(registry) => {
+                let catalog = Arc::new(Catalog::new(registry));
+                let same = {
+                    let current = shared.catalog.borrow();
+                    current.tools == catalog.tools
+                };
+                if !same {
+                    shared.catalog.send_replace(catalog);
+                }
+            }
+            Err(e) => tracing::warn!("upstream tools not updated: {e}"),
+        }
+    }
+}
+
+/// The MCP endpoint as an axum router serving `/mcp`. With a token, every request
+/// must carry it (`Authorization: Bearer …`) and any `Host` is accepted; without
+/// one, only loopback `Host` headers are (DNS-rebinding protection).
+pub fn http_router(server: &McpServer, token: Option<BearerToken>) -> axum::Router {
+    let mut config = StreamableHttpServerConfig::default();
+    if token.is_some() {
+        config = config.disable_allowed_hosts();
+    }
+    let cancel = config.cancellation_token.clone();
+    server
+        .on_shutdown
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .push(Box::new(move || cancel.cancel()));
+    let shared = server.shared.clone();
+    // Dynamic mode keeps loaded tools per session, which stateless requests lack.
+    let sessions_only = shared.dynamic;
+    let service = StreamableHttpService::new(
+        move || Ok(McpHandler::new(shared.clone(), sessions_only)),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let router = axum::Router::new().nest_service("/mcp", service);
+    match token {
+        Some(token) => router.layer(axum::middleware::from_fn_with_state(
+            token,
+            auth::require_bearer,
+        )),
+        None => router,
+    }
+}
+
+pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
+    let audit = AuditWriter::start(app.settings.store().clone());
+    let options = Options {
+        dynamic: args.dynamic,
+        config: args.config,
+        catalog: args.catalog,
+    };
+    let server = McpServer::start(app.clone(), audit.clone(), options).await?;
+    let served = match args.http {
+        None => serve_stdio(&server).await,
+        Some(addr) => serve_http(&server, addr).await,
+    };
+    server.shutdown().await;
+    audit.shutdown().await;
+    served.map(|()| ExitCode::SUCCESS)
+}
+
+async fn serve_stdio(server: &McpServer) -> anyhow::Result<()> {
+    let service = match server.handler().serve(rmcp::transport::stdio()).await {
+        Ok(service) => service,
+        // The client went away before initializing: nothing to serve.
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => return Ok(()),
+        Err(e) => return Err(anyhow::anyhow!("MCP over stdio: {e}")),
+    };
+    let cancel = service.cancellation_token();
+    let signal = tokio::spawn(async move {
+        shutdown_signal().await;
+        cancel.cancel();
+    });
+    let quit = service.waiting().await;
+    signal.abort();
+    quit.map(|_| ()).context("MCP over stdio")
+}
+
+async fn serve_http(server: &McpServer, addr: SocketAddr) -> anyhow::Result<()> {
+    let token = if auth::needs_token(&addr) {
+        Some(match std::env::var("LOADOUT_TOKEN") {
+            Ok(token) if !token.trim().is_empty() => BearerToken::new(&token)?,
+            _ => {
+                let token = BearerToken::generate()?;
+                eprintln!(
+                    "loadout mcp: {addr} is not loopback, so requests need a bearer token; none was set (LOADOUT_TOKEN), generated: {}",
+                    token.as_str()
+                );
+                token
+            }
+        })
+    } else {
+        None
+    };
+    let router = http_router(server, token);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr().context("listening address")?;
+    // Tests and scripts read this line to learn the port when ADDR ends in `:0`.
+    eprintln!("loadout mcp: listening on http://{local}/mcp");
+    let server = server.clone();
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            // Open SSE streams end here, which lets the graceful shutdown finish.
+            server.shutdown().await;
+        })
+        .await
+        .context("HTTP server")
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
 }

@@ -1,0 +1,200 @@
+//! The audit log's background writer: tool calls are queued without waiting and
+//! written to the store in batches, off the path of the call.
+//!
+//! A full queue or a database error never blocks or fails a call: the row is counted
+//! as dropped and a warning is logged. [`AuditWriter::shutdown`] writes every row
+//! still queued before it returns, so a graceful exit loses none.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use loadout::Store;
+use loadout::store::AuditRow;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+/// Rows waiting to be written; beyond this, new rows are dropped (and counted).
+pub const QUEUE_CAPACITY: usize = 4096;
+/// Most rows written in one transaction.
+pub const MAX_BATCH: usize = 256;
+
+/// Handle to the writer task; cheap to clone, clones share the queue.
+#[derive(Clone)]
+pub struct AuditWriter {
+    queue: mpsc::Sender<AuditRow>,
+    n_dropped: Arc<AtomicU64>,
+    task: Arc<Mutex<Option<WriterTask>>>,
+}
+
+struct WriterTask {
+    stop: oneshot::Sender<()>,
+    handle: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for AuditWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuditWriter")
+            .field("queued", &(QUEUE_CAPACITY - self.queue.capacity()))
+            .field("dropped", &self.n_dropped())
+            .finish()
+    }
+}
+
+impl AuditWriter {
+    /// Starts the writer task on the current tokio runtime.
+    pub fn start(store: Store) -> AuditWriter {
+        let (queue, rows) = mpsc::channel(QUEUE_CAPACITY);
+        let (stop, stopped) = oneshot::channel();
+        let n_dropped = Arc::new(AtomicU64::new(0));
+        let handle = tokio::spawn(write_rows(store, rows, stopped, n_dropped.clone()));
+        AuditWriter {
+            queue,
+            n_dropped,
+            task: Arc::new(Mutex::new(Some(WriterTask { stop, handle }))),
+        }
+    }
+
+    /// Queues a row; never waits. A full queue or a stopped writer drops the row.
+    pub fn record(&self, row: AuditRow) {
+        if let Err(e) = self.queue.try_send(row) {
+            let n = self.n_dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            // One warning per power of two keeps a flood from flooding the log too.
+            if n.is_power_of_two() {
+                let why = match e {
+                    mpsc::error::TrySendError::Full(_) => "queue full",
+                    mpsc::error::TrySendError::Closed(_) => "writer stopped",
+                };
+                tracing::warn!("audit log: row dropped ({why}); {n} dropped so far");
+            }
+        }
+    }
+
+    /// Rows lost so far (queue full, writer stopped, or a failed write).
+    pub fn n_dropped(&self) -> u64 {
+        self.n_dropped.load(Ordering::Relaxed)
+    }
+
+    /// Stops taking rows, writes every row already queued, and waits for the writer
+    /// to finish. Later calls return at once.
+    pub async fn shutdown(&self) {
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        let Some(task) = task else { return };
+        // The writer may already be gone (its runtime shut down); then there is
+        // nothing left to flush.
+        let _ = task.stop.send(());
+        if let Err(e) = task.handle.await {
+            tracing::warn!("audit log: writer task failed: {e}");
+        }
+    }
+}
+
+async fn write_rows(
+    store: Store,
+    mut rows: mpsc::Receiver<AuditRow>,
+    mut stopped: oneshot::Receiver<()>,
+    n_dropped: Arc<AtomicU64>,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    loop {
+        tokio::select! {
+            biased;
+            n = rows.recv_many(&mut batch, MAX_BATCH) => {
+                if n == 0 {
+                    break;
+                }
+                insert(&store, &mut batch, &n_dropped).await;
+            }
+            _ = &mut stopped => {
+                // No new rows from now on; what is already queued is still written.
+                rows.close();
+                while rows.recv_many(&mut batch, MAX_BATCH).await > 0 {
+                    insert(&store, &mut batch, &n_dropped).await;
+                }
+                break;
+            }
+        }
+    }
+}
+
+async fn insert(store: &Store, batch: &mut Vec<AuditRow>, n_dropped: &AtomicU64) {
+    // One retry covers a busy database held by another process for longer than
+    // the busy timeout.
+    for attempt in 0..2 {
+        match store.audit_insert(batch).await {
+            Ok(()) => {
+                batch.clear();
+                return;
+            }
+            Err(e) if attempt == 0 => {
+                tracing::debug!("audit log: write failed, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => {
+                n_dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                tracing::warn!("audit log: {} rows lost: {e}", batch.len());
+            }
+        }
+    }
+    batch.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(i: usize) -> AuditRow {
+        AuditRow {
+            at_ms: i as i64,
+            client: "test".into(),
+            tool: format!("tool_{i}"),
+            args: serde_json::json!({"i": i}),
+            outcome: "ok".into(),
+            detail: None,
+            duration_ms: 0.5,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_writes_every_queued_row() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open_dir(dir.path()).await.expect("store");
+        let writer = AuditWriter::start(store.clone());
+        let n = 1000;
+        for i in 0..n {
+            writer.record(row(i));
+        }
+        writer.shutdown().await;
+        assert_eq!(writer.n_dropped(), 0);
+        let rows = store.audit_tail(2 * n).await.expect("tail");
+        assert_eq!(rows.len(), n);
+        assert_eq!(rows.last().map(|r| r.tool.as_str()), Some("tool_999"));
+        // After shutdown, rows are refused without blocking, and counted.
+        writer.record(row(n));
+        assert_eq!(writer.n_dropped(), 1);
+        writer.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_queue_drops_instead_of_blocking() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open_dir(dir.path()).await.expect("store");
+        let writer = AuditWriter::start(store.clone());
+        let started = std::time::Instant::now();
+        for i in 0..(QUEUE_CAPACITY * 4) {
+            writer.record(row(i));
+        }
+        assert!(started.elapsed() < Duration::from_secs(2));
+        writer.shutdown().await;
+        let written = store
+            .audit_tail(QUEUE_CAPACITY * 8)
+            .await
+            .expect("tail")
+            .len() as u64;
+        assert_eq!(written + writer.n_dropped(), (QUEUE_CAPACITY * 4) as u64);
+    }
+}

@@ -1,0 +1,43 @@
+//! `/openapi.json`: the API described for clients and schema-driven test tools.
+
+use axum::Json;
+use serde_json::{Value, json};
+
+pub async fn document() -> Json<Value> {
+    Json(spec())
+}
+
+fn error_response(description: &str) -> Value {
+    json!({"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+}
+
+pub fn spec() -> Value {
+    let key_param = json!([{"name": "key", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[a-z0-9_.]{1,128}$"}}]);
+    let id_param = json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}}]);
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "Loadout", "version": env!("CARGO_PKG_VERSION"),
+                 "description": "Per-message tool routing for chat clients."},
+        "paths": {
+            "/api/sessions": {"post": {"summary": "Create a session",
+                "responses": {"201": {"description": "Created", "content": {"application/json": {"schema": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}}}}}}},
+            "/api/sessions/{id}": {"get": {"summary": "A session: messages, tool calls, each turn's selection",
+                "parameters": id_param,
+                "responses": {"200": {"description": "The session", "content": {"application/json": {"schema": {"type": "object"}}}},
+                              "400": error_response("Malformed id"), "404": error_response("No such session")}}},
+            "/api/settings": {"get": {"summary": "Every setting (secret-looking values masked)",
+                "responses": {"200": {"description": "Settings", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+            "/api/settings/{key}": {
+                "get": {"summary": "One setting", "parameters": key_param,
+                    "responses": {"200": {"description": "The setting", "content": {"application/json": {"schema": {"type": "object"}}}}, "400": error_response("Malformed key"), "404": error_response("Not set")}},
+                "put": {"summary": "Set a setting", "parameters": key_param,
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"], "additionalProperties": false}}}},
+                    "responses": {"200": {"description": "Set", "content": {"application/json": {"schema": {"type": "object"}}}}, "400": error_response("Malformed key or body"), "413": error_response("Body too large")}},
+                "delete": {"summary": "Remove a setting", "parameters": key_param,
+                    "responses": {"200": {"description": "Removed", "content": {"application/json": {"schema": {"type": "object"}}}}, "400": error_response("Malformed key"), "404": error_response("Not set")}}},
+            "/api/domains": {"get": {"summary": "Domains: active or not and why, tools, tokens",
+                "responses": {"200": {"description": "Domains", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+        },
+        "components": {"schemas": {"Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["kind", "message"], "properties": {"kind": {"type": "string"}, "message": {"type": "string"}}}}}}},
+    })
+}

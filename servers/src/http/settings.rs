@@ -1,0 +1,56 @@
+//! `/api/settings`: read (secrets masked), write, delete. Writes go through the
+//! shared settings cache, so the router sees them at once.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use loadout::{is_secret_key, mask_secret};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::extract::ApiJson;
+use super::{ApiError, HttpState};
+
+fn shown(key: &str, value: &str) -> String {
+    if is_secret_key(key) { mask_secret(value) } else { value.to_owned() }
+}
+
+pub async fn list(State(state): State<HttpState>) -> Result<Json<Value>, ApiError> {
+    let settings = state.app.settings.snapshot().await?;
+    let values: serde_json::Map<String, Value> = settings
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(shown(k, v))))
+        .collect();
+    Ok(Json(json!({ "settings": values })))
+}
+
+pub async fn show(State(state): State<HttpState>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
+    loadout::store::validate_setting_key(&key)?;
+    match state.app.settings.get(&key).await? {
+        Some(value) => Ok(Json(json!({"key": key, "value": shown(&key, &value), "masked": is_secret_key(&key)}))),
+        None => Err(ApiError::NotFound(format!("setting `{key}` is not set"))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutBody {
+    value: String,
+}
+
+pub async fn put(
+    State(state): State<HttpState>,
+    Path(key): Path<String>,
+    ApiJson(body): ApiJson<PutBody>,
+) -> Result<Json<Value>, ApiError> {
+    state.app.settings.set(&key, &body.value).await?;
+    Ok(Json(json!({"key": key, "value": shown(&key, &body.value)})))
+}
+
+pub async fn delete(State(state): State<HttpState>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
+    loadout::store::validate_setting_key(&key)?;
+    if state.app.settings.unset(&key).await? {
+        Ok(Json(json!({"key": key, "deleted": true})))
+    } else {
+        Err(ApiError::NotFound(format!("setting `{key}` is not set")))
+    }
+}

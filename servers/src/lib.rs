@@ -1,0 +1,63 @@
+//! The `loadout` binary's library: command-line interface, chat server and MCP server.
+//!
+//! This crate is the only one that knows wire formats and processes: it links every
+//! domain through `loadout-domains`, opens the store, and hands messages to the
+//! router and calls to the registry.
+
+pub mod app;
+pub mod audit_writer;
+pub mod cli;
+pub mod http;
+pub mod mcp;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "loadout", version, about = "Tool registry and router for AI agents")]
+pub struct Cli {
+    /// Directory for the database and per-session files.
+    #[arg(long, env = "LOADOUT_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
+    /// State backend URL; default: SQLite `loadout.db` in the data dir.
+    #[arg(long, env = "LOADOUT_DATABASE_URL", global = true)]
+    database_url: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Domains and tools: active or not and why, token cost.
+    Tools(cli::tools::Args),
+    /// Calls one tool with JSON arguments.
+    Call(cli::call::Args),
+    /// Reads and writes settings.
+    #[command(subcommand)]
+    Settings(cli::settings::Command),
+    /// Prints the newest tool calls from the audit log.
+    Audit(cli::audit::Args),
+    /// Serves the chat API and dashboard.
+    Serve(http::Args),
+    /// Serves every tool over MCP (stdio by default).
+    Mcp(mcp::Args),
+}
+
+/// Runs one parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = app::Config {
+        data_dir: cli.data_dir.unwrap_or_else(app::default_data_dir),
+        database_url: cli.database_url,
+    };
+    let app = app::App::open(&config).await?;
+    match cli.command {
+        Command::Tools(args) => cli::tools::run(&app, args).await,
+        Command::Call(args) => cli::call::run(&app, args).await,
+        Command::Settings(command) => cli::settings::run(&app, command).await,
+        Command::Audit(args) => cli::audit::run(&app, args).await,
+        Command::Mcp(args) => mcp::run(&app, args).await,
+        Command::Serve(args) => http::run(app, args).await,
+    }
+}

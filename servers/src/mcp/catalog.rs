@@ -1,0 +1,87 @@
+//! What the MCP server lists: the registry and every tool's MCP definition, built
+//! once from the registry (no second registration site) and rebuilt only when an
+//! upstream server's tool list changes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use loadout::{Registry, Tool};
+use rmcp::model::Tool as McpTool;
+
+/// One consistent view: the registry calls go to, and the definitions clients see.
+pub struct Catalog {
+    pub registry: Arc<Registry>,
+    /// Every tool's MCP definition, in registry (name) order.
+    pub tools: Vec<McpTool>,
+    /// Position of each tool in `tools`, by name.
+    positions: HashMap<String, usize>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog")
+            .field("tools", &self.tools.len())
+            .finish()
+    }
+}
+
+impl Catalog {
+    pub fn new(registry: Arc<Registry>) -> Catalog {
+        let tools: Vec<McpTool> = registry
+            .all_tools()
+            .iter()
+            .filter_map(to_mcp_tool)
+            .collect();
+        let positions = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.to_string(), i))
+            .collect();
+        Catalog {
+            registry,
+            tools,
+            positions,
+        }
+    }
+
+    pub fn mcp_tool(&self, name: &str) -> Option<&McpTool> {
+        self.positions.get(name).map(|&i| &self.tools[i])
+    }
+}
+
+/// The registry's MCP export mapped onto rmcp's type. A tool whose schema is not a
+/// JSON object cannot be listed over MCP; it is left out with a warning (the registry
+/// never builds such a tool from `#[tool]`, only a malformed upstream could).
+pub fn to_mcp_tool(tool: &Tool) -> Option<McpTool> {
+    match serde_json::from_value::<McpTool>(loadout::export::mcp(tool)) {
+        Ok(mcp_tool) => Some(mcp_tool),
+        Err(e) => {
+            tracing::warn!("tool `{}` left out of tools/list: {e}", tool.name);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_registered_tool_is_listed_with_its_schema() {
+        let registry = Arc::new(loadout_domains::registry().expect("registry"));
+        let catalog = Catalog::new(registry.clone());
+        assert_eq!(catalog.tools.len(), registry.all_tools().len());
+        let calculate = catalog.mcp_tool("calculate").expect("calculate listed");
+        assert_eq!(
+            calculate.input_schema.get("type").and_then(|t| t.as_str()),
+            Some("object")
+        );
+        assert!(
+            calculate
+                .description
+                .as_deref()
+                .is_some_and(|d| !d.is_empty())
+        );
+        assert!(calculate.annotations.is_some());
+    }
+}

@@ -1,0 +1,305 @@
+//! `loadout mcp --dynamic`: the client first sees only `core` and three meta-tools,
+//! and loads what it needs. The loaded set belongs to one MCP connection (one stdio
+//! process, one HTTP session); loading or unloading sends
+//! `notifications/tools/list_changed`.
+//!
+//! The meta-tools are MCP-only: they change what this connection lists, which the
+//! registry knows nothing about. [`search`] is the one place that ranks tools for
+//! `search_tools`, so it can switch to the router's scorer.
+
+use std::collections::BTreeSet;
+use std::sync::LazyLock;
+
+use loadout::Registry;
+use rmcp::ErrorData as McpError;
+use rmcp::model::Tool as McpTool;
+use serde_json::{Value, json};
+
+pub const SEARCH_TOOLS: &str = "search_tools";
+pub const LOAD_TOOLS: &str = "load_tools";
+pub const UNLOAD_TOOLS: &str = "unload_tools";
+pub const META_TOOLS: [&str; 3] = [SEARCH_TOOLS, LOAD_TOOLS, UNLOAD_TOOLS];
+
+/// The domain whose tools are always listed in dynamic mode.
+pub const CORE_DOMAIN: &str = "core";
+
+const DEFAULT_SEARCH_LIMIT: usize = 10;
+const MAX_SEARCH_LIMIT: usize = 50;
+
+pub fn is_meta_tool(name: &str) -> bool {
+    META_TOOLS.contains(&name)
+}
+
+/// The three meta-tool definitions, built once.
+pub fn meta_tools() -> &'static [McpTool] {
+    static TOOLS: LazyLock<Vec<McpTool>> = LazyLock::new(|| {
+        [
+            json!({
+                "name": SEARCH_TOOLS,
+                "title": "Search tools",
+                "description": "Finds tools that are not loaded yet. Returns each match's name, domain and a one-line hint; load the ones you need with load_tools.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {
+                        "query": {"type": "string", "description": "What you want to do, in a few words (e.g. \"read a file\", \"remember a fact\")."},
+                        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_SEARCH_LIMIT, "description": "Most results to return (default 10)."}
+                    },
+                    "required": ["query"]
+                },
+                "annotations": {"readOnlyHint": true, "idempotentHint": true, "openWorldHint": false}
+            }),
+            json!({
+                "name": LOAD_TOOLS,
+                "title": "Load tools",
+                "description": "Adds tools to your tool list. Each name is a tool name or a domain name (a domain loads all its tools). The list changes at once.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {
+                        "names": {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": "Tool or domain names, as search_tools returns them."}
+                    },
+                    "required": ["names"]
+                },
+                "annotations": {"readOnlyHint": false, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false}
+            }),
+            json!({
+                "name": UNLOAD_TOOLS,
+                "title": "Unload tools",
+                "description": "Removes loaded tools from your tool list to keep it short. Each name is a tool name or a domain name; core tools always stay.",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {
+                        "names": {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": "Tool or domain names to unload."}
+                    },
+                    "required": ["names"]
+                },
+                "annotations": {"readOnlyHint": false, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false}
+            }),
+        ]
+        .into_iter()
+        .filter_map(|v| serde_json::from_value(v).ok())
+        .collect()
+    });
+    &TOOLS
+}
+
+/// Whether a registry tool is listed without loading.
+pub fn is_core(registry: &Registry, tool: &str) -> bool {
+    registry.tool(tool).is_some_and(|t| t.domain == CORE_DOMAIN)
+}
+
+/// `search_tools` arguments.
+#[derive(Debug)]
+pub struct SearchArgs {
+    pub query: String,
+    pub limit: usize,
+}
+
+pub fn parse_search_args(args: &Value) -> Result<SearchArgs, McpError> {
+    let object = args_object(args)?;
+    check_known_fields(object, &["query", "limit"])?;
+    let query = match object.get("query") {
+        Some(Value::String(q)) if !q.trim().is_empty() => q.clone(),
+        Some(Value::String(_)) => return Err(invalid_field("query", "must not be empty")),
+        Some(_) => return Err(invalid_field("query", "must be a string")),
+        None => return Err(invalid_field("query", "is required")),
+    };
+    let limit = match object.get("limit") {
+        None | Some(Value::Null) => DEFAULT_SEARCH_LIMIT,
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=MAX_SEARCH_LIMIT as u64).contains(&n) => n as usize,
+            _ => {
+                return Err(invalid_field(
+                    "limit",
+                    &format!("must be an integer from 1 to {MAX_SEARCH_LIMIT}"),
+                ));
+            }
+        },
+    };
+    Ok(SearchArgs { query, limit })
+}
+
+/// `load_tools` / `unload_tools` arguments: the names.
+pub fn parse_names(args: &Value) -> Result<Vec<String>, McpError> {
+    let object = args_object(args)?;
+    check_known_fields(object, &["names"])?;
+    let names = match object.get("names") {
+        Some(Value::Array(items)) => items,
+        // A lone string is a common slip of small models; accept it.
+        Some(Value::String(name)) => return Ok(vec![name.clone()]),
+        Some(_) => return Err(invalid_field("names", "must be an array of strings")),
+        None => return Err(invalid_field("names", "is required")),
+    };
+    if names.is_empty() {
+        return Err(invalid_field(
+            "names",
+            "must name at least one tool or domain",
+        ));
+    }
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Value::String(s) => Ok(s.trim().to_owned()),
+            _ => Err(invalid_field(&format!("names/{i}"), "must be a string")),
+        })
+        .collect()
+}
+
+fn args_object(args: &Value) -> Result<&serde_json::Map<String, Value>, McpError> {
+    static EMPTY: LazyLock<serde_json::Map<String, Value>> = LazyLock::new(Default::default);
+    match args {
+        Value::Object(map) => Ok(map),
+        Value::Null => Ok(&EMPTY),
+        _ => Err(McpError::invalid_params(
+            "invalid arguments: expected a JSON object",
+            None,
+        )),
+    }
+}
+
+fn check_known_fields(
+    object: &serde_json::Map<String, Value>,
+    known: &[&str],
+) -> Result<(), McpError> {
+    match object.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(unknown) => Err(invalid_field(unknown, "is not a parameter of this tool")),
+        None => Ok(()),
+    }
+}
+
+fn invalid_field(field: &str, problem: &str) -> McpError {
+    McpError::invalid_params(
+        format!("invalid arguments at `{field}`: {problem}"),
+        Some(json!({"field": field})),
+    )
+}
+
+/// Tool names a list of tool or domain names stands for; names that are neither
+/// come back separately.
+pub fn resolve_names(registry: &Registry, names: &[String]) -> (BTreeSet<String>, Vec<String>) {
+    let mut tools = BTreeSet::new();
+    let mut unknown = Vec::new();
+    for name in names {
+        if let Some(tool) = registry.tool(name) {
+            tools.insert(tool.name.clone());
+        } else if let Some(domain) = registry.domain(name) {
+            tools.extend(domain.tools.iter().cloned());
+        } else {
+            unknown.push(name.clone());
+        }
+    }
+    (tools, unknown)
+}
+
+/// One `search_tools` result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SearchHit {
+    pub name: String,
+    pub domain: String,
+    pub hint: String,
+    #[serde(skip)]
+    pub score: u32,
+}
+
+/// Ranks every tool against a query: whole-word and substring matches of the query's
+/// words in the tool's name, keywords, domain and description, case-insensitive and
+/// Unicode-aware. Ties go to the name order.
+pub fn search(registry: &Registry, query: &str, limit: usize) -> Vec<SearchHit> {
+    let query = query.to_lowercase();
+    let words: Vec<&str> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.chars().count() >= 2)
+        .collect();
+    let mut hits: Vec<SearchHit> = registry
+        .all_tools()
+        .iter()
+        .filter_map(|tool| {
+            let domain = registry.domain(&tool.domain);
+            let name = tool.name.to_lowercase();
+            let description = tool.description.to_lowercase();
+            let keywords: Vec<String> = tool.keywords.iter().map(|k| k.to_lowercase()).collect();
+            let domain_keywords: Vec<String> = domain
+                .map(|d| d.keywords.iter().map(|k| k.to_lowercase()).collect())
+                .unwrap_or_default();
+            let mut score = 0;
+            // The whole query as a keyword or inside the name is the strongest signal.
+            if keywords.iter().any(|k| *k == query.trim()) || name.contains(query.trim()) {
+                score += 6;
+            }
+            for word in &words {
+                if name.split(['_', '-']).any(|part| part == *word) {
+                    score += 4;
+                } else if name.contains(word) {
+                    score += 2;
+                }
+                if keywords
+                    .iter()
+                    .any(|k| k.split_whitespace().any(|kw| kw == *word))
+                {
+                    score += 3;
+                }
+                if tool.domain == *word || domain_keywords.iter().any(|k| k == word) {
+                    score += 2;
+                }
+                if description.contains(word) {
+                    score += 1;
+                }
+            }
+            (score > 0).then(|| SearchHit {
+                name: tool.name.clone(),
+                domain: tool.domain.clone(),
+                hint: tool.hint.clone(),
+                score,
+            })
+        })
+        .collect();
+    hits.sort_by(|a, b| b.score.cmp(&a.score).then_with(|| a.name.cmp(&b.name)));
+    hits.truncate(limit);
+    hits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Registry {
+        loadout_domains::registry().expect("registry")
+    }
+
+    #[test]
+    fn meta_tools_are_valid_definitions() {
+        let names: Vec<&str> = meta_tools().iter().map(|t| t.name.as_ref()).collect();
+        assert_eq!(names, META_TOOLS);
+    }
+
+    #[test]
+    fn search_finds_tools_by_words_of_their_purpose() {
+        let registry = registry();
+        let hits = search(&registry, "read a file", 5);
+        assert_eq!(hits.first().map(|h| h.name.as_str()), Some("read_file"));
+        let hits = search(&registry, "파일 읽기", 5);
+        assert!(hits.iter().any(|h| h.name == "read_file"), "{hits:?}");
+        assert!(search(&registry, "zzzz qqqq", 5).is_empty());
+    }
+
+    #[test]
+    fn names_resolve_to_tools_and_domains() {
+        let registry = registry();
+        let (tools, unknown) = resolve_names(
+            &registry,
+            &["filesystem".into(), "calculate".into(), "nope".into()],
+        );
+        assert!(tools.contains("read_file") && tools.contains("calculate"));
+        assert_eq!(unknown, ["nope"]);
+    }
+
+    #[test]
+    fn bad_arguments_name_the_field() {
+        let err = parse_names(&json!({"names": [1]})).expect_err("error");
+        assert!(err.message.contains("names/0"), "{}", err.message);
+        let err = parse_search_args(&json!({})).expect_err("error");
+        assert!(err.message.contains("`query`"), "{}", err.message);
+        let err = parse_search_args(&json!({"query": "x", "limit": 0})).expect_err("error");
+        assert!(err.message.contains("`limit`"), "{}", err.message);
+    }
+}

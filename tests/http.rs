@@ -1,0 +1,121 @@
+//! The chat server's API through `app()` + `oneshot`: no socket.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::support::http_app;
+
+async fn send(app: &axum::Router, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("response");
+    let status = response.status();
+    let bytes = response.into_body().collect().await.expect("body").to_bytes();
+    let value = serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value)
+}
+
+#[tokio::test]
+async fn settings_are_masked_on_read_and_deletable() {
+    let (_dir, app) = http_app(None).await;
+    let (status, _) = send(&app, "PUT", "/api/settings/llm_api_key", Some(json!({"value": "sk-abcdefghijklmnop"}))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = send(&app, "GET", "/api/settings/llm_api_key", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["value"], "********mnop");
+    let (_, body) = send(&app, "GET", "/api/settings", None).await;
+    assert_eq!(body["settings"]["llm_api_key"], "********mnop");
+    let (status, _) = send(&app, "DELETE", "/api/settings/llm_api_key", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = send(&app, "GET", "/api/settings/llm_api_key", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["kind"], "not_found");
+}
+
+#[tokio::test]
+async fn malformed_bodies_and_keys_get_clear_json_errors() {
+    let (_dir, app) = http_app(None).await;
+    let request = Request::builder()
+        .method("PUT")
+        .uri("/api/settings/some_key")
+        .header("content-type", "application/json")
+        .body(Body::from("{not json"))
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("response");
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let bytes = response.into_body().collect().await.expect("body").to_bytes();
+    let body: Value = serde_json::from_slice(&bytes).expect("error body is JSON");
+    assert!(body["error"]["message"].as_str().unwrap_or("").contains("malformed JSON"), "{body}");
+
+    let (status, body) = send(&app, "PUT", "/api/settings/Bad%20Key", Some(json!({"value": "x"}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _) = send(&app, "PUT", "/api/settings/k", Some(json!({"value": "x", "extra": 1}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_refused_with_413() {
+    let (_dir, app) = http_app(None).await;
+    let huge = "x".repeat(loadout_server::http::MAX_BODY_BYTES + 1);
+    let (status, body) = send(&app, "PUT", "/api/settings/k", Some(json!({"value": huge}))).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(body["error"]["kind"], "payload_too_large");
+}
+
+#[tokio::test]
+async fn sessions_are_created_and_read_back() {
+    let (_dir, app) = http_app(None).await;
+    let (status, body) = send(&app, "POST", "/api/sessions", None).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let id = body["id"].as_str().expect("id").to_owned();
+    let (status, body) = send(&app, "GET", &format!("/api/sessions/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["turn"], 0);
+    let (status, _) = send(&app, "GET", "/api/sessions/nope", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = send(&app, "GET", "/api/sessions/..%2Fetc", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn domains_say_why_they_are_inactive() {
+    let (_dir, app) = http_app(None).await;
+    let (status, body) = send(&app, "GET", "/api/domains", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let filesystem = body["domains"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["name"] == "filesystem"))
+        .expect("filesystem domain");
+    assert_eq!(filesystem["active"], false);
+    assert_eq!(filesystem["missing_settings"], json!(["filesystem_roots"]));
+}
+
+#[tokio::test]
+async fn a_token_is_required_when_configured() {
+    let (_dir, app) = http_app(Some("0123456789abcdef-token")).await;
+    let (status, body) = send(&app, "GET", "/api/domains", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["error"]["kind"], "unauthorized");
+    let request = Request::builder()
+        .uri("/api/domains")
+        .header("authorization", "Bearer 0123456789abcdef-token")
+        .body(Body::empty())
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn openapi_document_lists_the_paths() {
+    let (_dir, app) = http_app(None).await;
+    let (status, body) = send(&app, "GET", "/openapi.json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body["paths"]["/api/settings/{key}"]["put"].is_object());
+}
