@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use loadout::router::{Router, RouterConfig};
 use loadout::{Registry, Settings, Store, ToolContext};
+
+use crate::routing::Routing;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -26,16 +29,29 @@ pub fn default_data_dir() -> PathBuf {
 pub struct App {
     pub registry: Arc<Registry>,
     pub settings: Settings,
+    pub routing: Routing,
 }
 
 impl App {
     pub async fn open(config: &Config) -> anyhow::Result<App> {
         let registry = loadout_domains::registry().context("building the tool registry")?;
         let store = open_store(config.database_url.as_deref(), &config.data_dir).await?;
-        Ok(App {
-            registry: Arc::new(registry),
-            settings: Settings::new(store),
-        })
+        Ok(App::with_registry(Arc::new(registry), Settings::new(store)))
+    }
+
+    /// An app over a given registry (toolkits added, upstream domains, tests).
+    pub fn with_registry(registry: Arc<Registry>, settings: Settings) -> App {
+        let router = Arc::new(Router::new(registry.clone(), RouterConfig::default()));
+        let routing = Routing::new(router, settings.store().clone());
+        App {
+            registry,
+            settings,
+            routing,
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        self.settings.store()
     }
 
     pub fn context(&self) -> ToolContext {
@@ -45,4 +61,33 @@ impl App {
 
 async fn open_store(url: Option<&str>, data_dir: &Path) -> anyhow::Result<Store> {
     Store::connect(url, data_dir).await.map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// `registry` plus the toolkit files of `dir`. A toolkit domain or tool whose name a
+/// linked domain already uses is skipped (the linked one has a real backend).
+pub fn with_toolkits(registry: &Registry, dir: &Path) -> anyhow::Result<Arc<Registry>> {
+    let toolkits = loadout::toolkit::load_dir(dir)
+        .with_context(|| format!("loading toolkits from {}", dir.display()))?;
+    let mut domains = registry.domains().to_vec();
+    let mut tools = registry.all_tools().to_vec();
+    let mut n_skipped = 0;
+    for toolkit in toolkits {
+        if registry.domain(&toolkit.domain.name).is_some() {
+            n_skipped += 1;
+            continue;
+        }
+        tools.extend(
+            toolkit
+                .tools
+                .into_iter()
+                .filter(|t| registry.tool(&t.name).is_none()),
+        );
+        domains.push(toolkit.domain);
+    }
+    if n_skipped > 0 {
+        tracing::info!("{n_skipped} toolkit domains skipped: linked domains of the same name");
+    }
+    Registry::from_parts(domains, tools)
+        .map(Arc::new)
+        .with_context(|| format!("loading toolkits from {}", dir.display()))
 }

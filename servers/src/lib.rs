@@ -5,10 +5,11 @@
 //! router and calls to the registry.
 
 pub mod app;
-pub mod audit_writer;
+pub mod log_writer;
 pub mod cli;
 pub mod http;
 pub mod mcp;
+pub mod routing;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +35,8 @@ enum Command {
     Tools(cli::tools::Args),
     /// Calls one tool with JSON arguments.
     Call(cli::call::Args),
+    /// What the router would send for a message, and why.
+    Route(cli::route::Args),
     /// Reads and writes settings.
     #[command(subcommand)]
     Settings(cli::settings::Command),
@@ -55,6 +58,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Tools(args) => cli::tools::run(&app, args).await,
         Command::Call(args) => cli::call::run(&app, args).await,
+        Command::Route(args) => cli::route::run(&app, args).await,
         Command::Settings(command) => cli::settings::run(&app, command).await,
         Command::Audit(args) => cli::audit::run(&app, args).await,
         Command::Mcp(args) => mcp::run(&app, args).await,

@@ -36,9 +36,15 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
-            "--catalog" => options.catalog = PathBuf::from(args.next().context("--catalog needs a value")?),
-            "--cases" => options.cases = PathBuf::from(args.next().context("--cases needs a value")?),
-            other => anyhow::bail!("unknown argument `{other}`; usage: cargo xtask bench [--quick] [--catalog DIR --cases FILE]"),
+            "--catalog" => {
+                options.catalog = PathBuf::from(args.next().context("--catalog needs a value")?)
+            }
+            "--cases" => {
+                options.cases = PathBuf::from(args.next().context("--cases needs a value")?)
+            }
+            other => anyhow::bail!(
+                "unknown argument `{other}`; usage: cargo xtask bench [--quick] [--catalog DIR --cases FILE]"
+            ),
         }
     }
     Ok(options)
@@ -52,7 +58,15 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     }
     println!(
         "{:<34} {:>6} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>7}",
-        "catalog", "tools", "domains", "keywords", "router p50", "router p95", "naive p50", "naive p95", "speedup"
+        "catalog",
+        "tools",
+        "domains",
+        "keywords",
+        "router p50",
+        "router p95",
+        "naive p50",
+        "naive p95",
+        "speedup"
     );
 
     let registry = Registry::builder()
@@ -60,7 +74,12 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         .with_context(|| format!("loading {}", options.catalog.display()))?
         .build()?;
     let messages = dev_messages(&options.cases)?;
-    bench_one("shared catalog (dev messages)", Arc::new(registry), &messages, rounds)?;
+    bench_one(
+        "shared catalog (dev messages)",
+        Arc::new(registry),
+        &messages,
+        rounds,
+    )?;
 
     let synthetic_messages = synthetic_messages(200);
     for scale in [1usize, 4, 16] {
@@ -75,17 +94,30 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn bench_one(label: &str, registry: Arc<Registry>, messages: &[String], rounds: usize) -> anyhow::Result<()> {
+fn bench_one(
+    label: &str,
+    registry: Arc<Registry>,
+    messages: &[String],
+    rounds: usize,
+) -> anyhow::Result<()> {
     let build_started = Instant::now();
     let router = Router::new(registry.clone(), RouterConfig::default());
     let build_time = build_started.elapsed();
     let settings: BTreeMap<String, String> = registry
         .domains()
         .iter()
-        .flat_map(|d| d.settings_keys.iter().map(|k| (k.clone(), "set".to_owned())))
+        .flat_map(|d| {
+            d.settings_keys
+                .iter()
+                .map(|k| (k.clone(), "set".to_owned()))
+        })
         .collect();
     let session = SessionView::new(1);
-    let keywords_by_domain: Vec<Vec<String>> = registry.domains().iter().map(|d| d.keywords.clone()).collect();
+    let keywords_by_domain: Vec<Vec<String>> = registry
+        .domains()
+        .iter()
+        .map(|d| d.keywords.clone())
+        .collect();
     let n_keywords: usize = keywords_by_domain.iter().map(Vec::len).sum();
 
     let route = |message: &str| {
@@ -102,8 +134,14 @@ fn bench_one(label: &str, registry: Arc<Registry>, messages: &[String], rounds: 
     let naive_times = time_per_message(messages, rounds, |m| {
         black_box(naive_route(&keywords_by_domain, m));
     });
-    let (router_p50, router_p95) = (percentile(&router_times, 0.5), percentile(&router_times, 0.95));
-    let (naive_p50, naive_p95) = (percentile(&naive_times, 0.5), percentile(&naive_times, 0.95));
+    let (router_p50, router_p95) = (
+        percentile(&router_times, 0.5),
+        percentile(&router_times, 0.95),
+    );
+    let (naive_p50, naive_p95) = (
+        percentile(&naive_times, 0.5),
+        percentile(&naive_times, 0.95),
+    );
     println!(
         "{label:<34} {:>6} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>6.1}x",
         registry.all_tools().len(),
@@ -115,7 +153,11 @@ fn bench_one(label: &str, registry: Arc<Registry>, messages: &[String], rounds: 
         micros(naive_p95),
         naive_p50.as_secs_f64() / router_p50.as_secs_f64().max(1e-12),
     );
-    println!("{:<34} router built in {:.1} ms", "", build_time.as_secs_f64() * 1e3);
+    println!(
+        "{:<34} router built in {:.1} ms",
+        "",
+        build_time.as_secs_f64() * 1e3
+    );
     Ok(())
 }
 
@@ -133,7 +175,11 @@ fn naive_route(keywords_by_domain: &[Vec<String>], message: &str) -> Vec<usize> 
 }
 
 /// One sample per message per round, after a warm-up round.
-fn time_per_message(messages: &[String], rounds: usize, mut route: impl FnMut(&str)) -> Vec<Duration> {
+fn time_per_message(
+    messages: &[String],
+    rounds: usize,
+    mut route: impl FnMut(&str),
+) -> Vec<Duration> {
     for message in messages {
         route(message);
     }
@@ -163,7 +209,8 @@ fn micros(d: Duration) -> String {
 }
 
 fn dev_messages(cases: &PathBuf) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(cases).with_context(|| format!("reading {}", cases.display()))?;
+    let text =
+        std::fs::read_to_string(cases).with_context(|| format!("reading {}", cases.display()))?;
     let mut messages = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let case: serde_json::Value = serde_json::from_str(line)?;
@@ -181,7 +228,10 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         self.0 >> 33
     }
 
@@ -193,19 +243,32 @@ impl Lcg {
 /// Pronounceable made-up words: distinct enough to index, none of them English.
 fn word(rng: &mut Lcg) -> String {
     const SYLLABLES: &[&str] = &[
-        "ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "qui", "dor", "fen", "gal", "hum", "jor", "bex", "cyn",
+        "ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "qui", "dor", "fen", "gal",
+        "hum", "jor", "bex", "cyn",
     ];
     let n = 2 + rng.below(3);
-    (0..n).map(|_| SYLLABLES[rng.below(SYLLABLES.len())]).collect()
+    (0..n)
+        .map(|_| SYLLABLES[rng.below(SYLLABLES.len())])
+        .collect()
 }
 
-fn synthetic_registry(n_domains: usize, tools_per_domain: usize, keywords_per_domain: usize) -> anyhow::Result<Registry> {
+fn synthetic_registry(
+    n_domains: usize,
+    tools_per_domain: usize,
+    keywords_per_domain: usize,
+) -> anyhow::Result<Registry> {
     let mut rng = Lcg(0x5eed);
     let mut builder = Registry::builder();
     for d in 0..n_domains {
         let domain = format!("domain_{d:02}");
         let keywords: Vec<String> = (0..keywords_per_domain)
-            .map(|k| if k % 5 == 4 { format!("{} {}", word(&mut rng), word(&mut rng)) } else { word(&mut rng) })
+            .map(|k| {
+                if k % 5 == 4 {
+                    format!("{} {}", word(&mut rng), word(&mut rng))
+                } else {
+                    word(&mut rng)
+                }
+            })
             .collect();
         let tools: Vec<serde_json::Value> = (0..tools_per_domain)
             .map(|t| {
@@ -227,7 +290,8 @@ fn synthetic_registry(n_domains: usize, tools_per_domain: usize, keywords_per_do
             "settings_keys": [],
             "tools": tools,
         });
-        let toolkit = loadout::toolkit::parse(&file.to_string(), &format!("synthetic/{domain}.json"))?;
+        let toolkit =
+            loadout::toolkit::parse(&file.to_string(), &format!("synthetic/{domain}.json"))?;
         builder = builder.toolkit(toolkit);
     }
     Ok(builder.build()?)
@@ -238,15 +302,18 @@ fn synthetic_registry(n_domains: usize, tools_per_domain: usize, keywords_per_do
 /// terms).
 fn synthetic_messages(n: usize) -> Vec<String> {
     const FILLER: &[&str] = &[
-        "can", "you", "please", "check", "the", "my", "what", "is", "going", "on", "with", "show", "me", "all",
-        "turn", "off", "and", "then", "tell", "how", "much", "today", "again", "there", "any", "new", "for",
+        "can", "you", "please", "check", "the", "my", "what", "is", "going", "on", "with", "show",
+        "me", "all", "turn", "off", "and", "then", "tell", "how", "much", "today", "again",
+        "there", "any", "new", "for",
     ];
     let mut rng = Lcg(0xfeed);
     (0..n)
         .map(|_| {
             let n_words = 6 + rng.below(15);
             let n_catalog_words = 1 + rng.below(3);
-            let mut words: Vec<String> = (0..n_words).map(|_| FILLER[rng.below(FILLER.len())].to_owned()).collect();
+            let mut words: Vec<String> = (0..n_words)
+                .map(|_| FILLER[rng.below(FILLER.len())].to_owned())
+                .collect();
             for _ in 0..n_catalog_words {
                 let at = rng.below(words.len());
                 words[at] = word(&mut rng);

@@ -71,15 +71,22 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             "--verbose" | "-v" => verbose = true,
             "--min-turn-recall" => {
                 let text = value("--min-turn-recall")?;
-                min_turn_recall = Some(text.parse().with_context(|| format!("--min-turn-recall {text}: not a number"))?);
+                min_turn_recall = Some(
+                    text.parse()
+                        .with_context(|| format!("--min-turn-recall {text}: not a number"))?,
+                );
             }
             "--budget" => {
                 let text = value("--budget")?;
-                budget = Some(text.parse().with_context(|| format!("--budget {text}: not a number"))?);
+                budget = Some(
+                    text.parse()
+                        .with_context(|| format!("--budget {text}: not a number"))?,
+                );
             }
             "--config" => {
                 let path = value("--config")?;
-                let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+                let text =
+                    std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
                 config = serde_json::from_str(&text).with_context(|| format!("parsing {path}"))?;
             }
             "-h" | "--help" => {
@@ -153,10 +160,14 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     for case in &cases {
         let keys: &[String] = match &case.configured {
             Configured::All(word) if word == "all" => &all_keys,
-            Configured::All(word) => bail!("case {}: configured must be \"all\" or a list, got {word:?}", case.id),
+            Configured::All(word) => bail!(
+                "case {}: configured must be \"all\" or a list, got {word:?}",
+                case.id
+            ),
             Configured::Keys(keys) => keys,
         };
-        let settings: BTreeMap<String, String> = keys.iter().map(|k| (k.clone(), "set".to_owned())).collect();
+        let settings: BTreeMap<String, String> =
+            keys.iter().map(|k| (k.clone(), "set".to_owned())).collect();
         let mut view = SessionView::new(0);
         let mut previous: Option<Selection> = None;
         for (turn_idx, turn) in case.turns.iter().enumerate() {
@@ -173,7 +184,12 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 
             n_turns += 1;
             n_needed += turn.needed.len();
-            let missing: Vec<String> = turn.needed.iter().filter(|t| !selection.contains(t)).cloned().collect();
+            let missing: Vec<String> = turn
+                .needed
+                .iter()
+                .filter(|t| !selection.contains(t))
+                .cloned()
+                .collect();
             n_needed_sent += turn.needed.len() - missing.len();
             if missing.is_empty() {
                 n_hits += 1;
@@ -188,7 +204,13 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                 });
             }
             if options.verbose {
-                println!("{} #{} {:?}\n    {}", case.id, turn_idx + 1, turn.user, selection.summary_line());
+                println!(
+                    "{} #{} {:?}\n    {}",
+                    case.id,
+                    turn_idx + 1,
+                    turn.user,
+                    selection.summary_line()
+                );
             }
             tools_per_turn.push(selection.n_tools);
             tokens_per_turn.push(selection.tokens);
@@ -200,7 +222,13 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         }
     }
 
-    let ratio = |num: usize, den: usize| if den == 0 { 1.0 } else { num as f64 / den as f64 };
+    let ratio = |num: usize, den: usize| {
+        if den == 0 {
+            1.0
+        } else {
+            num as f64 / den as f64
+        }
+    };
     let turn_recall = ratio(n_hits, n_turns);
     let tool_recall = ratio(n_needed_sent, n_needed);
     let mean_tools = mean(&tools_per_turn);
@@ -288,9 +316,16 @@ fn explain(registry: &Registry, selection: &Selection, missing: &[String]) -> Ve
             let rank = selection
                 .tool_decisions
                 .iter()
-                .filter(|d| d.domain == tool.domain && d.stage == Stage::Ranked && d.score > decision.score)
+                .filter(|d| {
+                    d.domain == tool.domain && d.stage == Stage::Ranked && d.score > decision.score
+                })
                 .count();
-            lines.push(format!("  tool {}:{:.2}, rank {} in its domain", decision.stage, decision.score, rank + 1));
+            lines.push(format!(
+                "  tool {}:{:.2}, rank {} in its domain",
+                decision.stage,
+                decision.score,
+                rank + 1
+            ));
         }
     }
     lines

@@ -93,13 +93,21 @@ impl KeywordIndex {
 
     /// Calls `on_match` once per (keyword, owner) occurrence in `lowercased_message`,
     /// which must already be lowercased with [`str::to_lowercase`].
-    pub(crate) fn for_each_match(&self, lowercased_message: &str, mut on_match: impl FnMut(KeywordOwner)) {
+    pub(crate) fn for_each_match(
+        &self,
+        lowercased_message: &str,
+        mut on_match: impl FnMut(KeywordOwner),
+    ) {
         let Some(automaton) = &self.automaton else {
             return;
         };
         for found in automaton.find_overlapping_iter(lowercased_message) {
             let pattern_idx = found.pattern().as_usize();
-            let is_ascii = self.pattern_is_ascii.get(pattern_idx).copied().unwrap_or(false);
+            let is_ascii = self
+                .pattern_is_ascii
+                .get(pattern_idx)
+                .copied()
+                .unwrap_or(false);
             if is_ascii && !on_word_boundaries(lowercased_message, found.start(), found.end()) {
                 continue;
             }
@@ -181,7 +189,10 @@ mod tests {
     #[test]
     fn matching_is_case_insensitive_beyond_ascii() {
         assert!(matches("Docker", "DOCKER PS"));
-        assert!(matches("straße", "STRASSE".to_lowercase().replace("ss", "ß").as_str()));
+        assert!(matches(
+            "straße",
+            "STRASSE".to_lowercase().replace("ss", "ß").as_str()
+        ));
     }
 
     #[test]
@@ -194,6 +205,9 @@ mod tests {
         assert_eq!(index.n_patterns(), 1);
         let mut owners = Vec::new();
         index.for_each_match("schedule a backup", |o| owners.push(o));
-        assert_eq!(owners, vec![KeywordOwner::Domain(0), KeywordOwner::Domain(1)]);
+        assert_eq!(
+            owners,
+            vec![KeywordOwner::Domain(0), KeywordOwner::Domain(1)]
+        );
     }
 }

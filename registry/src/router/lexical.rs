@@ -13,19 +13,157 @@ const B: f32 = 0.75;
 
 /// Function words and chat filler that say nothing about which tool is meant.
 const STOPWORDS: &[&str] = &[
-    "a", "about", "above", "actually", "after", "again", "all", "also", "am", "an", "and", "any",
-    "anything", "are", "as", "at", "be", "been", "before", "being", "btw", "but", "by", "can",
-    "could", "did", "do", "does", "doing", "don", "done", "each", "even", "ever", "for", "from",
-    "get", "give", "go", "going", "got", "had", "has", "have", "he", "her", "here", "hers", "him",
-    "his", "how", "i", "if", "in", "into", "is", "it", "its", "itself", "just", "know", "let",
-    "like", "ll", "lol", "me", "mine", "more", "most", "much", "my", "need", "no", "nor", "not",
-    "now", "of", "off", "ok", "okay", "on", "once", "one", "only", "or", "other", "our", "ours",
-    "out", "over", "please", "pls", "re", "really", "right", "s", "same", "she", "should", "so",
-    "some", "something", "still", "such", "t", "than", "thank", "thanks", "that", "the", "their",
-    "them", "then", "there", "these", "they", "thing", "this", "those", "through", "to", "too",
-    "up", "us", "use", "used", "uses", "using", "ve", "very", "want", "was", "we", "were", "what",
-    "whats", "when", "where", "which", "while", "who", "whom", "why", "will", "with", "would",
-    "yeah", "yes", "you", "your", "yours",
+    "a",
+    "about",
+    "above",
+    "actually",
+    "after",
+    "again",
+    "all",
+    "also",
+    "am",
+    "an",
+    "and",
+    "any",
+    "anything",
+    "are",
+    "as",
+    "at",
+    "be",
+    "been",
+    "before",
+    "being",
+    "btw",
+    "but",
+    "by",
+    "can",
+    "could",
+    "did",
+    "do",
+    "does",
+    "doing",
+    "don",
+    "done",
+    "each",
+    "even",
+    "ever",
+    "for",
+    "from",
+    "get",
+    "give",
+    "go",
+    "going",
+    "got",
+    "had",
+    "has",
+    "have",
+    "he",
+    "her",
+    "here",
+    "hers",
+    "him",
+    "his",
+    "how",
+    "i",
+    "if",
+    "in",
+    "into",
+    "is",
+    "it",
+    "its",
+    "itself",
+    "just",
+    "know",
+    "let",
+    "like",
+    "ll",
+    "lol",
+    "me",
+    "mine",
+    "more",
+    "most",
+    "much",
+    "my",
+    "need",
+    "no",
+    "nor",
+    "not",
+    "now",
+    "of",
+    "off",
+    "ok",
+    "okay",
+    "on",
+    "once",
+    "one",
+    "only",
+    "or",
+    "other",
+    "our",
+    "ours",
+    "out",
+    "over",
+    "please",
+    "pls",
+    "re",
+    "really",
+    "right",
+    "s",
+    "same",
+    "she",
+    "should",
+    "so",
+    "some",
+    "something",
+    "still",
+    "such",
+    "t",
+    "than",
+    "thank",
+    "thanks",
+    "that",
+    "the",
+    "their",
+    "them",
+    "then",
+    "there",
+    "these",
+    "they",
+    "thing",
+    "this",
+    "those",
+    "through",
+    "to",
+    "too",
+    "up",
+    "us",
+    "use",
+    "used",
+    "uses",
+    "using",
+    "ve",
+    "very",
+    "want",
+    "was",
+    "we",
+    "were",
+    "what",
+    "whats",
+    "when",
+    "where",
+    "which",
+    "while",
+    "who",
+    "whom",
+    "why",
+    "will",
+    "with",
+    "would",
+    "yeah",
+    "yes",
+    "you",
+    "your",
+    "yours",
 ];
 
 pub(crate) fn is_stopword(word: &str) -> bool {
@@ -44,7 +182,9 @@ pub(crate) fn stem(word: &str) -> &str {
     // consonant, so both spellings meet.
     let bytes = stripped.as_bytes();
     match bytes {
-        [.., prev, b'e'] if bytes.len() >= 4 && !matches!(prev, b'e') => &stripped[..bytes.len() - 1],
+        [.., prev, b'e'] if bytes.len() >= 4 && !matches!(prev, b'e') => {
+            &stripped[..bytes.len() - 1]
+        }
         [.., prev, b'y'] if bytes.len() >= 4 && !is_vowel(*prev) => &stripped[..bytes.len() - 1],
         _ => stripped,
     }
@@ -83,7 +223,10 @@ fn strip_suffix(word: &str) -> &str {
             "s" if matches!(last, b's' | b'u' | b'i') => return word,
             // `es` only ends plurals after sibilants (`boxes`, `switches`); `images` is
             // `image` + `s`.
-            "es" if !(matches!(last, b's' | b'x' | b'z') || stem.ends_with("ch") || stem.ends_with("sh")) => {
+            "es" if !(matches!(last, b's' | b'x' | b'z')
+                || stem.ends_with("ch")
+                || stem.ends_with("sh")) =>
+            {
                 continue;
             }
             // `speed`, `need`: not a past tense.
@@ -234,13 +377,17 @@ impl Bm25Index {
     /// Adds each document's BM25 score for `terms` into `scores` (one slot per document).
     pub(crate) fn score_into(&self, terms: &[u32], scores: &mut [f32]) {
         for &term in terms {
-            let (Some(docs), Some(&idf)) = (self.postings.get(term as usize), self.idf.get(term as usize))
-            else {
+            let (Some(docs), Some(&idf)) = (
+                self.postings.get(term as usize),
+                self.idf.get(term as usize),
+            ) else {
                 continue;
             };
             for &(doc, freq) in docs {
-                let (Some(slot), Some(&norm)) = (scores.get_mut(doc as usize), self.length_norm.get(doc as usize))
-                else {
+                let (Some(slot), Some(&norm)) = (
+                    scores.get_mut(doc as usize),
+                    self.length_norm.get(doc as usize),
+                ) else {
                     continue;
                 };
                 *slot += idf * freq * (K1 + 1.0) / (freq + norm);
@@ -261,7 +408,10 @@ mod tests {
 
     #[test]
     fn stopwords_are_sorted_for_binary_search() {
-        assert!(STOPWORDS.windows(2).all(|w| w[0] < w[1]), "keep STOPWORDS sorted");
+        assert!(
+            STOPWORDS.windows(2).all(|w| w[0] < w[1]),
+            "keep STOPWORDS sorted"
+        );
         assert!(is_stopword("the"));
         assert!(!is_stopword("weather"));
     }
@@ -292,9 +442,18 @@ mod tests {
     #[test]
     fn bm25_ranks_the_document_that_shares_rare_terms() {
         let docs = vec![
-            vec![Field { text: "get current weather forecast", weight: 1.0 }],
-            vec![Field { text: "list running containers", weight: 1.0 }],
-            vec![Field { text: "stop a running container", weight: 1.0 }],
+            vec![Field {
+                text: "get current weather forecast",
+                weight: 1.0,
+            }],
+            vec![Field {
+                text: "list running containers",
+                weight: 1.0,
+            }],
+            vec![Field {
+                text: "stop a running container",
+                weight: 1.0,
+            }],
         ];
         let index = Bm25Index::new(&docs);
         let mut terms = Vec::new();

@@ -28,7 +28,9 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 pub use embed::{DenseIndex, Embedder};
-pub use selection::{DomainDecision, Hint, MessageLogging, Name, SelectedTool, Selection, Stage, ToolDecision};
+pub use selection::{
+    DomainDecision, Hint, MessageLogging, Name, SelectedTool, Selection, Stage, ToolDecision,
+};
 pub use session::{SessionError, SessionView, carry_over};
 
 use crate::Registry;
@@ -79,8 +81,8 @@ impl Default for RouterConfig {
             token_budget: 4000,
             bm25_min_score: 0.12,
             bm25_relative: 0.5,
-            bm25_top_k: 2,
-            domain_tool_cap: 6,
+            bm25_top_k: 3,
+            domain_tool_cap: 12,
             pin_on_tools: vec!["create_table".into()],
             carry_over: true,
             max_hints: 40,
@@ -176,29 +178,52 @@ impl Router {
         let keyword_pairs = domains
             .iter()
             .enumerate()
-            .flat_map(|(d, domain)| domain.keywords.iter().map(move |k| (k.as_str(), KeywordOwner::Domain(d))))
-            .chain(
-                tools
+            .flat_map(|(d, domain)| {
+                domain
+                    .keywords
                     .iter()
-                    .enumerate()
-                    .flat_map(|(t, tool)| tool.keywords.iter().map(move |k| (k.as_str(), KeywordOwner::Tool(t)))),
-            );
+                    .map(move |k| (k.as_str(), KeywordOwner::Domain(d)))
+            })
+            .chain(tools.iter().enumerate().flat_map(|(t, tool)| {
+                tool.keywords
+                    .iter()
+                    .map(move |k| (k.as_str(), KeywordOwner::Tool(t)))
+            }));
         let keywords = KeywordIndex::new(keyword_pairs);
 
-        let spaced_tool_names: Vec<String> = tools.iter().map(|t| t.name.replace(['_', '-'], " ")).collect();
-        let joined_tool_keywords: Vec<String> = tools.iter().map(|t| t.keywords.join(" ")).collect();
-        let joined_tool_examples: Vec<String> = tools.iter().map(|t| t.examples.join(" . ")).collect();
-        let joined_domain_keywords: Vec<String> = domains.iter().map(|d| d.keywords.join(" ")).collect();
-        let spaced_domain_names: Vec<String> = domains.iter().map(|d| d.name.replace('_', " ")).collect();
+        let spaced_tool_names: Vec<String> = tools
+            .iter()
+            .map(|t| t.name.replace(['_', '-'], " "))
+            .collect();
+        let joined_tool_keywords: Vec<String> =
+            tools.iter().map(|t| t.keywords.join(" ")).collect();
+        let joined_tool_examples: Vec<String> =
+            tools.iter().map(|t| t.examples.join(" . ")).collect();
+        let joined_domain_keywords: Vec<String> =
+            domains.iter().map(|d| d.keywords.join(" ")).collect();
+        let spaced_domain_names: Vec<String> =
+            domains.iter().map(|d| d.name.replace('_', " ")).collect();
         let tool_documents: Vec<Vec<Field<'_>>> = tools
             .iter()
             .enumerate()
             .map(|(t, tool)| {
                 vec![
-                    Field { text: &spaced_tool_names[t], weight: 2.0 },
-                    Field { text: &tool.description, weight: 1.0 },
-                    Field { text: &joined_tool_keywords[t], weight: 1.0 },
-                    Field { text: &joined_tool_examples[t], weight: 1.0 },
+                    Field {
+                        text: &spaced_tool_names[t],
+                        weight: 2.0,
+                    },
+                    Field {
+                        text: &tool.description,
+                        weight: 1.0,
+                    },
+                    Field {
+                        text: &joined_tool_keywords[t],
+                        weight: 1.0,
+                    },
+                    Field {
+                        text: &joined_tool_examples[t],
+                        weight: 1.0,
+                    },
                 ]
             })
             .collect();
@@ -207,9 +232,18 @@ impl Router {
             .enumerate()
             .map(|(d, domain)| {
                 vec![
-                    Field { text: &spaced_domain_names[d], weight: 2.0 },
-                    Field { text: &domain.description, weight: 1.0 },
-                    Field { text: &joined_domain_keywords[d], weight: 1.0 },
+                    Field {
+                        text: &spaced_domain_names[d],
+                        weight: 2.0,
+                    },
+                    Field {
+                        text: &domain.description,
+                        weight: 1.0,
+                    },
+                    Field {
+                        text: &joined_domain_keywords[d],
+                        weight: 1.0,
+                    },
                 ]
             })
             .collect();
@@ -225,7 +259,11 @@ impl Router {
 
         let mut tool_conflicts = vec![Vec::new(); tools.len()];
         for (t, tool) in tools.iter().enumerate() {
-            for other in tool.conflicts.iter().filter_map(|name| registry.tool_idx(name)) {
+            for other in tool
+                .conflicts
+                .iter()
+                .filter_map(|name| registry.tool_idx(name))
+            {
                 if other != t {
                     push_unique(&mut tool_conflicts[t], other);
                     push_unique(&mut tool_conflicts[other], t);
@@ -234,7 +272,11 @@ impl Router {
         }
         let mut domain_conflicts = vec![Vec::new(); domains.len()];
         for (d, domain) in domains.iter().enumerate() {
-            for other in domain.conflicts.iter().filter_map(|name| registry.domain_idx(name)) {
+            for other in domain
+                .conflicts
+                .iter()
+                .filter_map(|name| registry.domain_idx(name))
+            {
                 if other != d {
                     push_unique(&mut domain_conflicts[d], other);
                     push_unique(&mut domain_conflicts[other], d);
@@ -246,14 +288,18 @@ impl Router {
             .map(|t| {
                 let reads = ["list", "get", "search", "find", "lookup", "query"];
                 let last_word = t.name.rsplit('_').next().unwrap_or("");
-                let reads_first = t.name.split('_').any(|w| reads.contains(&w)) || last_word == "status";
+                let reads_first =
+                    t.name.split('_').any(|w| reads.contains(&w)) || last_word == "status";
                 if reads_first { 0.002 } else { 0.0 }
             })
             .collect();
 
         let tool_names = tools.iter().map(|t| Name::from(t.name.as_str())).collect();
         let tool_hints = tools.iter().map(|t| Name::from(t.hint.as_str())).collect();
-        let domain_names = domains.iter().map(|d| Name::from(d.name.as_str())).collect();
+        let domain_names = domains
+            .iter()
+            .map(|d| Name::from(d.name.as_str()))
+            .collect();
         Router {
             tool_names,
             tool_hints,
@@ -308,15 +354,23 @@ impl Router {
     }
 
     fn is_active(&self, domain_idx: usize, settings: &BTreeMap<String, String>) -> bool {
-        if self.domain_is_core.get(domain_idx).copied().unwrap_or(false) {
+        if self
+            .domain_is_core
+            .get(domain_idx)
+            .copied()
+            .unwrap_or(false)
+        {
             return true;
         }
-        self.registry.domains().get(domain_idx).is_some_and(|domain| {
-            domain
-                .settings_keys
-                .iter()
-                .all(|key| settings.get(key).is_some_and(|v| !v.trim().is_empty()))
-        })
+        self.registry
+            .domains()
+            .get(domain_idx)
+            .is_some_and(|domain| {
+                domain
+                    .settings_keys
+                    .iter()
+                    .all(|key| settings.get(key).is_some_and(|v| !v.trim().is_empty()))
+            })
     }
 
     /// `search_tools(query)`: hints for the active tools that best match `query`, by
@@ -325,11 +379,21 @@ impl Router {
         let evidence = self.gather_evidence(query, settings);
         let tools = self.registry.all_tools();
         let mut scored: Vec<(f32, usize)> = (0..tools.len())
-            .filter(|&t| evidence.active.get(self.tool_domain[t]).copied().unwrap_or(false))
+            .filter(|&t| {
+                evidence
+                    .active
+                    .get(self.tool_domain[t])
+                    .copied()
+                    .unwrap_or(false)
+            })
             .map(|t| {
                 let d = self.tool_domain[t];
-                let keyword = f32::from(evidence.tool_keyword_hits[t]) + 0.5 * f32::from(evidence.domain_keyword_hits[d]);
-                (keyword + evidence.tool_similarity[t] + 0.5 * evidence.domain_similarity[d], t)
+                let keyword = f32::from(evidence.tool_keyword_hits[t])
+                    + 0.5 * f32::from(evidence.domain_keyword_hits[d]);
+                (
+                    keyword + evidence.tool_similarity[t] + 0.5 * evidence.domain_similarity[d],
+                    t,
+                )
             })
             .filter(|&(score, _)| score > 0.0)
             .collect();
@@ -352,7 +416,9 @@ impl Router {
     fn gather_evidence(&self, message: &str, settings: &BTreeMap<String, String>) -> Evidence {
         let n_domains = self.registry.domains().len();
         let n_tools = self.registry.all_tools().len();
-        let active: Vec<bool> = (0..n_domains).map(|d| self.is_active(d, settings)).collect();
+        let active: Vec<bool> = (0..n_domains)
+            .map(|d| self.is_active(d, settings))
+            .collect();
 
         let lowered = message.to_lowercase();
         let mut domain_keyword_hits = vec![0u16; n_domains];
@@ -373,7 +439,10 @@ impl Router {
         let mut terms = Vec::new();
         let mut tool_similarity = vec![0.0f32; n_tools];
         self.tool_index.query_terms(&lowered, &mut terms);
-        let tool_query_mass: f32 = terms.iter().map(|&t| self.tool_index.max_term_score(t)).sum();
+        let tool_query_mass: f32 = terms
+            .iter()
+            .map(|&t| self.tool_index.max_term_score(t))
+            .sum();
         if tool_query_mass > 0.0 {
             self.tool_index.score_into(&terms, &mut tool_similarity);
             for score in &mut tool_similarity {
@@ -382,9 +451,13 @@ impl Router {
         }
         let mut domain_text_similarity = vec![0.0f32; n_domains];
         self.domain_index.query_terms(&lowered, &mut terms);
-        let domain_query_mass: f32 = terms.iter().map(|&t| self.domain_index.max_term_score(t)).sum();
+        let domain_query_mass: f32 = terms
+            .iter()
+            .map(|&t| self.domain_index.max_term_score(t))
+            .sum();
         if domain_query_mass > 0.0 {
-            self.domain_index.score_into(&terms, &mut domain_text_similarity);
+            self.domain_index
+                .score_into(&terms, &mut domain_text_similarity);
             for score in &mut domain_text_similarity {
                 *score /= domain_query_mass;
             }
@@ -464,14 +537,22 @@ impl Router {
                     .sum::<u16>();
             let verdict = if !evidence.active[d] {
                 let missing = registry.missing_settings(&domain.name, input.settings);
-                DomainVerdict::out(Stage::Inactive, 0.0, format!("missing settings: {}", missing.join(", ")).into())
+                DomainVerdict::out(
+                    Stage::Inactive,
+                    0.0,
+                    format!("missing settings: {}", missing.join(", ")).into(),
+                )
             } else if self.domain_is_core[d] {
                 DomainVerdict::whole(Stage::AlwaysOn, 1.0, Cow::Borrowed("always on"))
             } else if session.state(&domain.name).is_some_and(|s| s.unloaded)
                 && !session.load_all_this_turn
                 && !self.has_loaded_tool(session, d)
             {
-                DomainVerdict::out(Stage::Unloaded, similarity, Cow::Borrowed("unloaded by the model; kept out until used or loaded again"))
+                DomainVerdict::out(
+                    Stage::Unloaded,
+                    similarity,
+                    Cow::Borrowed("unloaded by the model; kept out until used or loaded again"),
+                )
             } else if session.load_all_this_turn {
                 DomainVerdict::whole(Stage::Loaded, 1.0, Cow::Borrowed("load_all_for_this_turn"))
             } else if let Some(stage) = session.holds(&domain.name, config.idle_turns) {
@@ -479,17 +560,33 @@ impl Router {
                     Stage::Pinned => "pinned for the session by mid-workflow state",
                     _ => "used in this session within the idle window",
                 };
-                DomainVerdict::ranked(stage, similarity.max(keyword_score(keyword_hits)), Cow::Borrowed(reason))
+                DomainVerdict::ranked(
+                    stage,
+                    similarity.max(keyword_score(keyword_hits)),
+                    Cow::Borrowed(reason),
+                )
             } else if keyword_hits > 0 {
                 DomainVerdict::ranked(
                     Stage::Keyword,
                     keyword_score(keyword_hits).max(similarity),
-                    Cow::Borrowed(if keyword_hits == 1 { "a keyword matched" } else { "several keywords matched" }),
+                    Cow::Borrowed(if keyword_hits == 1 {
+                        "a keyword matched"
+                    } else {
+                        "several keywords matched"
+                    }),
                 )
             } else if self.has_loaded_tool(session, d) {
-                DomainVerdict::ranked(Stage::Loaded, similarity, Cow::Borrowed("tool loaded by name this turn"))
+                DomainVerdict::ranked(
+                    Stage::Loaded,
+                    similarity,
+                    Cow::Borrowed("tool loaded by name this turn"),
+                )
             } else {
-                DomainVerdict::out(Stage::NotMatched, similarity, Cow::Borrowed("no keyword; similarity below threshold"))
+                DomainVerdict::out(
+                    Stage::NotMatched,
+                    similarity,
+                    Cow::Borrowed("no keyword; similarity below threshold"),
+                )
             };
             if evidence.active[d] {
                 n_active_tools += self.tools_by_domain[d].len();
@@ -527,9 +624,12 @@ impl Router {
             );
         }
 
-        let evidence_found = verdicts
-            .iter()
-            .any(|v| matches!(v.stage, Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused));
+        let evidence_found = verdicts.iter().any(|v| {
+            matches!(
+                v.stage,
+                Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused
+            )
+        });
 
         // Collisions between domains: keep the better one unless both are justified.
         self.resolve_domain_collisions(&mut verdicts);
@@ -550,8 +650,7 @@ impl Router {
         // Per tool of a domain ranked tool by tool: (stage, included).
         let mut tool_outcomes: Vec<Option<(Stage, bool)>> = vec![None; tools.len()];
         let mut ranked_out: Vec<usize> = Vec::new();
-        for d in 0..n_domains {
-            let verdict = &verdicts[d];
+        for (d, verdict) in verdicts.iter().enumerate() {
             match verdict.send {
                 Send::Nothing => {}
                 Send::Whole => {
@@ -568,7 +667,8 @@ impl Router {
                         continue;
                     }
                     let mut ranked: Vec<usize> = members.clone();
-                    ranked.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
+                    ranked
+                        .sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
                     for (rank, &t) in ranked.iter().enumerate() {
                         let included = rank < config.domain_tool_cap;
                         if included {
@@ -590,7 +690,11 @@ impl Router {
                 sent[t] = Some((Stage::Loaded, tool_score(t)));
                 let d = self.tool_domain[t];
                 if !verdicts[d].included() {
-                    verdicts[d] = DomainVerdict::ranked(Stage::Loaded, verdicts[d].score, Cow::Borrowed("tool loaded by name this turn"));
+                    verdicts[d] = DomainVerdict::ranked(
+                        Stage::Loaded,
+                        verdicts[d].score,
+                        Cow::Borrowed("tool loaded by name this turn"),
+                    );
                 }
             }
         }
@@ -598,9 +702,12 @@ impl Router {
         // A follow-up with no evidence of its own sees what the last turn sent.
         if config.carry_over && !evidence_found {
             for name in &session.carried_tools {
-                let Some(t) = registry.tool_idx(name) else { continue };
+                let Some(t) = registry.tool_idx(name) else {
+                    continue;
+                };
                 let d = self.tool_domain[t];
-                if !evidence.active[d] || verdicts[d].stage == Stage::Unloaded || sent[t].is_some() {
+                if !evidence.active[d] || verdicts[d].stage == Stage::Unloaded || sent[t].is_some()
+                {
                     continue;
                 }
                 sent[t] = Some((Stage::Carried, tool_score(t)));
@@ -615,12 +722,28 @@ impl Router {
         }
 
         // Fallback: nothing optional selected.
-        let any_optional = (0..n_domains).any(|d| !self.domain_is_core[d] && verdicts[d].included());
+        let any_optional =
+            (0..n_domains).any(|d| !self.domain_is_core[d] && verdicts[d].included());
         if !any_optional {
-            self.fallback(&evidence, session, budget, &mut verdicts, &mut sent, &mut ranked_out, &tool_score);
+            self.fallback(
+                &evidence,
+                session,
+                budget,
+                &mut verdicts,
+                &mut sent,
+                &mut ranked_out,
+                &tool_score,
+            );
         }
 
-        self.resolve_tool_collisions(&evidence, session, &verdicts, &mut sent, &mut ranked_out, &mut tool_outcomes);
+        self.resolve_tool_collisions(
+            &evidence,
+            session,
+            &verdicts,
+            &mut sent,
+            &mut ranked_out,
+            &mut tool_outcomes,
+        );
 
         // Token budget: trim the lowest-scoring optional tools, never core, pinned,
         // sticky, loaded or fallback (already fitted) ones.
@@ -635,7 +758,9 @@ impl Router {
                 .iter()
                 .enumerate()
                 .filter_map(|(t, s)| s.map(|(stage, score)| (t, stage, score)))
-                .filter(|&(_, stage, _)| !is_protected(stage) && !matches!(stage, Stage::Fallback | Stage::Warm))
+                .filter(|&(_, stage, _)| {
+                    !is_protected(stage) && !matches!(stage, Stage::Fallback | Stage::Warm)
+                })
                 .map(|(t, _, score)| (score, t))
                 .collect();
             trimmable.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
@@ -663,7 +788,10 @@ impl Router {
             .map(|(d, verdict)| {
                 let included = n_sent_by_domain[d] > 0;
                 let (stage, reason) = if verdict.included() && !included {
-                    (Stage::BudgetTrimmed, format!("{}; trimmed to fit {budget} tokens", verdict.reason).into())
+                    (
+                        Stage::BudgetTrimmed,
+                        format!("{}; trimmed to fit {budget} tokens", verdict.reason).into(),
+                    )
                 } else {
                     (verdict.stage, verdict.reason)
                 };
@@ -725,7 +853,10 @@ impl Router {
             })
             .collect();
         if hints.len() < ranked_out.len() && ranked_out.len() > config.max_hints {
-            notes.push(format!("{} more tools not hinted", ranked_out.len() - hints.len()));
+            notes.push(format!(
+                "{} more tools not hinted",
+                ranked_out.len() - hints.len()
+            ));
         }
 
         Selection {
@@ -760,12 +891,17 @@ impl Router {
                     continue;
                 }
                 let both_justified = |stage_a: Stage, stage_b: Stage| {
-                    (stage_a == Stage::Keyword && stage_b == Stage::Keyword) || (is_held(stage_a) && is_held(stage_b))
+                    (stage_a == Stage::Keyword && stage_b == Stage::Keyword)
+                        || (is_held(stage_a) && is_held(stage_b))
                 };
                 if both_justified(verdicts[d].stage, verdicts[other].stage) {
                     continue;
                 }
-                let (winner, loser) = if verdicts[d].score >= verdicts[other].score { (d, other) } else { (other, d) };
+                let (winner, loser) = if verdicts[d].score >= verdicts[other].score {
+                    (d, other)
+                } else {
+                    (other, d)
+                };
                 if is_collision_protected(verdicts[loser].stage) {
                     continue;
                 }
@@ -793,21 +929,33 @@ impl Router {
         let tools = self.registry.all_tools();
         for t in 0..tools.len() {
             for &other in &self.tool_conflicts[t] {
-                let (Some((stage_t, score_t)), Some((stage_o, score_o))) = (sent[t], sent[other]) else {
+                let (Some((stage_t, score_t)), Some((stage_o, score_o))) = (sent[t], sent[other])
+                else {
                     continue;
                 };
                 if other <= t {
                     continue;
                 }
                 let matched = |tool: usize| {
-                    evidence.tool_keyword_hits[tool] > 0 || verdicts[self.tool_domain[tool]].stage == Stage::Keyword
+                    evidence.tool_keyword_hits[tool] > 0
+                        || verdicts[self.tool_domain[tool]].stage == Stage::Keyword
                 };
-                let used = |tool: usize| session.state(&tools[tool].domain).is_some_and(|s| !s.unloaded && s.last_used_turn > i64::MIN / 2);
+                let used = |tool: usize| {
+                    session
+                        .state(&tools[tool].domain)
+                        .is_some_and(|s| !s.unloaded && s.last_used_turn > i64::MIN / 2)
+                };
                 if (matched(t) && matched(other)) || (used(t) && used(other)) {
                     continue;
                 }
-                let (loser, loser_stage) = if score_t >= score_o { (other, stage_o) } else { (t, stage_t) };
-                if is_collision_protected(loser_stage) || self.domain_is_core[self.tool_domain[loser]] {
+                let (loser, loser_stage) = if score_t >= score_o {
+                    (other, stage_o)
+                } else {
+                    (t, stage_t)
+                };
+                if is_collision_protected(loser_stage)
+                    || self.domain_is_core[self.tool_domain[loser]]
+                {
                     continue;
                 }
                 sent[loser] = None;
@@ -832,9 +980,18 @@ impl Router {
         tool_score: &dyn Fn(usize) -> f32,
     ) {
         let optional: Vec<usize> = (0..verdicts.len())
-            .filter(|&d| evidence.active[d] && !self.domain_is_core[d] && verdicts[d].stage == Stage::NotMatched)
+            .filter(|&d| {
+                evidence.active[d]
+                    && !self.domain_is_core[d]
+                    && verdicts[d].stage == Stage::NotMatched
+            })
             .collect();
-        let domain_tokens = |d: usize| -> usize { self.tools_by_domain[d].iter().map(|&t| self.tool_tokens[t]).sum() };
+        let domain_tokens = |d: usize| -> usize {
+            self.tools_by_domain[d]
+                .iter()
+                .map(|&t| self.tool_tokens[t])
+                .sum()
+        };
         let mut tokens: usize = sent
             .iter()
             .enumerate()
@@ -844,7 +1001,12 @@ impl Router {
         let all_optional_tokens: usize = optional.iter().map(|&d| domain_tokens(d)).sum();
         let fits_whole = tokens + all_optional_tokens <= budget;
         let mut order = optional.clone();
-        let is_warm = |d: usize| session.warm.iter().any(|w| *w == self.registry.domains()[d].name);
+        let is_warm = |d: usize| {
+            session
+                .warm
+                .iter()
+                .any(|w| *w == self.registry.domains()[d].name)
+        };
         order.sort_by(|&a, &b| {
             evidence.domain_similarity[b]
                 .total_cmp(&evidence.domain_similarity[a])
@@ -856,18 +1018,25 @@ impl Router {
             let score = evidence.domain_similarity[d];
             if fits_whole || tokens + cost <= budget {
                 tokens += cost;
-                let stage = if is_warm(d) { Stage::Warm } else { Stage::Fallback };
+                let stage = if is_warm(d) {
+                    Stage::Warm
+                } else {
+                    Stage::Fallback
+                };
                 let reason = if fits_whole {
                     Cow::Borrowed("nothing matched: every active tool fits the budget")
                 } else {
-                    Cow::Owned(format!("nothing matched: among the best domains that fit {budget} tokens"))
+                    Cow::Owned(format!(
+                        "nothing matched: among the best domains that fit {budget} tokens"
+                    ))
                 };
                 verdicts[d] = DomainVerdict::whole(stage, score, reason);
                 for &t in &self.tools_by_domain[d] {
                     sent[t] = Some((stage, tool_score(t)));
                 }
             } else {
-                verdicts[d].reason = Cow::Borrowed("nothing matched and it does not fit the budget: hinted");
+                verdicts[d].reason =
+                    Cow::Borrowed("nothing matched and it does not fit the budget: hinted");
                 ranked_out.extend(self.tools_by_domain[d].iter().copied());
             }
         }
@@ -892,15 +1061,30 @@ struct DomainVerdict {
 
 impl DomainVerdict {
     fn out(stage: Stage, score: f32, reason: Cow<'static, str>) -> Self {
-        DomainVerdict { stage, send: Send::Nothing, score, reason }
+        DomainVerdict {
+            stage,
+            send: Send::Nothing,
+            score,
+            reason,
+        }
     }
 
     fn whole(stage: Stage, score: f32, reason: Cow<'static, str>) -> Self {
-        DomainVerdict { stage, send: Send::Whole, score, reason }
+        DomainVerdict {
+            stage,
+            send: Send::Whole,
+            score,
+            reason,
+        }
     }
 
     fn ranked(stage: Stage, score: f32, reason: Cow<'static, str>) -> Self {
-        DomainVerdict { stage, send: Send::Ranked, score, reason }
+        DomainVerdict {
+            stage,
+            send: Send::Ranked,
+            score,
+            reason,
+        }
     }
 
     fn included(&self) -> bool {
@@ -910,7 +1094,11 @@ impl DomainVerdict {
 
 /// Keyword evidence on the 0..1 scale of the other stages: one hit 0.6, two 0.8, ...
 fn keyword_score(hits: u16) -> f32 {
-    if hits == 0 { 0.0 } else { (0.4 + 0.2 * f32::from(hits)).min(1.0) }
+    if hits == 0 {
+        0.0
+    } else {
+        (0.4 + 0.2 * f32::from(hits)).min(1.0)
+    }
 }
 
 /// Stages held by the session rather than by this message.
@@ -920,7 +1108,10 @@ fn is_held(stage: Stage) -> bool {
 
 /// Stages whose tools the budget may not drop.
 fn is_protected(stage: Stage) -> bool {
-    matches!(stage, Stage::AlwaysOn | Stage::Sticky | Stage::Pinned | Stage::Loaded)
+    matches!(
+        stage,
+        Stage::AlwaysOn | Stage::Sticky | Stage::Pinned | Stage::Loaded
+    )
 }
 
 /// Stages a collision may not drop: the model or the workflow asked for them. Sticky

@@ -270,13 +270,20 @@ impl Selection {
             .iter()
             .filter(|d| d.included && d.stage != Stage::AlwaysOn)
             .collect();
-        shown.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.domain.cmp(&b.domain)));
+        shown.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then_with(|| a.domain.cmp(&b.domain))
+        });
         if shown.is_empty() {
             line.push_str(" core only");
         }
         for decision in shown {
             if decision.stage.shows_score() {
-                line.push_str(&format!(" {}({}:{:.2})", decision.domain, decision.stage, decision.score));
+                line.push_str(&format!(
+                    " {}({}:{:.2})",
+                    decision.domain, decision.stage, decision.score
+                ));
             } else {
                 line.push_str(&format!(" {}({})", decision.domain, decision.stage));
             }
@@ -288,7 +295,12 @@ impl Selection {
     pub fn tools_openai(&self, registry: &Registry) -> Vec<Value> {
         self.tools
             .iter()
-            .filter_map(|t| registry.all_tools().get(t.tool_idx).filter(|tool| t.name == tool.name))
+            .filter_map(|t| {
+                registry
+                    .all_tools()
+                    .get(t.tool_idx)
+                    .filter(|tool| t.name == tool.name)
+            })
             .map(crate::export::openai)
             .collect()
     }
@@ -336,7 +348,7 @@ pub(crate) fn thousands(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

@@ -50,7 +50,11 @@ impl SessionView {
     }
 
     /// A view built from stored state.
-    pub fn from_store(turn: i64, domains: Vec<SessionDomainState>, warm: Vec<String>) -> SessionView {
+    pub fn from_store(
+        turn: i64,
+        domains: Vec<SessionDomainState>,
+        warm: Vec<String>,
+    ) -> SessionView {
         SessionView {
             turn,
             domains,
@@ -88,7 +92,11 @@ impl SessionView {
     /// Records the tools the model called this turn: their domains count as used now,
     /// and a call to one of the router's `pin_on_tools` pins its domain for the session.
     /// Returns the rows that changed, for the server to persist.
-    pub fn record_calls<S: AsRef<str>>(&mut self, router: &Router, called: &[S]) -> Vec<SessionDomainState> {
+    pub fn record_calls<S: AsRef<str>>(
+        &mut self,
+        router: &Router,
+        called: &[S],
+    ) -> Vec<SessionDomainState> {
         let mut changed: Vec<SessionDomainState> = Vec::new();
         for name in called {
             let name = name.as_ref();
@@ -108,7 +116,11 @@ impl SessionView {
     /// `load_tools`: each name is a domain or a tool. Domains count as used now (so they
     /// stay while in use); tools are also sent this turn whatever the ranking says.
     /// Nothing changes when a name is unknown.
-    pub fn load<S: AsRef<str>>(&mut self, router: &Router, names: &[S]) -> Result<Vec<SessionDomainState>, SessionError> {
+    pub fn load<S: AsRef<str>>(
+        &mut self,
+        router: &Router,
+        names: &[S],
+    ) -> Result<Vec<SessionDomainState>, SessionError> {
         let registry = router.registry();
         let unknown: Vec<String> = names
             .iter()
@@ -142,7 +154,11 @@ impl SessionView {
 
     /// `unload_tools`: each name is a domain or a tool (meaning its domain). The domain
     /// stays out, pin included, until it is used or loaded again.
-    pub fn unload<S: AsRef<str>>(&mut self, router: &Router, names: &[S]) -> Result<Vec<SessionDomainState>, SessionError> {
+    pub fn unload<S: AsRef<str>>(
+        &mut self,
+        router: &Router,
+        names: &[S],
+    ) -> Result<Vec<SessionDomainState>, SessionError> {
         let registry = router.registry();
         let mut domains: Vec<String> = Vec::new();
         let mut unknown = Vec::new();
@@ -217,7 +233,12 @@ pub fn carry_over(selection: &Selection) -> Vec<String> {
     selection
         .tools
         .iter()
-        .filter(|t| matches!(t.stage, Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Ranked))
+        .filter(|t| {
+            matches!(
+                t.stage,
+                Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Ranked
+            )
+        })
         .map(|t| t.name.to_string())
         .collect()
 }

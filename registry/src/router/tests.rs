@@ -55,7 +55,11 @@ fn registry() -> Arc<Registry> {
         let parsed = toolkit::parse(&value.to_string(), &format!("test{i}.json"));
         builder = builder.toolkit(parsed.unwrap_or_else(|e| panic!("test catalog {i}: {e}")));
     }
-    Arc::new(builder.build().unwrap_or_else(|e| panic!("test registry: {e}")))
+    Arc::new(
+        builder
+            .build()
+            .unwrap_or_else(|e| panic!("test registry: {e}")),
+    )
 }
 
 fn router_with(config: RouterConfig) -> Router {
@@ -80,7 +84,10 @@ fn route(router: &Router, message: &str, session: &SessionView) -> Selection {
 }
 
 fn stage_of(selection: &Selection, domain: &str) -> Stage {
-    selection.domain(domain).map(|d| d.stage).unwrap_or(Stage::NotMatched)
+    selection
+        .domain(domain)
+        .map(|d| d.stage)
+        .unwrap_or(Stage::NotMatched)
 }
 
 #[test]
@@ -103,8 +110,17 @@ fn inactive_domains_are_never_sent_and_name_their_missing_settings() {
         session: &SessionView::new(1),
         token_budget: None,
     });
-    let weather = selection.domain("weather").map(|d| (d.included, d.stage, d.reason.to_string()));
-    assert_eq!(weather, Some((false, Stage::Inactive, "missing settings: weather_key".to_owned())));
+    let weather = selection
+        .domain("weather")
+        .map(|d| (d.included, d.stage, d.reason.to_string()));
+    assert_eq!(
+        weather,
+        Some((
+            false,
+            Stage::Inactive,
+            "missing settings: weather_key".to_owned()
+        ))
+    );
     assert!(!selection.contains("get_weather_forecast"));
 }
 
@@ -119,7 +135,11 @@ fn korean_keywords_route() {
 #[test]
 fn highlight_does_not_fire_the_light_keyword() {
     let router = router();
-    let selection = route(&router, "give me the highlights of the news", &SessionView::new(1));
+    let selection = route(
+        &router,
+        "give me the highlights of the news",
+        &SessionView::new(1),
+    );
     assert!(selection.contains("search_news"));
     assert_ne!(stage_of(&selection, "homeassistant"), Stage::Keyword);
 }
@@ -138,7 +158,11 @@ fn used_domains_stick_until_idle_longer_than_idle_turns() {
     for turn in 2..=3 {
         view.begin_turn(turn, None);
         let selection = route(&router, "a bit dimmer", &view);
-        assert_eq!(stage_of(&selection, "homeassistant"), Stage::Sticky, "turn {turn}");
+        assert_eq!(
+            stage_of(&selection, "homeassistant"),
+            Stage::Sticky,
+            "turn {turn}"
+        );
         assert!(selection.contains("ha_set_light"));
     }
     view.begin_turn(4, None);
@@ -166,7 +190,10 @@ fn workflow_tools_pin_their_domain_for_the_session() {
 fn calls_to_core_tools_change_no_session_state() {
     let router = router();
     let mut view = SessionView::new(1);
-    assert!(view.record_calls(&router, &["list_domains", "no_such_tool"]).is_empty());
+    assert!(
+        view.record_calls(&router, &["list_domains", "no_such_tool"])
+            .is_empty()
+    );
     assert!(view.domains.is_empty());
 }
 
@@ -187,11 +214,17 @@ fn conflicting_domains_keep_the_better_one_unless_both_justified() {
     assert!(selection.contains("remember") && selection.contains("create_table"));
 
     // One by keyword, one by similarity: the lower one is dropped as a collision.
-    let selection = route(&router, "recall the stored user facts in my sql tables", &view);
+    let selection = route(
+        &router,
+        "recall the stored user facts in my sql tables",
+        &view,
+    );
     let memory = selection.domain("memory").map(|d| d.stage);
     let scratchpad = selection.domain("scratchpad").map(|d| d.stage);
     assert!(
-        memory == Some(Stage::Collision) || scratchpad == Some(Stage::Collision) || (memory == Some(Stage::Keyword) && scratchpad == Some(Stage::Keyword)),
+        memory == Some(Stage::Collision)
+            || scratchpad == Some(Stage::Collision)
+            || (memory == Some(Stage::Keyword) && scratchpad == Some(Stage::Keyword)),
         "{memory:?} {scratchpad:?}"
     );
 }
@@ -205,9 +238,20 @@ fn conflicting_tools_keep_the_better_one() {
     view.record_calls(&router, &["insert_data"]);
     view.begin_turn(2, None);
     let selection = route(&router, "recall it", &view);
-    assert!(selection.contains("recall") != selection.contains("query_data") || selection.domain("memory").is_some_and(|d| d.stage == Stage::Collision));
-    let collided = selection.tool_decisions.iter().any(|d| d.stage == Stage::Collision)
-        || selection.domains.iter().any(|d| d.stage == Stage::Collision);
+    assert!(
+        selection.contains("recall") != selection.contains("query_data")
+            || selection
+                .domain("memory")
+                .is_some_and(|d| d.stage == Stage::Collision)
+    );
+    let collided = selection
+        .tool_decisions
+        .iter()
+        .any(|d| d.stage == Stage::Collision)
+        || selection
+            .domains
+            .iter()
+            .any(|d| d.stage == Stage::Collision);
     assert!(collided, "{}", selection.summary_line());
 }
 
@@ -232,9 +276,22 @@ fn budget_trims_optional_tools_but_never_core_or_sticky() {
         token_budget: Some(core_and_sticky + 1),
     });
     assert!(selection.contains("list_domains") && selection.contains("get_setting"));
-    assert!(selection.contains("ha_turn_on") && selection.contains("ha_turn_off") && selection.contains("ha_set_light"));
-    assert!(selection.tokens <= core_and_sticky + 1, "{} tokens", selection.tokens);
-    assert!(selection.tool_decisions.iter().any(|d| d.stage == Stage::BudgetTrimmed));
+    assert!(
+        selection.contains("ha_turn_on")
+            && selection.contains("ha_turn_off")
+            && selection.contains("ha_set_light")
+    );
+    assert!(
+        selection.tokens <= core_and_sticky + 1,
+        "{} tokens",
+        selection.tokens
+    );
+    assert!(
+        selection
+            .tool_decisions
+            .iter()
+            .any(|d| d.stage == Stage::BudgetTrimmed)
+    );
     assert!(!selection.hints.is_empty());
 }
 
@@ -243,7 +300,11 @@ fn fallback_sends_every_active_tool_when_it_fits() {
     let router = router();
     let selection = route(&router, "hmm", &SessionView::new(1));
     // Collisions still apply: `recall` and `query_data` conflict, and nothing justifies both.
-    let n_collided = selection.tool_decisions.iter().filter(|d| d.stage == Stage::Collision).count();
+    let n_collided = selection
+        .tool_decisions
+        .iter()
+        .filter(|d| d.stage == Stage::Collision)
+        .count();
     assert_eq!(n_collided, 1);
     assert_eq!(selection.n_tools + n_collided, selection.n_active_tools);
     assert_eq!(stage_of(&selection, "news"), Stage::Fallback);
@@ -275,10 +336,21 @@ fn large_domains_send_their_best_tools_and_hint_the_rest() {
     });
     let selection = route(&router, "restart the redis container", &SessionView::new(1));
     assert!(selection.contains("restart_container"));
-    let docker_sent = selection.tools.iter().filter(|t| t.domain == "docker").count();
+    let docker_sent = selection
+        .tools
+        .iter()
+        .filter(|t| t.domain == "docker")
+        .count();
     assert_eq!(docker_sent, 4);
     assert!(selection.hints.iter().any(|h| h.domain == "docker"));
-    assert_eq!(selection.tool_decisions.iter().filter(|d| d.domain == "docker").count(), 13);
+    assert_eq!(
+        selection
+            .tool_decisions
+            .iter()
+            .filter(|d| d.domain == "docker")
+            .count(),
+        13
+    );
 }
 
 #[test]
@@ -298,7 +370,10 @@ fn meta_tools_load_unload_and_load_all() {
     let selection = route(&router, "weather forecast", &view);
     assert!(!selection.contains("get_weather_forecast"));
     assert_eq!(stage_of(&selection, "weather"), Stage::Unloaded);
-    assert_eq!(view.unload(&router, &["core"]), Err(SessionError::AlwaysOn("core".into())));
+    assert_eq!(
+        view.unload(&router, &["core"]),
+        Err(SessionError::AlwaysOn("core".into()))
+    );
 
     view.load(&router, &["weather"]).unwrap_or_default();
     let selection = route(&router, "weather forecast", &view);
@@ -342,7 +417,13 @@ fn summary_line_lists_included_domains_with_stage_and_score() {
     view.begin_turn(2, None);
     let selection = route(&router, "weather forecast for tomorrow", &view);
     let line = selection.summary_line();
-    assert!(line.starts_with(&format!("[router] {}/{} tools, ", selection.n_tools, selection.n_active_tools)), "{line}");
+    assert!(
+        line.starts_with(&format!(
+            "[router] {}/{} tools, ",
+            selection.n_tools, selection.n_active_tools
+        )),
+        "{line}"
+    );
     assert!(line.contains(" tokens | "), "{line}");
     assert!(line.contains("weather(keyword:0.80)"), "{line}");
     assert!(line.contains("scratchpad(pinned)"), "{line}");
@@ -355,11 +436,21 @@ fn decision_row_hashes_the_message_when_asked() {
     let selection = route(&router, "weather", &SessionView::new(3));
     let row = selection.decision_row(Some("s1"), 3, "weather", MessageLogging::Sha256, 42);
     assert!(row.message.starts_with("sha256:") && !row.message.contains("weather"));
-    assert_eq!((row.turn, row.at_ms, row.n_tools), (3, 42, selection.n_tools as i64));
-    assert!(row.reasons["domains"].as_array().is_some_and(|d| d.len() == router.registry().domains().len()));
+    assert_eq!(
+        (row.turn, row.at_ms, row.n_tools),
+        (3, 42, selection.n_tools as i64)
+    );
+    assert!(
+        row.reasons["domains"]
+            .as_array()
+            .is_some_and(|d| d.len() == router.registry().domains().len())
+    );
     let plain = selection.decision_row(None, 3, "weather", MessageLogging::Plain, 42);
     assert_eq!(plain.message, "weather");
-    assert_eq!(selection.tools_openai(router.registry()).len(), selection.n_tools);
+    assert_eq!(
+        selection.tools_openai(router.registry()).len(),
+        selection.n_tools
+    );
 }
 
 #[test]
@@ -369,7 +460,13 @@ fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
         fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
             Ok(texts
                 .iter()
-                .map(|t| if t.contains("outside") { vec![1.0, 0.0] } else { vec![0.0, 1.0] })
+                .map(|t| {
+                    if t.contains("outside") {
+                        vec![1.0, 0.0]
+                    } else {
+                        vec![0.0, 1.0]
+                    }
+                })
                 .collect())
         }
         fn model_id(&self) -> &str {
@@ -390,15 +487,29 @@ fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
         .registry()
         .all_tools()
         .iter()
-        .map(|t| if t.name == "get_current_weather" { vec![1.0, 0.0] } else { vec![0.0, 1.0] })
+        .map(|t| {
+            if t.name == "get_current_weather" {
+                vec![1.0, 0.0]
+            } else {
+                vec![0.0, 1.0]
+            }
+        })
         .collect();
     router.set_dense(Some(DenseIndex::new(Arc::new(KeywordFree), vectors)));
     let selection = route(&router, "what's it like outside", &SessionView::new(1));
-    assert!(selection.contains("get_current_weather"), "{}", selection.summary_line());
+    assert!(
+        selection.contains("get_current_weather"),
+        "{}",
+        selection.summary_line()
+    );
     assert_eq!(stage_of(&selection, "weather"), Stage::Fused);
 
     router.set_dense(Some(DenseIndex::new(Arc::new(Broken), vec![vec![1.0]; 1])));
     let selection = route(&router, "weather", &SessionView::new(1));
     assert!(selection.contains("get_current_weather"));
-    assert!(selection.notes.iter().any(|n| n.contains("lexical only")), "{:?}", selection.notes);
+    assert!(
+        selection.notes.iter().any(|n| n.contains("lexical only")),
+        "{:?}",
+        selection.notes
+    );
 }

@@ -2,5 +2,6 @@
 
 pub mod audit;
 pub mod call;
+pub mod route;
 pub mod settings;
 pub mod tools;

@@ -9,6 +9,7 @@ mod domains;
 mod error;
 mod extract;
 mod openapi;
+mod route;
 mod sessions;
 mod settings;
 
@@ -57,6 +58,7 @@ pub fn app(state: HttpState) -> Router {
             get(settings::show).put(settings::put).delete(settings::delete),
         )
         .route("/api/domains", get(domains::list))
+        .route("/api/route", post(route::route))
         .route("/openapi.json", get(openapi::document))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_token));
     api.layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

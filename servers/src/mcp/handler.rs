@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use super::catalog::Catalog;
 use super::dynamic;
 use crate::app::App;
-use crate::audit_writer::AuditWriter;
+use crate::log_writer::AuditWriter;
 
 /// Longest argument JSON kept whole in the audit log; longer ones are cut.
 const MAX_AUDIT_ARGS_BYTES: usize = 8 * 1024;

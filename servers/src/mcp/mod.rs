@@ -32,7 +32,7 @@ use handler::Shared;
 use upstream::Upstreams;
 
 use crate::app::App;
-use crate::audit_writer::AuditWriter;
+use crate::log_writer::AuditWriter;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -108,7 +108,7 @@ impl McpServer {
             Upstreams::start(&config_path, servers, changed_tx).await
         };
         let base = match &options.catalog {
-            Some(dir) => with_toolkits(&app.registry, dir)?,
+            Some(dir) => crate::app::with_toolkits(&app.registry, dir)?,
             None => app.registry.clone(),
         };
         let registry = with_upstreams(&base, &upstreams).unwrap_or_else(|e| {
@@ -167,33 +167,6 @@ impl McpServer {
 
 /// The registry plus the toolkit files of a directory. A toolkit domain or tool whose
 /// name a linked domain already uses is left out (the linked one is the real one).
-fn with_toolkits(registry: &Registry, dir: &std::path::Path) -> anyhow::Result<Arc<Registry>> {
-    let toolkits = loadout::toolkit::load_dir(dir)
-        .with_context(|| format!("loading toolkits from {}", dir.display()))?;
-    let mut domains = registry.domains().to_vec();
-    let mut tools = registry.all_tools().to_vec();
-    let mut n_skipped = 0;
-    for toolkit in toolkits {
-        if registry.domain(&toolkit.domain.name).is_some() {
-            n_skipped += 1;
-            continue;
-        }
-        tools.extend(
-            toolkit
-                .tools
-                .into_iter()
-                .filter(|t| registry.tool(&t.name).is_none()),
-        );
-        domains.push(toolkit.domain);
-    }
-    if n_skipped > 0 {
-        tracing::info!("{n_skipped} toolkit domains skipped: linked domains of the same name");
-    }
-    Registry::from_parts(domains, tools)
-        .map(Arc::new)
-        .with_context(|| format!("loading toolkits from {}", dir.display()))
-}
-
 /// The base registry plus every upstream server's domain as it is now.
 fn with_upstreams(base: &Arc<Registry>, upstreams: &Upstreams) -> anyhow::Result<Arc<Registry>> {
     if upstreams.is_empty() {

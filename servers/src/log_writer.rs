@@ -1,16 +1,19 @@
-//! The audit log's background writer: tool calls are queued without waiting and
-//! written to the store in batches, off the path of the call.
+//! Background writers for the logs that must stay off the hot path: tool calls
+//! (`audit_log`) and routing decisions (`tool_history`). Rows are queued without
+//! waiting and written to the store in batches.
 //!
-//! A full queue or a database error never blocks or fails a call: the row is counted
-//! as dropped and a warning is logged. [`AuditWriter::shutdown`] writes every row
-//! still queued before it returns, so a graceful exit loses none.
+//! A full queue or a database error never blocks or fails a call or a routing
+//! request: the row is counted as dropped and a warning is logged.
+//! [`LogWriter::shutdown`] writes every row still queued before it returns, so a
+//! graceful exit loses none.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use loadout::Store;
-use loadout::store::AuditRow;
+use loadout::StoreError;
+use loadout::store::{AuditRow, DecisionRow};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -21,8 +24,8 @@ pub const MAX_BATCH: usize = 256;
 
 /// Handle to the writer task; cheap to clone, clones share the queue.
 #[derive(Clone)]
-pub struct AuditWriter {
-    queue: mpsc::Sender<AuditRow>,
+pub struct LogWriter<R: LogRow> {
+    queue: mpsc::Sender<R>,
     n_dropped: Arc<AtomicU64>,
     task: Arc<Mutex<Option<WriterTask>>>,
 }
@@ -32,23 +35,23 @@ struct WriterTask {
     handle: JoinHandle<()>,
 }
 
-impl std::fmt::Debug for AuditWriter {
+impl<R: LogRow> std::fmt::Debug for LogWriter<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AuditWriter")
+        f.debug_struct(R::LOG)
             .field("queued", &(QUEUE_CAPACITY - self.queue.capacity()))
             .field("dropped", &self.n_dropped())
             .finish()
     }
 }
 
-impl AuditWriter {
+impl<R: LogRow> LogWriter<R> {
     /// Starts the writer task on the current tokio runtime.
-    pub fn start(store: Store) -> AuditWriter {
+    pub fn start(store: Store) -> LogWriter<R> {
         let (queue, rows) = mpsc::channel(QUEUE_CAPACITY);
         let (stop, stopped) = oneshot::channel();
         let n_dropped = Arc::new(AtomicU64::new(0));
         let handle = tokio::spawn(write_rows(store, rows, stopped, n_dropped.clone()));
-        AuditWriter {
+        LogWriter {
             queue,
             n_dropped,
             task: Arc::new(Mutex::new(Some(WriterTask { stop, handle }))),
@@ -56,7 +59,7 @@ impl AuditWriter {
     }
 
     /// Queues a row; never waits. A full queue or a stopped writer drops the row.
-    pub fn record(&self, row: AuditRow) {
+    pub fn record(&self, row: R) {
         if let Err(e) = self.queue.try_send(row) {
             let n = self.n_dropped.fetch_add(1, Ordering::Relaxed) + 1;
             // One warning per power of two keeps a flood from flooding the log too.
@@ -65,7 +68,7 @@ impl AuditWriter {
                     mpsc::error::TrySendError::Full(_) => "queue full",
                     mpsc::error::TrySendError::Closed(_) => "writer stopped",
                 };
-                tracing::warn!("audit log: row dropped ({why}); {n} dropped so far");
+                tracing::warn!("{}: row dropped ({why}); {n} dropped so far", R::LOG);
             }
         }
     }
@@ -88,14 +91,14 @@ impl AuditWriter {
         // nothing left to flush.
         let _ = task.stop.send(());
         if let Err(e) = task.handle.await {
-            tracing::warn!("audit log: writer task failed: {e}");
+            tracing::warn!("{}: writer task failed: {e}", R::LOG);
         }
     }
 }
 
-async fn write_rows(
+async fn write_rows<R: LogRow>(
     store: Store,
-    mut rows: mpsc::Receiver<AuditRow>,
+    mut rows: mpsc::Receiver<R>,
     mut stopped: oneshot::Receiver<()>,
     n_dropped: Arc<AtomicU64>,
 ) {
@@ -121,27 +124,64 @@ async fn write_rows(
     }
 }
 
-async fn insert(store: &Store, batch: &mut Vec<AuditRow>, n_dropped: &AtomicU64) {
+async fn insert<R: LogRow>(store: &Store, batch: &mut Vec<R>, n_dropped: &AtomicU64) {
     // One retry covers a busy database held by another process for longer than
     // the busy timeout.
     for attempt in 0..2 {
-        match store.audit_insert(batch).await {
+        match R::insert(store, batch).await {
             Ok(()) => {
                 batch.clear();
                 return;
             }
             Err(e) if attempt == 0 => {
-                tracing::debug!("audit log: write failed, retrying: {e}");
+                tracing::debug!("{}: write failed, retrying: {e}", R::LOG);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => {
                 n_dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                tracing::warn!("audit log: {} rows lost: {e}", batch.len());
+                tracing::warn!("{}: {} rows lost: {e}", R::LOG, batch.len());
             }
         }
     }
     batch.clear();
 }
+
+/// A row kind the background writer can store in batches.
+pub trait LogRow: Send + 'static {
+    /// Names the log in messages.
+    const LOG: &'static str;
+    fn insert<'a>(
+        store: &'a Store,
+        rows: &'a [Self],
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a
+    where
+        Self: Sized;
+}
+
+impl LogRow for AuditRow {
+    const LOG: &'static str = "audit log";
+    fn insert<'a>(
+        store: &'a Store,
+        rows: &'a [Self],
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
+        store.audit_insert(rows)
+    }
+}
+
+impl LogRow for DecisionRow {
+    const LOG: &'static str = "decision log";
+    fn insert<'a>(
+        store: &'a Store,
+        rows: &'a [Self],
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
+        store.decisions_insert(rows)
+    }
+}
+
+/// Tool calls, for `loadout audit`.
+pub type AuditWriter = LogWriter<AuditRow>;
+/// Routing decisions (`tool_history`), kept off the routing hot path.
+pub type DecisionWriter = LogWriter<DecisionRow>;
 
 #[cfg(test)]
 mod tests {

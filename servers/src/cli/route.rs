@@ -1,0 +1,79 @@
+//! `loadout route "message"`: what the router would send for a message, and why.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::app::{App, with_toolkits};
+use crate::routing::TurnRequest;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The user's message.
+    message: String,
+    /// Session id: stickiness and the turn clock persist across calls.
+    #[arg(long)]
+    session: Option<String>,
+    /// Route as if these settings were set: `all`, or comma-separated keys. Nothing
+    /// is written. Default: the stored settings.
+    #[arg(long)]
+    configured: Option<String>,
+    /// Also load the toolkit files of this directory.
+    #[arg(long)]
+    catalog: Option<PathBuf>,
+    /// Print the whole selection as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
+    let app = match &args.catalog {
+        Some(dir) => App::with_registry(with_toolkits(&app.registry, dir)?, app.settings.clone()),
+        None => app.clone(),
+    };
+    let settings = match args.configured.as_deref() {
+        None => app.settings.snapshot().await?,
+        Some(configured) => Arc::new(assumed_settings(&app, configured)),
+    };
+    let routed = app
+        .routing
+        .route(
+            app.store(),
+            settings,
+            TurnRequest {
+                session: args.session.as_deref(),
+                message: &args.message,
+                called: &[],
+                token_budget: None,
+            },
+        )
+        .await?;
+    let selection = &routed.selection;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(selection)?);
+    } else {
+        println!("{}", selection.summary_line());
+        for tool in &selection.tools {
+            println!("  {:<28} {:<14} {:<10} {:.2} {:>5} tokens", tool.name, tool.domain, tool.stage, tool.score, tool.tokens);
+        }
+        if !selection.hints.is_empty() {
+            println!("hints ({} tokens):", selection.hint_tokens);
+            for hint in &selection.hints {
+                println!("  {:<28} {}", hint.name, hint.hint);
+            }
+        }
+    }
+    app.routing.decisions.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `all` → every settings key of every domain; otherwise the listed keys.
+fn assumed_settings(app: &App, configured: &str) -> BTreeMap<String, String> {
+    let keys: Vec<String> = if configured == "all" {
+        app.registry.domains().iter().flat_map(|d| d.settings_keys.clone()).collect()
+    } else {
+        configured.split(',').map(|k| k.trim().to_owned()).filter(|k| !k.is_empty()).collect()
+    };
+    keys.into_iter().map(|k| (k, "(assumed)".to_owned())).collect()
+}

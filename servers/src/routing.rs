@@ -1,0 +1,223 @@
+//! One routed turn, as every entry point runs it (`/api/route`, `/api/chat`,
+//! `loadout route`): load the session's state from the store, ask the router, persist
+//! what changed, and queue the decision for the log.
+//!
+//! The router itself is pure; this is the only place that feeds it from storage and
+//! writes its results back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use loadout::router::{MessageLogging, RouteInput, Router, Selection, SessionView, carry_over};
+use loadout::store::{SessionDomainState, now_ms};
+use loadout::{Store, StoreError};
+
+use crate::log_writer::DecisionWriter;
+
+/// Longest message the router accepts, in bytes; longer ones are refused, not cut.
+pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
+/// The cross-session warm rule's window.
+pub const WARM_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// Why a turn could not be routed.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("message is empty")]
+    EmptyMessage,
+    #[error("message is {0} bytes; the limit is {MAX_MESSAGE_BYTES}")]
+    MessageTooLarge(usize),
+    #[error("unknown tool names in `called`: {}", .0.join(", "))]
+    UnknownCalled(Vec<String>),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What to route.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnRequest<'a> {
+    /// `None`: a one-off message with no session state.
+    pub session: Option<&'a str>,
+    pub message: &'a str,
+    /// Tools the client called since its previous turn (when it runs its own model
+    /// loop): recorded as usage of that turn before routing this one.
+    pub called: &'a [String],
+    /// Overrides the token budget for this turn.
+    pub token_budget: Option<usize>,
+}
+
+/// A routed turn: the selection and the session view it was made with (the chat loop
+/// keeps mutating the view with meta-tools).
+#[derive(Debug, Clone)]
+pub struct RoutedTurn {
+    pub turn: i64,
+    pub selection: Selection,
+    pub view: SessionView,
+    pub settings: Arc<BTreeMap<String, String>>,
+}
+
+/// Routing plus the writers it needs; one per process.
+#[derive(Clone, Debug)]
+pub struct Routing {
+    pub router: Arc<Router>,
+    pub decisions: DecisionWriter,
+    pub logging: MessageLogging,
+    /// Each session's last carry-over list, so the next turn does not wait for the
+    /// decision log's background write. Other replicas read it from the log.
+    carry: Arc<Mutex<HashMap<String, Vec<String>>>>,
+}
+
+/// Sessions whose carry-over list is kept in memory at most.
+const CARRY_CACHE_SESSIONS: usize = 10_000;
+
+impl Routing {
+    pub fn new(router: Arc<Router>, store: Store) -> Routing {
+        Routing {
+            router,
+            decisions: DecisionWriter::start(store),
+            logging: MessageLogging::Plain,
+            carry: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Routes one user turn. With a session: records `called`, appends the message
+    /// (which advances the turn), routes with the session's stickiness, persists the
+    /// state changes and queues the decision.
+    pub async fn route(
+        &self,
+        store: &Store,
+        settings: Arc<BTreeMap<String, String>>,
+        request: TurnRequest<'_>,
+    ) -> Result<RoutedTurn, RouteError> {
+        let message = request.message;
+        if message.trim().is_empty() {
+            return Err(RouteError::EmptyMessage);
+        }
+        if message.len() > MAX_MESSAGE_BYTES {
+            return Err(RouteError::MessageTooLarge(message.len()));
+        }
+        let registry = self.router.registry();
+        let unknown: Vec<String> = request
+            .called
+            .iter()
+            .filter(|name| registry.tool(name).is_none())
+            .map(|name| name.chars().take(64).collect())
+            .collect();
+        if !unknown.is_empty() {
+            return Err(RouteError::UnknownCalled(unknown));
+        }
+
+        let (turn, mut view) = match request.session {
+            Some(session) => {
+                store.session_ensure(session).await?;
+                let previous_turn = store.session_turn(session).await?;
+                let domains = store.session_domains(session).await?;
+                let warm = store.domains_used_since(now_ms() - WARM_WINDOW_MS).await?;
+                let mut view = SessionView::from_store(previous_turn, domains, warm);
+                if !request.called.is_empty() {
+                    let changed = view.record_calls(&self.router, request.called);
+                    self.persist(store, session, &changed).await?;
+                }
+                let carried = match self.cached_carry(session) {
+                    Some(carried) => carried,
+                    None => last_carry(store, session).await?,
+                };
+                let turn = store
+                    .message_append(session, "user", &serde_json::Value::String(message.to_owned()))
+                    .await?;
+                view.begin_turn(turn, None);
+                view.carried_tools = carried;
+                (turn, view)
+            }
+            None => (1, SessionView::new(1)),
+        };
+        view.turn = turn;
+        let selection = self.select(&settings, &view, message, request.token_budget);
+        self.log(&selection, request.session, turn, message);
+        Ok(RoutedTurn {
+            turn,
+            selection,
+            view,
+            settings,
+        })
+    }
+
+    /// Routes again within the same turn (after a meta-tool changed the view); the
+    /// decision is logged as another row of the same turn.
+    pub fn reselect(&self, routed: &mut RoutedTurn, session: Option<&str>, message: &str) {
+        routed.selection = self.select(&routed.settings, &routed.view, message, None);
+        self.log(&routed.selection, session, routed.turn, message);
+    }
+
+    /// Records tool calls made during a turn (chat loop) and persists the state.
+    pub async fn record_calls(
+        &self,
+        store: &Store,
+        session: &str,
+        view: &mut SessionView,
+        called: &[String],
+    ) -> Result<(), StoreError> {
+        let changed = view.record_calls(&self.router, called);
+        self.persist(store, session, &changed).await
+    }
+
+    pub async fn persist(
+        &self,
+        store: &Store,
+        session: &str,
+        changed: &[SessionDomainState],
+    ) -> Result<(), StoreError> {
+        let now = now_ms();
+        for state in changed {
+            store.session_domain_put(session, state).await?;
+            if !state.unloaded {
+                store.domain_used(&state.domain, now).await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn select(
+        &self,
+        settings: &BTreeMap<String, String>,
+        view: &SessionView,
+        message: &str,
+        token_budget: Option<usize>,
+    ) -> Selection {
+        self.router.select(&RouteInput {
+            message,
+            settings,
+            session: view,
+            token_budget,
+        })
+    }
+
+    fn log(&self, selection: &Selection, session: Option<&str>, turn: i64, message: &str) {
+        tracing::info!("{}", selection.summary_line());
+        let mut row = selection.decision_row(session, turn, message, self.logging, now_ms());
+        // The next turn carries these over when its message has no evidence of its own.
+        let carried = carry_over(selection);
+        row.reasons["carry"] = serde_json::json!(carried);
+        self.decisions.record(row);
+        if let Some(session) = session {
+            let mut cache = self.carry.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.len() >= CARRY_CACHE_SESSIONS {
+                cache.clear();
+            }
+            cache.insert(session.to_owned(), carried);
+        }
+    }
+
+    fn cached_carry(&self, session: &str) -> Option<Vec<String>> {
+        self.carry.lock().unwrap_or_else(|p| p.into_inner()).get(session).cloned()
+    }
+}
+
+/// The tools the session's last decision carries into the next turn.
+async fn last_carry(store: &Store, session: &str) -> Result<Vec<String>, StoreError> {
+    let decisions = store.decisions(session).await?;
+    Ok(decisions
+        .last()
+        .and_then(|row| row.reasons.get("carry"))
+        .and_then(|carry| serde_json::from_value(carry.clone()).ok())
+        .unwrap_or_default())
+}
