@@ -164,3 +164,33 @@ def test_audit_log_records_python_calls(data_dir):
     )
     rows = [json.loads(line) for line in output.stdout.splitlines()]
     assert [(r["tool"], r["outcome"]) for r in rows] == [("calculate", "ok")]
+
+
+def test_real_upstream_server_becomes_a_domain(data_dir):
+    """`mcp-server-time` (installed by name from the package index) as an upstream:
+    its tools are imported under `time__*`, validated and forwarded."""
+    pytest.importorskip("mcp_server_time")
+    import sys
+
+    Path(data_dir, "loadout.toml").write_text(
+        "[servers.time]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        'args = ["-m", "mcp_server_time", "--local-timezone", "UTC"]\n'
+        'keywords = ["time zone", "convert time"]\n'
+    )
+
+    async def scenario():
+        with server_target("stdio", data_dir) as target:
+            async with Client(target, read_timeout_seconds=TIMEOUT) as client:
+                tools = {t.name: t for t in (await client.list_tools()).tools}
+                assert "time__get_current_time" in tools, sorted(tools)
+                result = await client.call_tool(
+                    "time__get_current_time", {"timezone": "Asia/Seoul"}
+                )
+                assert not result.is_error, text_of(result)
+                assert "Asia/Seoul" in text_of(result)
+                with pytest.raises(MCPError) as invalid:
+                    await client.call_tool("time__get_current_time", {"timezone": 9})
+                assert invalid.value.code == -32602
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
