@@ -82,10 +82,10 @@ if [ "$(cluster_field 4)" != "online" ]; then
     pg_ctlcluster "$VERSION" "$CLUSTER" start >&2
 fi
 for _ in $(seq 1 60); do
-    if pg_isready -q -h 127.0.0.1 -p "$PORT"; then break; fi
+    if pg_isready -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres; then break; fi
     sleep 0.5
 done
-if ! pg_isready -q -h 127.0.0.1 -p "$PORT"; then
+if ! pg_isready -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres; then
     log "cluster $VERSION/$CLUSTER does not accept connections on 127.0.0.1:$PORT"
     exit 1
 fi
@@ -93,12 +93,11 @@ fi
 psql_admin() {
     runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -p "$PORT" -d postgres "$@"
 }
-# The role may create databases (one per test) and roles (one per scratchpad
-# namespace, so that query_data reads only its own schema).
+# The role may create databases: each test makes its own and drops it.
 psql_admin -v role="$ROLE" -v password="$PASSWORD" >&2 <<'SQL'
 SELECT format('CREATE ROLE %I LOGIN', :'role')
     WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'role') \gexec
-SELECT format('ALTER ROLE %I LOGIN CREATEDB CREATEROLE PASSWORD %L', :'role', :'password') \gexec
+SELECT format('ALTER ROLE %I LOGIN CREATEDB NOCREATEROLE PASSWORD %L', :'role', :'password') \gexec
 SQL
 psql_admin -v role="$ROLE" -v db="$DATABASE" >&2 <<'SQL'
 SELECT format('CREATE DATABASE %I OWNER %I ENCODING %L TEMPLATE template0', :'db', :'role', 'UTF8')

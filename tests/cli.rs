@@ -4,7 +4,9 @@ use std::process::Command;
 
 fn loadout(data_dir: &std::path::Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_loadout"));
-    command.env("LOADOUT_DATA_DIR", data_dir).env_remove("LOADOUT_DATABASE_URL");
+    command
+        .env("LOADOUT_DATA_DIR", data_dir)
+        .env_remove("LOADOUT_DATABASE_URL");
     command
 }
 
@@ -13,8 +15,15 @@ fn loadout(data_dir: &std::path::Path) -> Command {
 #[test]
 fn a_tool_defined_only_in_a_domain_crate_is_in_the_binary() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let output = loadout(dir.path()).args(["tools", "--json"]).output().expect("run loadout");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let output = loadout(dir.path())
+        .args(["tools", "--json"])
+        .output()
+        .expect("run loadout");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let listing: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
     let tools: Vec<&str> = listing["domains"]
         .as_array()
@@ -26,7 +35,8 @@ fn a_tool_defined_only_in_a_domain_crate_is_in_the_binary() {
     for name in ["calculate", "query_data", "recall", "read_file"] {
         assert!(tools.contains(&name), "{name} missing from {tools:?}");
     }
-    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/main.rs")).expect("main.rs");
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/main.rs"))
+        .expect("main.rs");
     assert!(!source.contains("calculate"));
 }
 
@@ -41,7 +51,10 @@ fn call_validates_and_reports_errors_with_exit_code_2() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("`expression`"), "{stderr}");
 
-    let output = loadout(dir.path()).args(["call", "calculate", "--args", "{not json"]).output().expect("run");
+    let output = loadout(dir.path())
+        .args(["call", "calculate", "--args", "{not json"])
+        .output()
+        .expect("run");
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("not valid JSON"));
 }
@@ -49,12 +62,28 @@ fn call_validates_and_reports_errors_with_exit_code_2() {
 #[test]
 fn settings_persist_across_processes_and_secrets_are_masked() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let set = loadout(dir.path()).args(["settings", "set", "llm_api_key", "sk-verysecretvalue"]).output().expect("run");
-    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
-    let get = loadout(dir.path()).args(["settings", "get", "llm_api_key"]).output().expect("run");
+    let set = loadout(dir.path())
+        .args(["settings", "set", "llm_api_key", "sk-verysecretvalue"])
+        .output()
+        .expect("run");
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let get = loadout(dir.path())
+        .args(["settings", "get", "llm_api_key"])
+        .output()
+        .expect("run");
     let shown = String::from_utf8_lossy(&get.stdout);
-    assert!(shown.contains("********") && !shown.contains("verysecret"), "{shown}");
-    let bad = loadout(dir.path()).args(["settings", "set", "Bad Key", "x"]).output().expect("run");
+    assert!(
+        shown.contains("********") && !shown.contains("verysecret"),
+        "{shown}"
+    );
+    let bad = loadout(dir.path())
+        .args(["settings", "set", "Bad Key", "x"])
+        .output()
+        .expect("run");
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("setting key"));
 }

@@ -8,7 +8,12 @@ use tower::ServiceExt;
 
 use crate::support::http_app;
 
-async fn send(app: &axum::Router, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+async fn send(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
     let request = Request::builder()
         .method(method)
         .uri(uri)
@@ -17,15 +22,27 @@ async fn send(app: &axum::Router, method: &str, uri: &str, body: Option<Value>) 
         .expect("request");
     let response = app.clone().oneshot(request).await.expect("response");
     let status = response.status();
-    let bytes = response.into_body().collect().await.expect("body").to_bytes();
-    let value = serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
     (status, value)
 }
 
 #[tokio::test]
 async fn settings_are_masked_on_read_and_deletable() {
     let (_dir, app) = http_app(None).await;
-    let (status, _) = send(&app, "PUT", "/api/settings/llm_api_key", Some(json!({"value": "sk-abcdefghijklmnop"}))).await;
+    let (status, _) = send(
+        &app,
+        "PUT",
+        "/api/settings/llm_api_key",
+        Some(json!({"value": "sk-abcdefghijklmnop"})),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     let (status, body) = send(&app, "GET", "/api/settings/llm_api_key", None).await;
     assert_eq!(status, StatusCode::OK);
@@ -50,13 +67,36 @@ async fn malformed_bodies_and_keys_get_clear_json_errors() {
         .expect("request");
     let response = app.clone().oneshot(request).await.expect("response");
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    let bytes = response.into_body().collect().await.expect("body").to_bytes();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
     let body: Value = serde_json::from_slice(&bytes).expect("error body is JSON");
-    assert!(body["error"]["message"].as_str().unwrap_or("").contains("malformed JSON"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("malformed JSON"),
+        "{body}"
+    );
 
-    let (status, body) = send(&app, "PUT", "/api/settings/Bad%20Key", Some(json!({"value": "x"}))).await;
+    let (status, body) = send(
+        &app,
+        "PUT",
+        "/api/settings/Bad%20Key",
+        Some(json!({"value": "x"})),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
-    let (status, _) = send(&app, "PUT", "/api/settings/k", Some(json!({"value": "x", "extra": 1}))).await;
+    let (status, _) = send(
+        &app,
+        "PUT",
+        "/api/settings/k",
+        Some(json!({"value": "x", "extra": 1})),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
 

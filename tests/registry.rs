@@ -76,22 +76,35 @@ async fn invalid_args_name_the_field_and_the_body_never_runs() {
         (json!({"count": -1}), "count"),
     ];
     for (args, field) in cases {
-        let err = registry.call("probe", args.clone(), ctx.clone()).await.expect_err("must fail");
+        let err = registry
+            .call("probe", args.clone(), ctx.clone())
+            .await
+            .expect_err("must fail");
         match &err {
             ToolError::InvalidArgs { field: Some(f), .. } => assert_eq!(f, field, "{args}"),
             other => panic!("expected InvalidArgs for {args}, got {other:?}"),
         }
         assert_eq!(err.json_rpc_code(), Some(-32602));
     }
-    assert_eq!(PROBE_RUNS.load(Ordering::SeqCst), before, "the tool body ran on invalid args");
-    let ok = registry.call("probe", json!({"count": 3}), ctx).await.expect("valid call");
+    assert_eq!(
+        PROBE_RUNS.load(Ordering::SeqCst),
+        before,
+        "the tool body ran on invalid args"
+    );
+    let ok = registry
+        .call("probe", json!({"count": 3}), ctx)
+        .await
+        .expect("valid call");
     assert_eq!(ok, json!(3));
 }
 
 #[tokio::test]
 async fn unknown_tool_is_a_clear_error() {
     let (_dir, registry, ctx) = context().await;
-    let err = registry.call("no_such_tool", json!({}), ctx).await.expect_err("unknown");
+    let err = registry
+        .call("no_such_tool", json!({}), ctx)
+        .await
+        .expect_err("unknown");
     assert!(matches!(err, ToolError::UnknownTool { .. }));
     assert_eq!(err.to_string(), "unknown tool `no_such_tool`");
 }
@@ -99,35 +112,67 @@ async fn unknown_tool_is_a_clear_error() {
 #[tokio::test]
 async fn a_panicking_tool_is_reported_and_the_registry_keeps_working() {
     let (_dir, registry, ctx) = context().await;
-    let err = registry.call("probe_panics", json!({}), ctx.clone()).await.expect_err("panics");
-    assert!(err.to_string().contains("probe panicked on purpose"), "{err}");
-    assert!(registry.call("probe", json!({"count": 1}), ctx).await.is_ok());
+    let err = registry
+        .call("probe_panics", json!({}), ctx.clone())
+        .await
+        .expect_err("panics");
+    assert!(
+        err.to_string().contains("probe panicked on purpose"),
+        "{err}"
+    );
+    assert!(
+        registry
+            .call("probe", json!({"count": 1}), ctx)
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test]
 async fn unconfigured_domain_names_its_missing_settings_until_set() {
     let (_dir, registry, ctx) = context().await;
-    let err = registry.call("gated_echo", json!({}), ctx.clone()).await.expect_err("gated");
+    let err = registry
+        .call("gated_echo", json!({}), ctx.clone())
+        .await
+        .expect_err("gated");
     let message = err.to_string();
-    assert!(message.starts_with("not configured: set test_gated_url"), "{message}");
+    assert!(
+        message.starts_with("not configured: set test_gated_url"),
+        "{message}"
+    );
     assert!(message.contains("set_setting"), "{message}");
-    ctx.settings().set("test_gated_url", "http://x").await.expect("set");
-    let value = registry.call("gated_echo", json!({}), ctx).await.expect("configured now");
+    ctx.settings()
+        .set("test_gated_url", "http://x")
+        .await
+        .expect("set");
+    let value = registry
+        .call("gated_echo", json!({}), ctx)
+        .await
+        .expect("configured now");
     assert_eq!(value, json!("http://x"));
 }
 
 #[test]
 fn tools_are_sorted_and_carry_their_schema_and_hint() {
     let registry = loadout_domains::registry().expect("registry");
-    let names: Vec<&str> = registry.all_tools().iter().map(|t| t.name.as_str()).collect();
+    let names: Vec<&str> = registry
+        .all_tools()
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect();
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(names, sorted);
-    let probe = registry.tool("probe").expect("probe registered by this test crate");
+    let probe = registry
+        .tool("probe")
+        .expect("probe registered by this test crate");
     assert_eq!(probe.domain, "test_probe");
     assert_eq!(probe.hint, "Counts its runs.");
     assert_eq!(probe.input_schema["required"], json!(["count"]));
-    assert_eq!(probe.input_schema["properties"]["count"]["description"], "How many times.");
+    assert_eq!(
+        probe.input_schema["properties"]["count"]["description"],
+        "How many times."
+    );
     assert!(probe.input_schema.get("$schema").is_none());
 }
 
@@ -156,7 +201,11 @@ fn a_tool_naming_an_undeclared_domain_fails_the_build_of_the_registry() {
     let mut tool = registry.tool("probe").expect("probe").clone();
     tool.domain = "nowhere".into();
     tool.origin = "tests/registry.rs:1".into();
-    let err = Registry::from_parts(registry.domains().to_vec(), vec![tool]).expect_err("undeclared");
+    let err =
+        Registry::from_parts(registry.domains().to_vec(), vec![tool]).expect_err("undeclared");
     let message = err.to_string();
-    assert!(message.contains("`nowhere`") && message.contains("not declared"), "{message}");
+    assert!(
+        message.contains("`nowhere`") && message.contains("not declared"),
+        "{message}"
+    );
 }

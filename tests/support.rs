@@ -11,9 +11,6 @@ pub async fn http_app(token: Option<&str>) -> (tempfile::TempDir, axum::Router) 
         database_url: None,
     };
     let app_state = App::open(&config).await.expect("open app");
-    let state = HttpState {
-        app: app_state,
-        token: token.map(Into::into),
-    };
+    let state = HttpState::new(app_state, token.map(Into::into));
     (dir, app(state))
 }

@@ -1,8 +1,8 @@
 //! The one integration-test binary: each module is one concern.
 
+mod chat;
 mod cli;
 mod http;
 mod mcp;
 mod registry;
 mod support;
-mod ui;

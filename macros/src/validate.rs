@@ -96,7 +96,10 @@ pub fn validate(
     if let Some(tier) = &attr.tier
         && !matches!(tier.value().as_str(), "free" | "pro")
     {
-        errors.push(syn::Error::new(tier.span(), "`tier` is \"free\" or \"pro\""));
+        errors.push(syn::Error::new(
+            tier.span(),
+            "`tier` is \"free\" or \"pro\"",
+        ));
     }
 
     let description = match doc_comment(&function.attrs) {

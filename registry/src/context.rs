@@ -1,16 +1,56 @@
 //! What a tool body can reach besides its arguments.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+
+use serde_json::Value;
 
 use crate::{Registry, Settings, Store};
 
+/// What a [`SessionControl`] method answers: a JSON result for the model, or a
+/// message saying why the request was refused.
+pub type ControlFuture<'a> = Pin<Box<dyn Future<Output = Result<Value, String>> + Send + 'a>>;
+
+/// The tool selection of the conversation a call belongs to, as the meta-tools
+/// (`search_tools`, `load_tools`, `unload_tools`, `load_all_for_this_turn`) change it.
+///
+/// The server that runs the conversation implements it (the chat loop over the turn's
+/// routed session, `loadout mcp --dynamic` over one connection's tool list); tools reach
+/// it through [`ToolContext::session_control`]. A change is visible to the caller's next
+/// model step within the same turn.
+pub trait SessionControl: Send + Sync {
+    /// Tools matching `query` (at most `limit`): name, domain, hint, and whether each
+    /// is already available.
+    fn search<'a>(&'a self, query: &'a str, limit: usize) -> ControlFuture<'a>;
+    /// Makes tools available; each name is a tool or a domain.
+    fn load<'a>(&'a self, names: &'a [String]) -> ControlFuture<'a>;
+    /// Takes tools away again; each name is a tool or a domain (meaning all its tools).
+    fn unload<'a>(&'a self, names: &'a [String]) -> ControlFuture<'a>;
+    /// Sends every active tool until the next user message.
+    fn load_all_for_this_turn(&self) -> ControlFuture<'_>;
+}
+
 /// Passed to tools that ask for it (`ctx: &ToolContext`). Cheap to clone.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ToolContext {
     settings: Settings,
     registry: Arc<Registry>,
     session: Option<String>,
     client: String,
+    session_control: Option<Arc<dyn SessionControl>>,
+}
+
+impl std::fmt::Debug for ToolContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("settings", &self.settings)
+            .field("registry", &self.registry)
+            .field("session", &self.session)
+            .field("client", &self.client)
+            .field("session_control", &self.session_control.is_some())
+            .finish()
+    }
 }
 
 impl ToolContext {
@@ -20,7 +60,21 @@ impl ToolContext {
             registry,
             session: None,
             client: "local".into(),
+            session_control: None,
         }
+    }
+
+    /// The same context inside a conversation whose tool selection the meta-tools
+    /// may change.
+    pub fn with_session_control(mut self, control: Arc<dyn SessionControl>) -> ToolContext {
+        self.session_control = Some(control);
+        self
+    }
+
+    /// The conversation's tool selection, when the caller routes tools per message;
+    /// `None` for callers that expose every tool (CLI, plain MCP).
+    pub fn session_control(&self) -> Option<&Arc<dyn SessionControl>> {
+        self.session_control.as_ref()
     }
 
     /// The same context for a session (scratchpad databases, router state).

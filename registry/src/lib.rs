@@ -11,6 +11,7 @@
 
 mod context;
 mod domain;
+pub mod embed;
 mod error;
 pub mod export;
 mod registry;
@@ -22,7 +23,7 @@ pub mod tokens;
 mod tool;
 pub mod toolkit;
 
-pub use context::ToolContext;
+pub use context::{ControlFuture, SessionControl, ToolContext};
 pub use domain::{Domain, DomainEntry};
 pub use error::{RegistryError, ToolError};
 pub use registry::Registry;

@@ -3,12 +3,22 @@
 //! Reads are served from memory; the cache is dropped by every write made through
 //! this handle and reloaded when the store reports a write by anyone else, with a
 //! TTL (default 10 s) as the backstop.
+//!
+//! How "a write by anyone else" is noticed depends on the backend. SQLite: the
+//! store's [`settings_version`](Store::settings_version) is asked on every
+//! [`snapshot`](Settings::snapshot) (a pragma, in process). PostgreSQL: the store's
+//! listener ([`Store::settings_changes`]) reports every write by any replica at once
+//! (`LISTEN/NOTIFY`), so a snapshot asks the database nothing while the listener is
+//! connected; a notification, a reconnect or a lost listener drops the cache, and
+//! while the listener is down the epoch is asked on every read, as on SQLite.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::store::{Store, StoreError};
+use tokio::sync::watch;
+
+use crate::store::{SettingsChange, Store, StoreError};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
@@ -18,12 +28,16 @@ pub struct Settings {
     store: Store,
     ttl: Duration,
     cache: Arc<Mutex<Option<Cached>>>,
+    /// The store's change notifications, where it has them.
+    changes: Option<watch::Receiver<SettingsChange>>,
 }
 
 #[derive(Debug)]
 struct Cached {
     loaded: Instant,
     version: i64,
+    /// The listener's generation when the map was loaded (0 without a listener).
+    generation: u64,
     values: Arc<BTreeMap<String, String>>,
 }
 
@@ -33,10 +47,12 @@ impl Settings {
     }
 
     pub fn with_ttl(store: Store, ttl: Duration) -> Settings {
+        let changes = store.settings_changes();
         Settings {
             store,
             ttl,
             cache: Arc::new(Mutex::new(None)),
+            changes,
         }
     }
 
@@ -44,16 +60,27 @@ impl Settings {
         &self.store
     }
 
-    /// All settings. Served from the cache while it is fresh and the store reports
-    /// no write since it was loaded.
+    /// All settings. Served from the cache while it is fresh and nobody has written
+    /// since it was loaded.
     pub async fn snapshot(&self) -> Result<Arc<BTreeMap<String, String>>, StoreError> {
+        let change = self.change();
         let cached = {
             let guard = self.lock();
             guard
                 .as_ref()
-                .filter(|c| c.loaded.elapsed() < self.ttl)
+                .filter(|c| c.loaded.elapsed() < self.ttl && c.generation == change.generation)
                 .map(|c| (c.version, c.values.clone()))
         };
+        if change.listening {
+            // Every write by anyone changes the generation: no need to ask the store.
+            if let Some((_, values)) = cached {
+                return Ok(values);
+            }
+            let values = Arc::new(self.store.settings_all().await?);
+            // A notification that arrived while loading makes the next read reload.
+            self.store_cache(i64::MIN, change.generation, values.clone());
+            return Ok(values);
+        }
         let version = self.store.settings_version().await?;
         if let Some((cached_version, values)) = cached
             && cached_version == version
@@ -64,24 +91,40 @@ impl Settings {
         // Read the version again after loading: a write in between makes the next
         // read reload rather than trust a stale map.
         let version_after = self.store.settings_version().await?;
-        *self.lock() = Some(Cached {
-            loaded: Instant::now(),
-            version: if version_after == version {
-                version
-            } else {
-                i64::MIN
-            },
-            values: values.clone(),
-        });
+        let version = if version_after == version {
+            version
+        } else {
+            i64::MIN
+        };
+        self.store_cache(version, change.generation, values.clone());
         Ok(values)
     }
 
+    fn store_cache(&self, version: i64, generation: u64, values: Arc<BTreeMap<String, String>>) {
+        *self.lock() = Some(Cached {
+            loaded: Instant::now(),
+            version,
+            generation,
+            values,
+        });
+    }
+
+    /// What the store's listener reports now (never listening without one).
+    fn change(&self) -> SettingsChange {
+        self.changes
+            .as_ref()
+            .map(|rx| *rx.borrow())
+            .unwrap_or_default()
+    }
+
     /// The cached map without asking the store: for the routing hot path, which
-    /// must not wait on storage. `None` until the first [`snapshot`](Self::snapshot).
+    /// must not wait on storage. `None` until the first [`snapshot`](Self::snapshot),
+    /// after the TTL, and once a write by anyone has been notified.
     pub fn cached(&self) -> Option<Arc<BTreeMap<String, String>>> {
+        let generation = self.change().generation;
         self.lock()
             .as_ref()
-            .filter(|c| c.loaded.elapsed() < self.ttl)
+            .filter(|c| c.loaded.elapsed() < self.ttl && c.generation == generation)
             .map(|c| c.values.clone())
     }
 

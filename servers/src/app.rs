@@ -54,13 +54,41 @@ impl App {
         self.settings.store()
     }
 
+    /// Starts the dense (semantic) stage in the background: an OpenAI-compatible
+    /// `/v1/embeddings` endpoint when `embeddings_base_url` is set, else the built-in
+    /// offline encoder. Tool vectors come from the cache in the data dir; until they
+    /// are ready the router runs lexical-only and says so in its notes. Only servers
+    /// that route call this (`loadout mcp` never loads the model).
+    pub async fn attach_dense_stage(&self) {
+        let settings = match self.settings.snapshot().await {
+            Ok(settings) => settings,
+            Err(e) => {
+                tracing::warn!("dense stage not started: {e}");
+                return;
+            }
+        };
+        let http = crate::embeddings::HttpEmbedder::from_settings(&settings);
+        let cache_dir = self.store().data_dir().join("vectors");
+        let _ = loadout::embed::spawn_dense_stage(
+            self.routing.router.clone(),
+            move || match http {
+                Some(Ok(embedder)) => Ok(Arc::new(embedder) as Arc<dyn loadout::router::Embedder>),
+                Some(Err(e)) => Err(e),
+                None => loadout::embed::builtin(),
+            },
+            Some(cache_dir),
+        );
+    }
+
     pub fn context(&self) -> ToolContext {
         ToolContext::new(self.registry.clone(), self.settings.clone())
     }
 }
 
 async fn open_store(url: Option<&str>, data_dir: &Path) -> anyhow::Result<Store> {
-    Store::connect(url, data_dir).await.map_err(|e| anyhow::anyhow!("{e}"))
+    Store::connect(url, data_dir)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// `registry` plus the toolkit files of `dir`. A toolkit domain or tool whose name a

@@ -5,9 +5,10 @@
 //! router and calls to the registry.
 
 pub mod app;
-pub mod log_writer;
 pub mod cli;
+pub mod embeddings;
 pub mod http;
+pub mod log_writer;
 pub mod mcp;
 pub mod routing;
 
@@ -17,7 +18,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "loadout", version, about = "Tool registry and router for AI agents")]
+#[command(
+    name = "loadout",
+    version,
+    about = "Tool registry and router for AI agents"
+)]
 pub struct Cli {
     /// Directory for the database and per-session files.
     #[arg(long, env = "LOADOUT_DATA_DIR", global = true)]

@@ -122,7 +122,11 @@ impl Routing {
                     None => last_carry(store, session).await?,
                 };
                 let turn = store
-                    .message_append(session, "user", &serde_json::Value::String(message.to_owned()))
+                    .message_append(
+                        session,
+                        "user",
+                        &serde_json::Value::String(message.to_owned()),
+                    )
                     .await?;
                 view.begin_turn(turn, None);
                 view.carried_tools = carried;
@@ -208,7 +212,11 @@ impl Routing {
     }
 
     fn cached_carry(&self, session: &str) -> Option<Vec<String>> {
-        self.carry.lock().unwrap_or_else(|p| p.into_inner()).get(session).cloned()
+        self.carry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .cloned()
     }
 }
 

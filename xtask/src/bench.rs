@@ -6,6 +6,12 @@
 //! 1,000 tools in 40 domains generated deterministically here, at 1x, 4x and 16x its
 //! keywords. Numbers are only meaningful from a release build:
 //! `cargo run --release -p xtask -- bench`. Nothing here asserts on time.
+//!
+//! With `--embedder builtin` (the default in a build with the `dense` feature) it also
+//! measures the dense stage: routing time per dev message (one embedder call per
+//! message, for the message and its requests), the time to embed every tool text of
+//! the shared catalog (262 tools) and of Seal-Tools (4,077 tools), and cold start
+//! (router + encoder + vectors) with and without the vector cache.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -17,13 +23,17 @@ use anyhow::Context;
 use loadout::Registry;
 use loadout::router::{RouteInput, Router, RouterConfig, SessionView};
 
+use crate::eval::{EmbedderChoice, attach_embedder};
+
 const SHARED_CATALOG: &str = "/work/shared/eval/catalog";
 const SHARED_CASES: &str = "/work/shared/eval/dev.jsonl";
+const SEAL_CATALOG: &str = "/work/shared/eval/public/sealtools/catalog";
 
 struct Options {
     quick: bool,
     catalog: PathBuf,
     cases: PathBuf,
+    embedder: EmbedderChoice,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
@@ -31,6 +41,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         quick: false,
         catalog: PathBuf::from(SHARED_CATALOG),
         cases: PathBuf::from(SHARED_CASES),
+        embedder: EmbedderChoice::default_for_build(),
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -42,8 +53,12 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             "--cases" => {
                 options.cases = PathBuf::from(args.next().context("--cases needs a value")?)
             }
+            "--embedder" => {
+                options.embedder =
+                    EmbedderChoice::parse(args.next().context("--embedder needs a value")?)?
+            }
             other => anyhow::bail!(
-                "unknown argument `{other}`; usage: cargo xtask bench [--quick] [--catalog DIR --cases FILE]"
+                "unknown argument `{other}`; usage: cargo xtask bench [--quick] [--catalog DIR --cases FILE] [--embedder builtin|none]"
             ),
         }
     }
@@ -74,12 +89,16 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         .with_context(|| format!("loading {}", options.catalog.display()))?
         .build()?;
     let messages = dev_messages(&options.cases)?;
+    let registry = Arc::new(registry);
     bench_one(
         "shared catalog (dev messages)",
-        Arc::new(registry),
+        registry.clone(),
         &messages,
         rounds,
     )?;
+    if options.embedder == EmbedderChoice::Builtin {
+        bench_dense(&options, registry, &messages)?;
+    }
 
     let synthetic_messages = synthetic_messages(200);
     for scale in [1usize, 4, 16] {
@@ -159,6 +178,82 @@ fn bench_one(
         build_time.as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+/// The dense stage: routing time per message, index build, cold start.
+fn bench_dense(
+    options: &Options,
+    registry: Arc<Registry>,
+    messages: &[String],
+) -> anyhow::Result<()> {
+    println!("\ndense stage (built-in encoder, one embedder call per message)");
+    let cache_root = tempfile_dir("loadout-bench-vectors")?;
+    let router = Router::new(registry.clone(), RouterConfig::default());
+    let line = attach_embedder(&router, EmbedderChoice::Builtin, Some(&cache_root))?;
+    println!("  {line}");
+    let settings: BTreeMap<String, String> = registry
+        .domains()
+        .iter()
+        .flat_map(|d| {
+            d.settings_keys
+                .iter()
+                .map(|k| (k.clone(), "set".to_owned()))
+        })
+        .collect();
+    let session = SessionView::new(1);
+    let rounds = if options.quick { 1 } else { 3 };
+    let times = time_per_message(messages, rounds, |m| {
+        black_box(router.select(&RouteInput {
+            message: m,
+            settings: &settings,
+            session: &session,
+            token_budget: None,
+        }));
+    });
+    println!(
+        "  routing per dev message: p50 {}  p95 {}  ({} messages x {rounds})",
+        micros(percentile(&times, 0.5)),
+        micros(percentile(&times, 0.95)),
+        messages.len()
+    );
+
+    let mut catalogs: Vec<(String, PathBuf)> =
+        vec![("shared catalog".into(), options.catalog.clone())];
+    if !options.quick && std::path::Path::new(SEAL_CATALOG).is_dir() {
+        catalogs.push(("Seal-Tools".into(), PathBuf::from(SEAL_CATALOG)));
+    }
+    for (label, dir) in catalogs {
+        let cache_dir = cache_root.join(label.replace(' ', "-"));
+        let _ = std::fs::remove_dir_all(&cache_dir);
+        let cold = |cache: &std::path::Path| -> anyhow::Result<(Duration, String)> {
+            let started = Instant::now();
+            let registry = Registry::builder()
+                .toolkit_dir(&dir)
+                .with_context(|| format!("loading {}", dir.display()))?
+                .build()?;
+            let router = Router::new(Arc::new(registry), RouterConfig::default());
+            let line = attach_embedder(&router, EmbedderChoice::Builtin, Some(cache))?;
+            Ok((started.elapsed(), line))
+        };
+        let (without_cache, line) = cold(&cache_dir)?;
+        println!(
+            "  {label}: cold start without vector cache {:.2} s ({line})",
+            without_cache.as_secs_f64()
+        );
+        let (with_cache, line) = cold(&cache_dir)?;
+        println!(
+            "  {label}: cold start with vector cache    {:.2} s ({line})",
+            with_cache.as_secs_f64()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&cache_root);
+    Ok(())
+}
+
+fn tempfile_dir(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
 }
 
 /// The reference design: for every domain, for every keyword, lowercase and search.

@@ -15,7 +15,11 @@ use loadout::router::{RouteInput, Router, RouterConfig, Selection, SessionView, 
 use serde::Deserialize;
 
 const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json] [--verbose]
-       [--min-turn-recall X] [--config ROUTER_CONFIG.json] [--budget TOKENS]";
+       [--min-turn-recall X] [--config ROUTER_CONFIG.json] [--budget TOKENS]
+       [--embedder builtin|none] [--vector-cache DIR|none]
+  --embedder      the dense stage: the built-in encoder (default when built with the
+                  `dense` feature) or none (lexical only)
+  --vector-cache  where tool vectors are cached (default target/vector-cache)";
 
 #[derive(Debug, Deserialize)]
 struct Case {
@@ -47,6 +51,86 @@ struct Options {
     min_turn_recall: Option<f64>,
     config: RouterConfig,
     budget: Option<usize>,
+    embedder: EmbedderChoice,
+    vector_cache: Option<PathBuf>,
+}
+
+/// Which dense stage `eval` and `bench` run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmbedderChoice {
+    None,
+    Builtin,
+}
+
+impl EmbedderChoice {
+    pub fn default_for_build() -> EmbedderChoice {
+        if loadout::embed::builtin_available() {
+            EmbedderChoice::Builtin
+        } else {
+            EmbedderChoice::None
+        }
+    }
+
+    pub fn parse(text: &str) -> anyhow::Result<EmbedderChoice> {
+        match text {
+            "none" | "lexical" => Ok(EmbedderChoice::None),
+            "builtin" => Ok(EmbedderChoice::Builtin),
+            other => bail!("--embedder {other}: expected builtin or none"),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EmbedderChoice::None => "none (lexical only)",
+            EmbedderChoice::Builtin => "builtin",
+        }
+    }
+}
+
+/// The default vector cache of the xtasks: `target/vector-cache` of this workspace.
+pub fn default_vector_cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+        .join("vector-cache")
+}
+
+/// Attaches the chosen dense stage to `router`, synchronously. Returns a line for the
+/// report.
+pub fn attach_embedder(
+    router: &Router,
+    choice: EmbedderChoice,
+    vector_cache: Option<&std::path::Path>,
+) -> anyhow::Result<String> {
+    match choice {
+        EmbedderChoice::None => Ok("embedder none (lexical only)".to_owned()),
+        EmbedderChoice::Builtin => {
+            let started = Instant::now();
+            let embedder = loadout::embed::builtin().map_err(anyhow::Error::msg)?;
+            let load_ms = started.elapsed().as_secs_f64() * 1e3;
+            let mut cache =
+                vector_cache.map(|dir| loadout::embed::VectorCache::open(dir, embedder.model_id()));
+            let (index, stats) =
+                loadout::embed::build_dense_index(router, embedder, cache.as_mut())
+                    .map_err(anyhow::Error::msg)?;
+            if let Some(cache) = &mut cache {
+                cache
+                    .save()
+                    .with_context(|| format!("writing {}", cache.path().display()))?;
+            }
+            let model_id = index.model_id().to_owned();
+            router
+                .attach_dense(index)
+                .map_err(|_| anyhow::anyhow!("dense stage already attached"))?;
+            Ok(format!(
+                "embedder {model_id}: loaded in {load_ms:.0} ms; {} texts, {} cached, {} embedded in {:.1} s",
+                stats.n_texts,
+                stats.n_cached,
+                stats.n_embedded,
+                stats.elapsed.as_secs_f64()
+            ))
+        }
+    }
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
@@ -57,6 +141,8 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut min_turn_recall = None;
     let mut config = RouterConfig::default();
     let mut budget = None;
+    let mut embedder = EmbedderChoice::default_for_build();
+    let mut vector_cache = Some(default_vector_cache());
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| {
@@ -83,6 +169,11 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
                         .with_context(|| format!("--budget {text}: not a number"))?,
                 );
             }
+            "--embedder" => embedder = EmbedderChoice::parse(&value("--embedder")?)?,
+            "--vector-cache" => {
+                let dir = value("--vector-cache")?;
+                vector_cache = (dir != "none").then(|| PathBuf::from(dir));
+            }
             "--config" => {
                 let path = value("--config")?;
                 let text =
@@ -104,6 +195,8 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         min_turn_recall,
         config,
         budget,
+        embedder,
+        vector_cache,
     })
 }
 
@@ -128,6 +221,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let registry = Arc::new(registry);
     let router = Router::new(registry.clone(), options.config.clone());
     let build_ms = started.elapsed().as_secs_f64() * 1e3;
+    let embedder_line =
+        attach_embedder(&router, options.embedder, options.vector_cache.as_deref())?;
 
     let cases_text = std::fs::read_to_string(&options.cases)
         .with_context(|| format!("reading {}", options.cases.display()))?;
@@ -244,6 +339,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         registry.domains().len(),
         registry.all_tools().len()
     );
+    println!("{embedder_line}");
     for miss in &misses {
         println!(
             "MISS {} turn {}: {:?}\n  missing: {}\n  {}",
@@ -280,6 +376,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             "all_tools_tokens": all_tools_tokens,
             "mean_tokens_pct": mean_tokens_pct,
             "misses": misses.len(),
+            "embedder": options.embedder.name(),
         });
         println!("{summary}");
     }
@@ -320,11 +417,23 @@ fn explain(registry: &Registry, selection: &Selection, missing: &[String]) -> Ve
                     d.domain == tool.domain && d.stage == Stage::Ranked && d.score > decision.score
                 })
                 .count();
+            let mut above: Vec<&loadout::router::ToolDecision> = selection
+                .tool_decisions
+                .iter()
+                .filter(|d| d.domain == tool.domain && d.score > decision.score)
+                .collect();
+            above.sort_by(|a, b| b.score.total_cmp(&a.score));
+            let above: Vec<String> = above
+                .iter()
+                .take(5)
+                .map(|d| format!("{}:{:.2}", d.tool, d.score))
+                .collect();
             lines.push(format!(
-                "  tool {}:{:.2}, rank {} in its domain",
+                "  tool {}:{:.2}, rank {} in its domain; above: {}",
                 decision.stage,
                 decision.score,
-                rank + 1
+                rank + 1,
+                above.join(" ")
             ));
         }
     }

@@ -53,6 +53,22 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         }
     }
 
+    // Warnings (printed, never failing): near-identical tools across domains.
+    let mut registries = Vec::new();
+    if let Ok(registry) = loadout_domains::registry() {
+        registries.push(registry);
+    }
+    for dir in &catalogs {
+        if let Ok(registry) = Registry::builder().toolkit_dir(dir).and_then(|b| b.build()) {
+            registries.push(registry);
+        }
+    }
+    for registry in registries {
+        for warning in similar_across_domains(registry) {
+            println!("lint: warning: {warning}");
+        }
+    }
+
     if findings.is_empty() {
         let registry = loadout_domains::registry()?;
         println!(
@@ -72,6 +88,79 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         }
         bail!("lint: {} problem(s)", findings.len())
     }
+}
+
+/// Cosine above which two tools of different domains count as near-identical: their
+/// `name: description` texts, or an example of one and the text or an example of the
+/// other, embedded with the built-in encoder. At 0.92 MiniLM-L3 pairs are paraphrases
+/// of the same action (`get_exchange_rate` / `get_currency_exchange_rate`); the router
+/// can then tell them apart only by their domain's evidence.
+pub const NEAR_IDENTICAL_COSINE: f32 = 0.92;
+
+/// Pairs of tools of different domains whose descriptions or examples are
+/// near-identical (see [`NEAR_IDENTICAL_COSINE`]), naming both. Empty when the build
+/// has no built-in encoder.
+fn similar_across_domains(registry: Registry) -> Vec<String> {
+    use loadout::router::{Router, RouterConfig};
+    let router = Router::new(std::sync::Arc::new(registry), RouterConfig::default());
+    let Ok(embedder) = loadout::embed::builtin() else {
+        return Vec::new();
+    };
+    let mut cache = loadout::embed::VectorCache::open(
+        &crate::eval::default_vector_cache(),
+        embedder.model_id(),
+    );
+    let texts = router.dense_texts();
+    let mut vectors: Vec<(usize, Vec<f32>)> = Vec::new();
+    let mut missing: Vec<usize> = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        if router.dense_text_tool(i).is_none() {
+            continue;
+        }
+        match cache.get(text) {
+            Some(v) => vectors.push((i, v.to_vec())),
+            None => missing.push(i),
+        }
+    }
+    for batch in missing.chunks(loadout::embed::INDEX_BATCH) {
+        let batch_texts: Vec<&str> = batch.iter().map(|&i| texts[i].as_str()).collect();
+        let Ok(embedded) = embedder.embed(&batch_texts) else {
+            return vec!["similarity check skipped: the encoder failed".to_owned()];
+        };
+        for (&i, vector) in batch.iter().zip(embedded) {
+            cache.insert(&texts[i], vector.clone());
+            vectors.push((i, vector));
+        }
+    }
+    let _ = cache.save();
+    let tools = router.registry().all_tools();
+    let mut pairs = BTreeSet::new();
+    for (a, (text_a, va)) in vectors.iter().enumerate() {
+        let Some(tool_a) = router.dense_text_tool(*text_a).and_then(|t| tools.get(t)) else {
+            continue;
+        };
+        for (text_b, vb) in &vectors[a + 1..] {
+            let Some(tool_b) = router.dense_text_tool(*text_b).and_then(|t| tools.get(t)) else {
+                continue;
+            };
+            if tool_a.domain == tool_b.domain {
+                continue;
+            }
+            let cosine: f32 = va.iter().zip(vb).map(|(x, y)| x * y).sum();
+            if cosine > NEAR_IDENTICAL_COSINE {
+                let (first, second) = if tool_a.name <= tool_b.name {
+                    (tool_a, tool_b)
+                } else {
+                    (tool_b, tool_a)
+                };
+                pairs.insert(format!(
+                    "tools {} ({}) and {} ({}) have near-identical descriptions or examples (cosine {cosine:.2} > {NEAR_IDENTICAL_COSINE})",
+                    first.name, first.domain, second.name, second.domain
+                ));
+            }
+        }
+    }
+    pairs.into_iter().collect()
 }
 
 /// Checks that apply to any registry, whatever declared it.
@@ -114,7 +203,9 @@ pub fn check_registry(registry: &Registry) -> Vec<Finding> {
                 what: what.clone(),
                 message: format!(
                     "input schema must be an object schema (`\"type\": \"object\"`), found {}",
-                    schema.get("type").map_or("no type".into(), |t| t.to_string())
+                    schema
+                        .get("type")
+                        .map_or("no type".into(), |t| t.to_string())
                 ),
             });
         }
@@ -133,8 +224,10 @@ pub fn check_registry(registry: &Registry) -> Vec<Finding> {
 pub fn check_hub(root: &Path) -> Vec<Finding> {
     let mut findings = Vec::new();
     let domains_dir = root.join("domains");
-    let hub_manifest = std::fs::read_to_string(domains_dir.join("all/Cargo.toml")).unwrap_or_default();
-    let hub_source = std::fs::read_to_string(domains_dir.join("all/src/lib.rs")).unwrap_or_default();
+    let hub_manifest =
+        std::fs::read_to_string(domains_dir.join("all/Cargo.toml")).unwrap_or_default();
+    let hub_source =
+        std::fs::read_to_string(domains_dir.join("all/src/lib.rs")).unwrap_or_default();
     let crates: BTreeSet<String> = std::fs::read_dir(&domains_dir)
         .into_iter()
         .flatten()
@@ -220,7 +313,9 @@ mod tests {
         .expect("registry");
         let findings = check_registry(&registry);
         assert_eq!(findings.len(), 1, "{findings:?}");
-        assert!(findings[0].what.contains("`quiet`") && findings[0].message.contains("no keywords"));
+        assert!(
+            findings[0].what.contains("`quiet`") && findings[0].message.contains("no keywords")
+        );
     }
 
     #[test]
@@ -228,9 +323,18 @@ mod tests {
         let mut t = tool("a", "d", serde_json::json!({"type": "string"}));
         t.description.clear();
         let registry = Registry::from_parts(vec![domain("d", &["x"])], vec![t]).expect("registry");
-        let messages: Vec<String> = check_registry(&registry).into_iter().map(|f| f.message).collect();
-        assert!(messages.iter().any(|m| m.contains("no description")), "{messages:?}");
-        assert!(messages.iter().any(|m| m.contains("object schema")), "{messages:?}");
+        let messages: Vec<String> = check_registry(&registry)
+            .into_iter()
+            .map(|f| f.message)
+            .collect();
+        assert!(
+            messages.iter().any(|m| m.contains("no description")),
+            "{messages:?}"
+        );
+        assert!(
+            messages.iter().any(|m| m.contains("object schema")),
+            "{messages:?}"
+        );
     }
 
     #[test]
@@ -239,11 +343,17 @@ mod tests {
         second.origin = "other.rs:9".into();
         let err = Registry::from_parts(
             vec![domain("d", &["x"])],
-            vec![tool("a", "d", serde_json::json!({"type": "object"})), second],
+            vec![
+                tool("a", "d", serde_json::json!({"type": "object"})),
+                second,
+            ],
         )
         .expect_err("duplicate");
         let message = err.to_string();
-        assert!(message.contains("test") && message.contains("other.rs:9"), "{message}");
+        assert!(
+            message.contains("test") && message.contains("other.rs:9"),
+            "{message}"
+        );
     }
 
     /// House rule: the lint runs under `cargo test` too.

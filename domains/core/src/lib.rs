@@ -2,15 +2,21 @@
 //! few utilities every conversation may need (the time, arithmetic).
 //!
 //! It is sent on every turn, so its tools stay few and their descriptions short.
-//! It depends on `loadout` only and must not depend on any other domain crate; the
-//! router's meta-tools (`search_tools`, `load_tools`, ...) live elsewhere.
+//! It depends on `loadout` only and must not depend on any other domain crate.
+//!
+//! The router's meta-tools (`search_tools`, `load_tools`, `unload_tools`,
+//! `load_all_for_this_turn`) are core tools too: they tell the model how to reach tools
+//! that were not sent. They act through [`loadout::SessionControl`], which the server
+//! running the conversation attaches to the call's context; without one (CLI, plain
+//! MCP) they answer that every tool is already available.
 
 mod expression;
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::Arc;
 
-use loadout::{ToolContext, ToolError, is_secret_key, mask_secret};
+use loadout::{SessionControl, ToolContext, ToolError, is_secret_key, mask_secret};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -127,6 +133,155 @@ pub fn list_tools(args: ListToolsArgs, ctx: &ToolContext) -> Result<Vec<ToolSumm
             hint: tool.hint.clone(),
         })
         .collect())
+}
+
+// ---------------------------------------------------------------------------
+// Meta-tools: reaching tools that were not sent
+
+/// Names of the meta-tools, which change the conversation's tool selection.
+pub const META_TOOLS: [&str; 4] = [
+    "search_tools",
+    "load_tools",
+    "unload_tools",
+    "load_all_for_this_turn",
+];
+
+/// Default and largest number of `search_tools` results.
+pub const DEFAULT_SEARCH_LIMIT: u32 = 10;
+pub const MAX_SEARCH_LIMIT: u32 = 50;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SearchToolsArgs {
+    /// What you want to do, in a few words (e.g. "read a file", "remember a fact").
+    #[schemars(length(min = 1))]
+    pub query: String,
+    /// Most results to return (default 10).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 50))]
+    pub limit: Option<u32>,
+}
+
+/// Finds tools that were not sent to you, by what they do; returns names, domains and one-line hints.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["find tool", "search tools", "which tool", "도구 검색"],
+    read_only = true,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn search_tools(
+    args: SearchToolsArgs,
+    ctx: &ToolContext,
+) -> Result<serde_json::Value, ToolError> {
+    let query = args.query.trim();
+    if query.is_empty() {
+        return Err(ToolError::InvalidArgs {
+            field: Some("query".into()),
+            message: "must not be empty".into(),
+        });
+    }
+    let limit = args
+        .limit
+        .unwrap_or(DEFAULT_SEARCH_LIMIT)
+        .clamp(1, MAX_SEARCH_LIMIT) as usize;
+    let control = control(ctx, "search_tools")?;
+    control
+        .search(query, limit)
+        .await
+        .map_err(ToolError::Execution)
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolNamesArgs {
+    /// Tool or domain names, as `search_tools` or the hints give them.
+    #[schemars(length(min = 1))]
+    pub names: Vec<String>,
+}
+
+/// Loads tools that were not sent to you, by tool or domain name; they can be called right after.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["load tool", "enable tool"],
+    read_only = false,
+    destructive = false,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn load_tools(
+    args: ToolNamesArgs,
+    ctx: &ToolContext,
+) -> Result<serde_json::Value, ToolError> {
+    let names = checked_names(args.names)?;
+    let control = control(ctx, "load_tools")?;
+    control.load(&names).await.map_err(ToolError::Execution)
+}
+
+/// Unloads tools or domains you no longer need, to keep your tool list short; core tools stay.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["unload tool"],
+    read_only = false,
+    destructive = false,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn unload_tools(
+    args: ToolNamesArgs,
+    ctx: &ToolContext,
+) -> Result<serde_json::Value, ToolError> {
+    let names = checked_names(args.names)?;
+    let control = control(ctx, "unload_tools")?;
+    control.unload(&names).await.map_err(ToolError::Execution)
+}
+
+/// Sends you every active tool until the user's next message; use it only when `search_tools` finds nothing that fits.
+#[loadout::tool(
+    domain = "core",
+    keywords = ["all tools"],
+    read_only = false,
+    destructive = false,
+    idempotent = true,
+    open_world = false
+)]
+pub async fn load_all_for_this_turn(ctx: &ToolContext) -> Result<serde_json::Value, ToolError> {
+    let control = control(ctx, "load_all_for_this_turn")?;
+    control
+        .load_all_for_this_turn()
+        .await
+        .map_err(ToolError::Execution)
+}
+
+fn control(ctx: &ToolContext, tool: &str) -> Result<Arc<dyn SessionControl>, ToolError> {
+    ctx.session_control().cloned().ok_or_else(|| {
+        ToolError::execution(format!(
+            "`{tool}` works in a routed chat session; here every tool is already available"
+        ))
+    })
+}
+
+/// Trimmed, non-empty names; at most 64 of them.
+fn checked_names(names: Vec<String>) -> Result<Vec<String>, ToolError> {
+    const MAX_NAMES: usize = 64;
+    if names.len() > MAX_NAMES {
+        return Err(ToolError::InvalidArgs {
+            field: Some("names".into()),
+            message: format!("at most {MAX_NAMES} names per call"),
+        });
+    }
+    let names: Vec<String> = names
+        .into_iter()
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    if names.is_empty() {
+        return Err(ToolError::InvalidArgs {
+            field: Some("names".into()),
+            message: "must name at least one tool or domain".into(),
+        });
+    }
+    Ok(names)
 }
 
 // ---------------------------------------------------------------------------

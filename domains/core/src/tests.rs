@@ -42,7 +42,7 @@ async fn list_domains_and_tools() {
         .expect("core listed");
     assert_eq!(core["active"], true);
     assert_eq!(core["always_on"], true);
-    assert_eq!(core["n_tools"], 7);
+    assert_eq!(core["n_tools"], 11);
 
     let tools = h
         .call("list_tools", json!({"domain": "core"}))
@@ -63,7 +63,11 @@ async fn list_domains_and_tools() {
             "list_domains",
             "list_settings",
             "list_tools",
-            "set_setting"
+            "load_all_for_this_turn",
+            "load_tools",
+            "search_tools",
+            "set_setting",
+            "unload_tools"
         ]
     );
     assert!(tools[0]["hint"].as_str().is_some_and(|h| h.ends_with('.')));
@@ -224,4 +228,128 @@ async fn calculate_through_the_registry() {
         .await
         .expect_err("too deep");
     assert!(error.to_string().contains("nests deeper"), "{error}");
+}
+
+/// Records what the meta-tools asked for, as a chat server's session would.
+#[derive(Default)]
+struct RecordingControl {
+    requests: std::sync::Mutex<Vec<String>>,
+}
+
+impl loadout::SessionControl for RecordingControl {
+    fn search<'a>(&'a self, query: &'a str, limit: usize) -> loadout::ControlFuture<'a> {
+        self.note(format!("search {query} {limit}"));
+        Box::pin(async move { Ok(json!({"results": [{"name": "read_file"}]})) })
+    }
+    fn load<'a>(&'a self, names: &'a [String]) -> loadout::ControlFuture<'a> {
+        self.note(format!("load {}", names.join(",")));
+        Box::pin(async move {
+            if names.iter().any(|n| n == "nope") {
+                Err("no tool or domain named nope".to_owned())
+            } else {
+                Ok(json!({"loaded": names}))
+            }
+        })
+    }
+    fn unload<'a>(&'a self, names: &'a [String]) -> loadout::ControlFuture<'a> {
+        self.note(format!("unload {}", names.join(",")));
+        Box::pin(async move { Ok(json!({"unloaded": names})) })
+    }
+    fn load_all_for_this_turn(&self) -> loadout::ControlFuture<'_> {
+        self.note("load_all".into());
+        Box::pin(async move { Ok(json!({"n_tools": 42})) })
+    }
+}
+
+impl RecordingControl {
+    fn note(&self, request: String) {
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(request);
+    }
+}
+
+#[tokio::test]
+async fn meta_tools_explain_themselves_outside_a_routed_session() {
+    let h = harness().await;
+    for (tool, args) in [
+        ("search_tools", json!({"query": "read a file"})),
+        ("load_tools", json!({"names": ["filesystem"]})),
+        ("unload_tools", json!({"names": ["filesystem"]})),
+        ("load_all_for_this_turn", json!({})),
+    ] {
+        let error = h.call(tool, args).await.expect_err(tool);
+        let text = error.to_string();
+        assert!(
+            text.contains("routed chat session") && text.contains("already available"),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn meta_tools_go_through_the_session_control() {
+    let h = harness().await;
+    let control = Arc::new(RecordingControl::default());
+    let ctx = h.ctx.clone().with_session_control(control.clone());
+    let call = |tool: &'static str, args: Value| h.registry.call(tool, args, ctx.clone());
+
+    let found = call(
+        "search_tools",
+        json!({"query": "  read a file ", "limit": 3}),
+    )
+    .await
+    .expect("search");
+    assert_eq!(found["results"][0]["name"], "read_file");
+    let loaded = call("load_tools", json!({"names": [" filesystem ", ""]}))
+        .await
+        .expect("load");
+    assert_eq!(loaded["loaded"], json!(["filesystem"]));
+    let error = call("load_tools", json!({"names": ["nope"]}))
+        .await
+        .expect_err("unknown");
+    assert!(error.to_string().contains("nope"), "{error}");
+    call("unload_tools", json!({"names": ["memory"]}))
+        .await
+        .expect("unload");
+    call("load_all_for_this_turn", Value::Null)
+        .await
+        .expect("load all");
+
+    let error = call("load_tools", json!({"names": []}))
+        .await
+        .expect_err("empty");
+    assert!(matches!(error, ToolError::InvalidArgs { .. }), "{error}");
+    let error = call("search_tools", json!({"query": ""}))
+        .await
+        .expect_err("empty");
+    assert!(matches!(error, ToolError::InvalidArgs { .. }), "{error}");
+    let error = call("search_tools", json!({"query": " "}))
+        .await
+        .expect_err("blank");
+    assert!(
+        error.to_string().contains("`query`: must not be empty"),
+        "{error}"
+    );
+    let error = call("search_tools", json!({"query": "x", "limit": 0}))
+        .await
+        .expect_err("limit");
+    assert!(matches!(error, ToolError::InvalidArgs { .. }), "{error}");
+
+    let requests = control
+        .requests
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    assert_eq!(
+        requests,
+        [
+            "search read a file 3",
+            "load filesystem",
+            "load nope",
+            "unload memory",
+            "load_all"
+        ]
+    );
 }

@@ -2,10 +2,11 @@
 //! sessions, found again by ranked full-text search.
 //!
 //! Tool signatures are engine-neutral; each tool dispatches on the store's backend
-//! to the engine's module (`sqlite`: FTS5 with `bm25()`; PostgreSQL will use
-//! `tsvector` beside it with the same behaviour). Depends on `loadout` only, never on
-//! another domain crate.
+//! to the engine's module (`sqlite`: FTS5 with `bm25()`; `postgres`: a `tsvector`
+//! column with a GIN index and `ts_rank`), with the same behaviour and the same
+//! tests. Depends on `loadout` only, never on another domain crate.
 
+mod postgres;
 mod sqlite;
 
 use loadout::store::StoreBackend;
@@ -150,6 +151,7 @@ pub async fn remember(args: RememberArgs, ctx: &ToolContext) -> Result<Remembere
     let tags = normalize_tags(&args.tags)?;
     match ctx.store().backend() {
         StoreBackend::Sqlite(store) => sqlite::remember(store, content, tags).await,
+        StoreBackend::Postgres(store) => postgres::remember(store, content, tags).await,
         _ => Err(unsupported_backend()),
     }
 }
@@ -175,6 +177,9 @@ pub async fn recall(args: RecallArgs, ctx: &ToolContext) -> Result<Vec<RecalledM
     let tag = args.tag.as_deref().map(normalize_tag).transpose()?;
     match ctx.store().backend() {
         StoreBackend::Sqlite(store) => sqlite::recall(store, match_expr, tag, limit).await,
+        StoreBackend::Postgres(store) => {
+            postgres::recall(store, query_terms(&args.query), tag, limit).await
+        }
         _ => Err(unsupported_backend()),
     }
 }
@@ -198,6 +203,7 @@ pub async fn update_memory(args: UpdateMemoryArgs, ctx: &ToolContext) -> Result<
     let tags = args.tags.as_deref().map(normalize_tags).transpose()?;
     match ctx.store().backend() {
         StoreBackend::Sqlite(store) => sqlite::update(store, args.id, content, tags).await,
+        StoreBackend::Postgres(store) => postgres::update(store, args.id, content, tags).await,
         _ => Err(unsupported_backend()),
     }
 }
@@ -214,6 +220,7 @@ pub async fn update_memory(args: UpdateMemoryArgs, ctx: &ToolContext) -> Result<
 pub async fn forget(args: ForgetArgs, ctx: &ToolContext) -> Result<Forgotten, ToolError> {
     match ctx.store().backend() {
         StoreBackend::Sqlite(store) => sqlite::forget(store, args.id).await,
+        StoreBackend::Postgres(store) => postgres::forget(store, args.id).await,
         _ => Err(unsupported_backend()),
     }
 }
@@ -235,6 +242,7 @@ pub async fn list_memories(
     let tag = args.tag.as_deref().map(normalize_tag).transpose()?;
     match ctx.store().backend() {
         StoreBackend::Sqlite(store) => sqlite::list(store, tag, limit, offset).await,
+        StoreBackend::Postgres(store) => postgres::list(store, tag, limit, offset).await,
         _ => Err(unsupported_backend()),
     }
 }
@@ -297,16 +305,16 @@ fn bounded_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, Tool
     }
 }
 
-/// An FTS5 query that matches any of the words of `query`, each as a quoted prefix
-/// term. Only letters and digits survive, so nothing the user wrote is read as FTS
-/// syntax (`AND`, `NEAR`, `"`, `*`, `:`, `^`, parentheses). `None` when no word is left.
-pub fn fts_query(query: &str) -> Option<String> {
+/// The words of a recall query: runs of letters and digits, lowercased, without
+/// duplicates, at most [`MAX_QUERY_TERMS`]. Nothing else the user wrote survives, so
+/// no search syntax of any engine can be injected.
+pub fn query_terms(query: &str) -> Vec<String> {
     let mut terms: Vec<String> = Vec::new();
     for word in query.split(|c: char| !c.is_alphanumeric()) {
         if word.is_empty() {
             continue;
         }
-        let term = format!("\"{}\"*", word.to_lowercase());
+        let term = word.to_lowercase();
         if !terms.contains(&term) {
             terms.push(term);
         }
@@ -314,7 +322,21 @@ pub fn fts_query(query: &str) -> Option<String> {
             break;
         }
     }
-    (!terms.is_empty()).then(|| terms.join(" OR "))
+    terms
+}
+
+/// An FTS5 query that matches any of the [`query_terms`], each as a quoted prefix
+/// term (`AND`, `NEAR`, `"`, `*`, `:`, `^`, parentheses are never read as syntax).
+/// `None` when no word is left.
+pub fn fts_query(query: &str) -> Option<String> {
+    let terms = query_terms(query);
+    (!terms.is_empty()).then(|| {
+        terms
+            .iter()
+            .map(|term| format!("\"{term}\"*"))
+            .collect::<Vec<_>>()
+            .join(" OR ")
+    })
 }
 
 #[cfg(test)]

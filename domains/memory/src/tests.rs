@@ -1,26 +1,36 @@
-//! Calls each tool through the registry, as a server would.
+//! Calls each tool through the registry, as a server would, on every backend
+//! [`loadout::store::testing::test_stores`] yields (SQLite always, PostgreSQL when
+//! `LOADOUT_TEST_POSTGRES_URL` is set).
 
 use std::sync::Arc;
 
-use loadout::{Registry, Settings, Store, ToolContext, ToolError};
+use loadout::store::testing::{TestStore, test_stores};
+use loadout::{Registry, Settings, ToolContext, ToolError};
 use serde_json::{Value, json};
 
 struct Harness {
-    _dir: tempfile::TempDir,
+    /// The backend's name, for failure messages.
+    name: &'static str,
     registry: Arc<Registry>,
     ctx: ToolContext,
+    _store: TestStore,
 }
 
-async fn harness() -> Harness {
+/// One harness per backend, each on fresh data.
+async fn harnesses() -> (tempfile::TempDir, Vec<Harness>) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = Store::open_dir(dir.path()).await.expect("store");
     let registry = Arc::new(Registry::from_inventory().expect("registry"));
-    let ctx = ToolContext::new(registry.clone(), Settings::new(store));
-    Harness {
-        _dir: dir,
-        registry,
-        ctx,
-    }
+    let harnesses = test_stores(dir.path())
+        .await
+        .into_iter()
+        .map(|t| Harness {
+            name: t.name,
+            registry: registry.clone(),
+            ctx: ToolContext::new(registry.clone(), Settings::new(t.store.clone())),
+            _store: t,
+        })
+        .collect();
+    (dir, harnesses)
 }
 
 impl Harness {
@@ -31,13 +41,13 @@ impl Harness {
     async fn ok(&self, tool: &str, args: Value) -> Value {
         match self.call(tool, args).await {
             Ok(value) => value,
-            Err(e) => panic!("{tool} failed: {e}"),
+            Err(e) => panic!("{}: {tool} failed: {e}", self.name),
         }
     }
 
     async fn err(&self, tool: &str, args: Value) -> String {
         match self.call(tool, args).await {
-            Ok(value) => panic!("{tool} should fail, returned {value}"),
+            Ok(value) => panic!("{}: {tool} should fail, returned {value}", self.name),
             Err(e) => e.to_string(),
         }
     }
@@ -62,140 +72,149 @@ impl Harness {
 
 #[tokio::test]
 async fn recall_ranks_by_relevance() {
-    let h = harness().await;
-    let seat = h
-        .remember("Mina prefers a window seat on long flights", &["travel"])
-        .await;
-    let airline = h
-        .remember(
-            "Mina's favourite airline is the one with good flights to Jeju",
-            &[],
-        )
-        .await;
-    let coffee = h.remember("Mina drinks her coffee black", &["food"]).await;
-    let korean = h.remember("민아는 제주도 여행을 좋아한다", &["여행"]).await;
+    let (_dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        let seat = h
+            .remember("Mina prefers a window seat on long flights", &["travel"])
+            .await;
+        let airline = h
+            .remember(
+                "Mina's favourite airline is the one with good flights to Jeju",
+                &[],
+            )
+            .await;
+        let coffee = h.remember("Mina drinks her coffee black", &["food"]).await;
+        let korean = h.remember("민아는 제주도 여행을 좋아한다", &["여행"]).await;
 
-    // Both words match the first memory; one matches the second.
-    assert_eq!(
-        h.recall_ids("window seat flights").await[..2],
-        [seat, airline]
-    );
-    assert_eq!(h.recall_ids("coffee").await, [coffee]);
-    // Prefix matching: "flight" finds "flights"; case and accents are ignored.
-    assert_eq!(h.recall_ids("FLIGHT").await.len(), 2);
-    assert_eq!(h.recall_ids("cóffee").await, [coffee]);
-    assert_eq!(h.recall_ids("제주도").await, [korean]);
-    // Tags are searched too, and filter.
-    assert_eq!(h.recall_ids("여행").await, [korean]);
-    let filtered = h
-        .ok("recall", json!({"query": "Mina", "tag": "FOOD"}))
-        .await;
-    assert_eq!(filtered.as_array().map(Vec::len), Some(1));
-    assert_eq!(filtered[0]["id"], coffee);
-    assert!(filtered[0]["score"].as_f64().expect("score") > 0.0);
+        // Both words match the first memory; one matches the second.
+        assert_eq!(
+            h.recall_ids("window seat flights").await[..2],
+            [seat, airline]
+        );
+        assert_eq!(h.recall_ids("coffee").await, [coffee]);
+        // Prefix matching: "flight" finds "flights"; case and accents are ignored.
+        assert_eq!(h.recall_ids("FLIGHT").await.len(), 2);
+        assert_eq!(h.recall_ids("cóffee").await, [coffee]);
+        assert_eq!(h.recall_ids("제주도").await, [korean]);
+        // Tags are searched too, and filter.
+        assert_eq!(h.recall_ids("여행").await, [korean]);
+        let filtered = h
+            .ok("recall", json!({"query": "Mina", "tag": "FOOD"}))
+            .await;
+        assert_eq!(filtered.as_array().map(Vec::len), Some(1));
+        assert_eq!(filtered[0]["id"], coffee);
+        assert!(filtered[0]["score"].as_f64().expect("score") > 0.0);
 
-    let limited = h.ok("recall", json!({"query": "Mina", "limit": 2})).await;
-    assert_eq!(limited.as_array().map(Vec::len), Some(2));
-    assert!(h.recall_ids("submarine").await.is_empty());
+        let limited = h.ok("recall", json!({"query": "Mina", "limit": 2})).await;
+        assert_eq!(limited.as_array().map(Vec::len), Some(2));
+        assert!(h.recall_ids("submarine").await.is_empty());
+    }
 }
 
 #[tokio::test]
 async fn fts_syntax_in_queries_is_plain_text() {
-    let h = harness().await;
-    let id = h
-        .remember("The wifi password is in the red notebook", &[])
-        .await;
-    let hostile = [
-        "\"unbalanced quote",
-        "wifi AND OR NOT",
-        "NEAR(wifi password, 2)",
-        "content:wifi",
-        "wifi*",
-        "^wifi",
-        "(wifi",
-        "wifi) OR (",
-        "'; DROP TABLE memory_items; --",
-        "{content tags}: wifi",
-        "-wifi +password",
-    ];
-    for query in hostile {
-        let found = h.call("recall", json!({"query": query})).await;
-        assert!(found.is_ok(), "{query}: {found:?}");
-    }
-    assert_eq!(h.recall_ids("\"wifi").await, [id]);
-    assert_eq!(h.recall_ids("NEAR(wifi").await, [id]);
+    let (_dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        let id = h
+            .remember("The wifi password is in the red notebook", &[])
+            .await;
+        let hostile = [
+            "\"unbalanced quote",
+            "wifi AND OR NOT",
+            "NEAR(wifi password, 2)",
+            "content:wifi",
+            "wifi*",
+            "^wifi",
+            "(wifi",
+            "wifi) OR (",
+            "'; DROP TABLE memory_items; --",
+            "{content tags}: wifi",
+            "-wifi +password",
+        ];
+        for query in hostile {
+            let found = h.call("recall", json!({"query": query})).await;
+            assert!(found.is_ok(), "{query}: {found:?}");
+        }
+        assert_eq!(h.recall_ids("\"wifi").await, [id]);
+        assert_eq!(h.recall_ids("NEAR(wifi").await, [id]);
 
-    for query in ["", "  ", "*** \"\" ()"] {
-        let message = h.err("recall", json!({"query": query})).await;
-        assert!(message.contains("no searchable words"), "{message}");
+        for query in ["", "  ", "*** \"\" ()"] {
+            let message = h.err("recall", json!({"query": query})).await;
+            assert!(message.contains("no searchable words"), "{message}");
+        }
+        // The table survived.
+        assert_eq!(h.recall_ids("notebook").await, [id]);
     }
-    // The table survived.
-    assert_eq!(h.recall_ids("notebook").await, [id]);
 }
 
 #[tokio::test]
 async fn update_forget_and_list() {
-    let h = harness().await;
-    let id = h.remember("Jun's birthday is March 3", &["birthday"]).await;
-    let other = h.remember("Jun likes board games", &[]).await;
+    let (_dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        let id = h.remember("Jun's birthday is March 3", &["birthday"]).await;
+        let other = h.remember("Jun likes board games", &[]).await;
 
-    let duplicate = h
-        .ok(
-            "remember",
-            json!({"content": "  Jun's birthday is March 3 "}),
-        )
-        .await;
-    assert_eq!(duplicate["id"], id);
-    assert_eq!(duplicate["duplicate"], true);
+        let duplicate = h
+            .ok(
+                "remember",
+                json!({"content": "  Jun's birthday is March 3 "}),
+            )
+            .await;
+        assert_eq!(duplicate["id"], id);
+        assert_eq!(duplicate["duplicate"], true);
 
-    let updated = h
-        .ok(
-            "update_memory",
-            json!({"id": id, "content": "Jun's birthday is March 4"}),
-        )
-        .await;
-    assert_eq!(updated["content"], "Jun's birthday is March 4");
-    assert_eq!(updated["tags"], json!(["birthday"]));
-    // The index follows the update.
-    assert_eq!(h.recall_ids("March 4").await[0], id);
-    let retagged = h
-        .ok(
-            "update_memory",
-            json!({"id": id, "tags": ["Family", "family", "dates"]}),
-        )
-        .await;
-    assert_eq!(retagged["tags"], json!(["family", "dates"]));
-    assert!(h.recall_ids("birthday").await.contains(&id));
-    assert_eq!(
-        h.ok("recall", json!({"query": "jun", "tag": "birthday"}))
-            .await,
-        json!([])
-    );
+        let updated = h
+            .ok(
+                "update_memory",
+                json!({"id": id, "content": "Jun's birthday is March 4"}),
+            )
+            .await;
+        assert_eq!(updated["content"], "Jun's birthday is March 4");
+        assert_eq!(updated["tags"], json!(["birthday"]));
+        // The index follows the update.
+        assert_eq!(h.recall_ids("March 4").await[0], id);
+        let retagged = h
+            .ok(
+                "update_memory",
+                json!({"id": id, "tags": ["Family", "family", "dates"]}),
+            )
+            .await;
+        assert_eq!(retagged["tags"], json!(["family", "dates"]));
+        assert!(h.recall_ids("birthday").await.contains(&id));
+        assert_eq!(
+            h.ok("recall", json!({"query": "jun", "tag": "birthday"}))
+                .await,
+            json!([])
+        );
 
-    let message = h.err("update_memory", json!({"id": id})).await;
-    assert!(message.contains("nothing to change"), "{message}");
-    let message = h
-        .err("update_memory", json!({"id": 999, "content": "x"}))
-        .await;
-    assert!(message.contains("no memory with id 999"), "{message}");
+        let message = h.err("update_memory", json!({"id": id})).await;
+        assert!(message.contains("nothing to change"), "{message}");
+        let message = h
+            .err("update_memory", json!({"id": 999, "content": "x"}))
+            .await;
+        assert!(message.contains("no memory with id 999"), "{message}");
 
-    let page = h.ok("list_memories", json!({})).await;
-    assert_eq!(page["total"], 2);
-    let page = h
-        .ok("list_memories", json!({"tag": "family", "limit": 5}))
-        .await;
-    assert_eq!(page["total"], 1);
-    assert_eq!(page["memories"][0]["id"], id);
+        let page = h.ok("list_memories", json!({})).await;
+        assert_eq!(page["total"], 2);
+        let page = h
+            .ok("list_memories", json!({"tag": "family", "limit": 5}))
+            .await;
+        assert_eq!(page["total"], 1);
+        assert_eq!(page["memories"][0]["id"], id);
 
-    let forgotten = h.ok("forget", json!({"id": id})).await;
-    assert_eq!(forgotten["content"], "Jun's birthday is March 4");
-    assert!(h.recall_ids("birthday March").await.is_empty());
-    let message = h.err("forget", json!({"id": id})).await;
-    assert!(message.contains("no memory with id"), "{message}");
-    assert_eq!(h.recall_ids("board games").await, [other]);
+        let forgotten = h.ok("forget", json!({"id": id})).await;
+        assert_eq!(forgotten["content"], "Jun's birthday is March 4");
+        assert!(h.recall_ids("birthday March").await.is_empty());
+        let message = h.err("forget", json!({"id": id})).await;
+        assert!(message.contains("no memory with id"), "{message}");
+        assert_eq!(h.recall_ids("board games").await, [other]);
 
-    let message = h.err("remember", json!({"content": "   "})).await;
-    assert!(message.contains("empty"), "{message}");
+        let message = h.err("remember", json!({"content": "   "})).await;
+        assert!(message.contains("empty"), "{message}");
+    }
 }
 
 #[test]

@@ -2,11 +2,13 @@
 //! during a session, one database per session namespace.
 //!
 //! Tool signatures are engine-neutral; each tool dispatches on the store's backend
-//! to the engine's module (`sqlite` today; PostgreSQL will keep one schema per
-//! namespace beside it). `query_data` is read-only because the database engine
-//! refuses writes on the connection it uses, not because the SQL text was inspected.
-//! Depends on `loadout` only, never on another domain crate.
+//! to the engine's module (`sqlite`: one database file per namespace; `postgres`: one
+//! schema per namespace). `query_data` is read-only because the database engine
+//! refuses writes (a read-only connection, a `READ ONLY` transaction), not because
+//! the SQL text was inspected. Depends on `loadout` only, never on another domain
+//! crate.
 
+mod postgres;
 mod sqlite;
 
 use std::path::PathBuf;
@@ -123,7 +125,8 @@ pub struct RowsInserted {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QueryDataArgs {
-    /// One read-only SQL statement, normally a SELECT (SQLite dialect), e.g.
+    /// One read-only SQL statement, normally a SELECT (SQLite dialect, or PostgreSQL's
+    /// on a PostgreSQL store; standard SQL works on both), e.g.
     /// `SELECT city, avg(price) FROM sales GROUP BY city ORDER BY 2 DESC`.
     pub sql: String,
     /// Most rows to return: default 100, at most 1000.
@@ -202,6 +205,7 @@ pub async fn create_table(
 ) -> Result<TableCreated, ToolError> {
     match ctx.store().backend() {
         StoreBackend::Sqlite(_) => sqlite::create_table(sqlite_path(ctx)?, args).await,
+        StoreBackend::Postgres(store) => postgres::create_table(store, namespace(ctx)?, args).await,
         _ => Err(unsupported_backend()),
     }
 }
@@ -234,6 +238,7 @@ pub async fn insert_data(
     }
     match ctx.store().backend() {
         StoreBackend::Sqlite(_) => sqlite::insert_data(sqlite_path(ctx)?, args).await,
+        StoreBackend::Postgres(store) => postgres::insert_data(store, namespace(ctx)?, args).await,
         _ => Err(unsupported_backend()),
     }
 }
@@ -260,6 +265,16 @@ pub async fn query_data(args: QueryDataArgs, ctx: &ToolContext) -> Result<QueryR
         StoreBackend::Sqlite(_) => {
             sqlite::query_data(sqlite_path(ctx)?, args.sql, limit, sqlite::QUERY_TIMEOUT).await
         }
+        StoreBackend::Postgres(store) => {
+            postgres::query_data(
+                store,
+                namespace(ctx)?,
+                args.sql,
+                limit,
+                postgres::QUERY_TIMEOUT,
+            )
+            .await
+        }
         _ => Err(unsupported_backend()),
     }
 }
@@ -275,6 +290,7 @@ pub async fn query_data(args: QueryDataArgs, ctx: &ToolContext) -> Result<QueryR
 pub async fn list_tables(ctx: &ToolContext) -> Result<Vec<TableSummary>, ToolError> {
     match ctx.store().backend() {
         StoreBackend::Sqlite(_) => sqlite::list_tables(sqlite_path(ctx)?).await,
+        StoreBackend::Postgres(store) => postgres::list_tables(store, namespace(ctx)?).await,
         _ => Err(unsupported_backend()),
     }
 }
@@ -293,6 +309,9 @@ pub async fn describe_table(
 ) -> Result<TableDescription, ToolError> {
     match ctx.store().backend() {
         StoreBackend::Sqlite(_) => sqlite::describe_table(sqlite_path(ctx)?, args.table).await,
+        StoreBackend::Postgres(store) => {
+            postgres::describe_table(store, namespace(ctx)?, args.table).await
+        }
         _ => Err(unsupported_backend()),
     }
 }
@@ -309,6 +328,9 @@ pub async fn describe_table(
 pub async fn drop_table(args: TableArgs, ctx: &ToolContext) -> Result<TableDropped, ToolError> {
     match ctx.store().backend() {
         StoreBackend::Sqlite(_) => sqlite::drop_table(sqlite_path(ctx)?, args.table).await,
+        StoreBackend::Postgres(store) => {
+            postgres::drop_table(store, namespace(ctx)?, args.table).await
+        }
         _ => Err(unsupported_backend()),
     }
 }
@@ -320,8 +342,9 @@ fn unsupported_backend() -> ToolError {
     ToolError::execution("the scratchpad is not supported on this storage backend yet")
 }
 
-/// The session's database file: `<data dir>/scratchpad/<namespace>.db`.
-fn sqlite_path(ctx: &ToolContext) -> Result<PathBuf, ToolError> {
+/// The session's namespace, checked: it names a file (SQLite) or a schema
+/// (PostgreSQL).
+fn namespace(ctx: &ToolContext) -> Result<&str, ToolError> {
     let namespace = ctx.namespace();
     let ok = !namespace.is_empty()
         && namespace.len() <= 128
@@ -333,6 +356,12 @@ fn sqlite_path(ctx: &ToolContext) -> Result<PathBuf, ToolError> {
             "this session's namespace cannot name a scratchpad database (expected letters, digits, `_` or `-`)",
         ));
     }
+    Ok(namespace)
+}
+
+/// The session's database file: `<data dir>/scratchpad/<namespace>.db`.
+fn sqlite_path(ctx: &ToolContext) -> Result<PathBuf, ToolError> {
+    let namespace = namespace(ctx)?;
     Ok(ctx
         .store()
         .data_dir()

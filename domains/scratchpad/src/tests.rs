@@ -1,23 +1,38 @@
-//! Calls each tool through the registry, as a server would.
+//! Calls each tool through the registry, as a server would, on every backend
+//! [`loadout::store::testing::test_stores`] yields (SQLite always, PostgreSQL when
+//! `LOADOUT_TEST_POSTGRES_URL` is set).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loadout::{Registry, Settings, Store, ToolContext, ToolError};
+use loadout::store::StoreBackend;
+use loadout::store::testing::{TestStore, test_stores};
+use loadout::{Registry, Settings, ToolContext, ToolError};
 use serde_json::{Value, json};
 
 struct Harness {
-    dir: tempfile::TempDir,
+    /// The backend's name, for failure messages.
+    name: &'static str,
     registry: Arc<Registry>,
     ctx: ToolContext,
+    store: TestStore,
 }
 
-async fn harness() -> Harness {
+/// One harness per backend, each on fresh data.
+async fn harnesses() -> (tempfile::TempDir, Vec<Harness>) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = Store::open_dir(dir.path()).await.expect("store");
     let registry = Arc::new(Registry::from_inventory().expect("registry"));
-    let ctx = ToolContext::new(registry.clone(), Settings::new(store));
-    Harness { dir, registry, ctx }
+    let harnesses = test_stores(dir.path())
+        .await
+        .into_iter()
+        .map(|t| Harness {
+            name: t.name,
+            registry: registry.clone(),
+            ctx: ToolContext::new(registry.clone(), Settings::new(t.store.clone())),
+            store: t,
+        })
+        .collect();
+    (dir, harnesses)
 }
 
 impl Harness {
@@ -28,14 +43,24 @@ impl Harness {
     async fn ok(&self, tool: &str, args: Value) -> Value {
         match self.call(tool, args).await {
             Ok(value) => value,
-            Err(e) => panic!("{tool} failed: {e}"),
+            Err(e) => panic!("{}: {tool} failed: {e}", self.name),
         }
     }
 
     async fn err(&self, tool: &str, args: Value) -> String {
         match self.call(tool, args).await {
-            Ok(value) => panic!("{tool} should fail, returned {value}"),
+            Ok(value) => panic!("{}: {tool} should fail, returned {value}", self.name),
             Err(e) => e.to_string(),
+        }
+    }
+
+    /// A BOOLEAN cell as `query_data` returns it: 0/1 on SQLite (which stores
+    /// booleans as integers), true/false on PostgreSQL.
+    fn boolean(&self, value: bool) -> Value {
+        if self.store.is_postgres() {
+            json!(value)
+        } else {
+            json!(i64::from(value))
         }
     }
 
@@ -73,302 +98,357 @@ impl Harness {
 
 #[tokio::test]
 async fn create_insert_query_describe_drop() {
-    let h = harness().await;
-    h.with_people().await;
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        h.with_people().await;
 
-    let result = h
-        .ok(
-            "query_data",
-            json!({"sql": "SELECT name, active FROM people WHERE height > 1.65 ORDER BY name"}),
-        )
-        .await;
-    assert_eq!(result["columns"], json!(["name", "active"]));
-    assert_eq!(result["rows"], json!([["Bo", 0], ["지민", 1]]));
-    assert_eq!(result["truncated"], false);
+        let result = h
+            .ok(
+                "query_data",
+                json!({"sql": "SELECT name, active FROM people WHERE height > 1.65 ORDER BY name"}),
+            )
+            .await;
+        assert_eq!(result["columns"], json!(["name", "active"]));
+        assert_eq!(
+            result["rows"],
+            json!([["Bo", h.boolean(false)], ["지민", h.boolean(true)]])
+        );
+        assert_eq!(result["truncated"], false);
 
-    let tables = h.ok("list_tables", json!({})).await;
-    assert_eq!(tables[0]["table"], "people");
-    assert_eq!(tables[0]["n_rows"], 3);
+        let tables = h.ok("list_tables", json!({})).await;
+        assert_eq!(tables[0]["table"], "people");
+        assert_eq!(tables[0]["n_rows"], 3);
 
-    let described = h.ok("describe_table", json!({"table": "people"})).await;
-    assert_eq!(described["columns"][3]["type"], "BOOLEAN");
-    assert_eq!(described["columns"][0]["primary_key"], true);
-    assert_eq!(described["columns"][1]["not_null"], true);
+        let described = h.ok("describe_table", json!({"table": "people"})).await;
+        assert_eq!(described["columns"][3]["type"], "BOOLEAN");
+        assert_eq!(described["columns"][0]["primary_key"], true);
+        assert_eq!(described["columns"][1]["not_null"], true);
 
-    let dropped = h.ok("drop_table", json!({"table": "people"})).await;
-    assert_eq!(dropped["n_rows_deleted"], 3);
-    assert_eq!(h.ok("list_tables", json!({})).await, json!([]));
-    let message = h.err("drop_table", json!({"table": "people"})).await;
-    assert!(message.contains("no table `people`"), "{message}");
+        let dropped = h.ok("drop_table", json!({"table": "people"})).await;
+        assert_eq!(dropped["n_rows_deleted"], 3);
+        assert_eq!(h.ok("list_tables", json!({})).await, json!([]));
+        let message = h.err("drop_table", json!({"table": "people"})).await;
+        assert!(message.contains("no table `people`"), "{message}");
+    }
+    drop(dir);
 }
 
 #[tokio::test]
 async fn inserts_are_typed_checked_and_atomic() {
-    let h = harness().await;
-    h.with_people().await;
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        h.with_people().await;
 
-    // A bad date in the second row: nothing of the call is kept.
-    let message = h
-        .err(
+        // A bad date in the second row: nothing of the call is kept.
+        let message = h
+            .err(
+                "insert_data",
+                json!({"table": "people", "rows": [
+                    {"name": "Cy"},
+                    {"name": "Di", "born": "31/12/2001"}
+                ]}),
+            )
+            .await;
+        assert!(message.contains("row 1"), "{message}");
+        assert!(message.contains("CHECK constraint failed"), "{message}");
+        assert_eq!(h.n_people().await, 3);
+
+        let message = h
+            .err(
+                "insert_data",
+                json!({"table": "people", "rows": [{"name": "Eve", "active": 2}]}),
+            )
+            .await;
+        assert!(message.contains("CHECK constraint failed"), "{message}");
+
+        let message = h
+            .err(
+                "insert_data",
+                json!({"table": "people", "rows": [{"nickname": "x"}]}),
+            )
+            .await;
+        assert!(message.contains("has no column `nickname`"), "{message}");
+
+        let message = h
+            .err(
+                "insert_data",
+                json!({"table": "people", "rows": [{"height": 1.5}]}),
+            )
+            .await;
+        assert!(message.contains("NOT NULL"), "{message}");
+
+        // Values that look like SQL are stored as text, never run.
+        h.ok(
             "insert_data",
-            json!({"table": "people", "rows": [
-                {"name": "Cy"},
-                {"name": "Di", "born": "31/12/2001"}
-            ]}),
+            json!({"table": "people", "rows": [{"name": "x'); DROP TABLE people; --"}]}),
         )
         .await;
-    assert!(message.contains("row 1"), "{message}");
-    assert!(message.contains("CHECK constraint failed"), "{message}");
-    assert_eq!(h.n_people().await, 3);
+        assert_eq!(h.n_people().await, 4);
 
-    let message = h
-        .err(
-            "insert_data",
-            json!({"table": "people", "rows": [{"name": "Eve", "active": 2}]}),
-        )
-        .await;
-    assert!(message.contains("CHECK constraint failed"), "{message}");
-
-    let message = h
-        .err(
-            "insert_data",
-            json!({"table": "people", "rows": [{"nickname": "x"}]}),
-        )
-        .await;
-    assert!(message.contains("has no column `nickname`"), "{message}");
-
-    let message = h
-        .err(
-            "insert_data",
-            json!({"table": "people", "rows": [{"height": 1.5}]}),
-        )
-        .await;
-    assert!(message.contains("NOT NULL"), "{message}");
-
-    // Values that look like SQL are stored as text, never run.
-    h.ok(
-        "insert_data",
-        json!({"table": "people", "rows": [{"name": "x'); DROP TABLE people; --"}]}),
-    )
-    .await;
-    assert_eq!(h.n_people().await, 4);
-
-    let message = h
-        .err("insert_data", json!({"table": "nope", "rows": [{"a": 1}]}))
-        .await;
-    assert!(message.contains("no table `nope`"), "{message}");
+        let message = h
+            .err("insert_data", json!({"table": "nope", "rows": [{"a": 1}]}))
+            .await;
+        assert!(message.contains("no table `nope`"), "{message}");
+    }
+    drop(dir);
 }
 
 #[tokio::test]
 async fn identifiers_are_validated() {
-    let h = harness().await;
-    for table in [
-        "x\"; DROP TABLE y; --",
-        "1abc",
-        "",
-        "a b",
-        "sqlite_master",
-        &"a".repeat(64),
-    ] {
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        for table in [
+            "x\"; DROP TABLE y; --",
+            "1abc",
+            "",
+            "a b",
+            "sqlite_master",
+            &"a".repeat(64),
+        ] {
+            let message = h
+                .err(
+                    "create_table",
+                    json!({"table": table, "columns": [{"name": "a", "type": "TEXT"}]}),
+                )
+                .await;
+            assert!(message.contains("invalid table name"), "{table}: {message}");
+        }
         let message = h
             .err(
                 "create_table",
-                json!({"table": table, "columns": [{"name": "a", "type": "TEXT"}]}),
+                json!({"table": "t", "columns": [{"name": "a-b", "type": "TEXT"}]}),
             )
             .await;
-        assert!(message.contains("invalid table name"), "{table}: {message}");
+        assert!(message.contains("invalid column name"), "{message}");
+
+        let error = h
+            .call(
+                "create_table",
+                json!({"table": "t", "columns": [{"name": "a", "type": "BLOB"}]}),
+            )
+            .await
+            .expect_err("type outside the fixed set");
+        assert!(matches!(error, ToolError::InvalidArgs { .. }), "{error:?}");
+
+        h.ok(
+            "create_table",
+            json!({"table": "_T1", "columns": [{"name": "a", "type": "TEXT"}]}),
+        )
+        .await;
+        let message = h
+            .err(
+                "create_table",
+                json!({"table": "_t1", "columns": [{"name": "a", "type": "TEXT"}]}),
+            )
+            .await;
+        assert!(message.contains("already exists"), "{message}");
+        let again = h
+            .ok(
+                "create_table",
+                json!({"table": "_T1", "columns": [{"name": "a", "type": "TEXT"}], "if_not_exists": true}),
+            )
+            .await;
+        assert_eq!(again["created"], false);
     }
-    let message = h
-        .err(
-            "create_table",
-            json!({"table": "t", "columns": [{"name": "a-b", "type": "TEXT"}]}),
-        )
-        .await;
-    assert!(message.contains("invalid column name"), "{message}");
-
-    let error = h
-        .call(
-            "create_table",
-            json!({"table": "t", "columns": [{"name": "a", "type": "BLOB"}]}),
-        )
-        .await
-        .expect_err("type outside the fixed set");
-    assert!(matches!(error, ToolError::InvalidArgs { .. }), "{error:?}");
-
-    h.ok(
-        "create_table",
-        json!({"table": "_T1", "columns": [{"name": "a", "type": "TEXT"}]}),
-    )
-    .await;
-    let message = h
-        .err(
-            "create_table",
-            json!({"table": "_t1", "columns": [{"name": "a", "type": "TEXT"}]}),
-        )
-        .await;
-    assert!(message.contains("already exists"), "{message}");
-    let again = h
-        .ok(
-            "create_table",
-            json!({"table": "_T1", "columns": [{"name": "a", "type": "TEXT"}], "if_not_exists": true}),
-        )
-        .await;
-    assert_eq!(again["created"], false);
+    drop(dir);
 }
 
 #[tokio::test]
 async fn query_data_is_read_only() {
-    let h = harness().await;
-    h.with_people().await;
-    let outside = h.dir.path().join("outside.db");
-    let attach = format!("ATTACH DATABASE '{}' AS other", outside.display());
-    let vacuum = format!("VACUUM INTO '{}'", outside.display());
-    let writes = [
-        "INSERT INTO people(name) VALUES ('Mallory')",
-        "UPDATE people SET name = 'Mallory'",
-        "DELETE FROM people",
-        "DROP TABLE people",
-        "CREATE TABLE evil(x)",
-        "CREATE TEMP TABLE evil(x)",
-        "ALTER TABLE people ADD COLUMN evil TEXT",
-        "PRAGMA user_version = 7",
-        "REPLACE INTO people(id, name) VALUES (1, 'Mallory')",
-        "WITH x AS (SELECT 1) DELETE FROM people",
-        attach.as_str(),
-        vacuum.as_str(),
-        "SELECT 1; DROP TABLE people",
-        "SELECT 1; SELECT 2",
-    ];
-    for sql in writes {
-        let message = h.err("query_data", json!({"sql": sql})).await;
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        h.with_people().await;
+        let outside = h.store.data_dir.join("outside.db");
+        let attach = format!("ATTACH DATABASE '{}' AS other", outside.display());
+        let vacuum = format!("VACUUM INTO '{}'", outside.display());
+        // Valid SQL on both engines, then each engine's own ways to write.
+        let mut writes = vec![
+            "INSERT INTO people(name) VALUES ('Mallory')",
+            "UPDATE people SET name = 'Mallory'",
+            "DELETE FROM people",
+            "DROP TABLE people",
+            "CREATE TABLE evil(x TEXT)",
+            "CREATE TEMP TABLE evil(x TEXT)",
+            "ALTER TABLE people ADD COLUMN evil TEXT",
+            "WITH x AS (SELECT 1) DELETE FROM people",
+            "SELECT 1; DROP TABLE people",
+            "SELECT 1; SELECT 2",
+        ];
+        if h.store.is_postgres() {
+            writes.extend([
+                "TRUNCATE people",
+                "SELECT * FROM people FOR UPDATE",
+                "SELECT nextval('people_id_seq')",
+                "EXPLAIN ANALYZE DELETE FROM people",
+                "DO $$ BEGIN DELETE FROM people; END $$",
+                "CREATE SCHEMA evil",
+                "SELECT 1; COMMIT; DELETE FROM people",
+            ]);
+        } else {
+            writes.extend([
+                "CREATE TABLE evil(x)",
+                "PRAGMA user_version = 7",
+                "REPLACE INTO people(id, name) VALUES (1, 'Mallory')",
+                attach.as_str(),
+                vacuum.as_str(),
+            ]);
+        }
+        for sql in writes {
+            let message = h.err("query_data", json!({"sql": sql})).await;
+            assert!(
+                message.contains("read-only")
+                    || message.contains("exactly one statement")
+                    || message.contains("cannot attach"),
+                "{}: {sql}: {message}",
+                h.name
+            );
+        }
         assert!(
-            message.contains("read-only")
-                || message.contains("exactly one statement")
-                || message.contains("cannot attach"),
-            "{sql}: {message}"
+            !outside.exists(),
+            "no file may be created through query_data"
         );
+        assert_eq!(h.n_people().await, 3);
+        let names = h
+            .ok(
+                "query_data",
+                json!({"sql": "SELECT name FROM people ORDER BY id"}),
+            )
+            .await;
+        assert_eq!(names["rows"], json!([["Ana"], ["Bo"], ["지민"]]));
+        if !h.store.is_postgres() {
+            let version = h
+                .ok("query_data", json!({"sql": "PRAGMA user_version"}))
+                .await;
+            assert_eq!(version["rows"], json!([[0]]));
+        }
+        // A trailing `;` or comment is still one statement.
+        h.ok("query_data", json!({"sql": "SELECT 1; -- done"}))
+            .await;
     }
-    assert!(
-        !outside.exists(),
-        "no file may be created through query_data"
-    );
-    assert_eq!(h.n_people().await, 3);
-    let names = h
-        .ok(
-            "query_data",
-            json!({"sql": "SELECT name FROM people ORDER BY id"}),
-        )
-        .await;
-    assert_eq!(names["rows"], json!([["Ana"], ["Bo"], ["지민"]]));
-    let version = h
-        .ok("query_data", json!({"sql": "PRAGMA user_version"}))
-        .await;
-    assert_eq!(version["rows"], json!([[0]]));
-    // A trailing `;` or comment is still one statement.
-    h.ok("query_data", json!({"sql": "SELECT 1; -- done"}))
-        .await;
+    drop(dir);
 }
 
 #[tokio::test]
 async fn row_limit_and_truncation() {
-    let h = harness().await;
-    h.ok(
-        "create_table",
-        json!({"table": "n", "columns": [{"name": "i", "type": "INTEGER"}]}),
-    )
-    .await;
-    let rows: Vec<Value> = (0..1000).map(|i| json!({"i": i})).collect();
-    h.ok("insert_data", json!({"table": "n", "rows": rows}))
-        .await;
-    h.ok("insert_data", json!({"table": "n", "rows": rows}))
-        .await;
-
-    let default = h.ok("query_data", json!({"sql": "SELECT i FROM n"})).await;
-    assert_eq!(default["n_rows"], 100);
-    assert_eq!(default["truncated"], true);
-
-    let small = h
-        .ok("query_data", json!({"sql": "SELECT i FROM n", "limit": 5}))
-        .await;
-    assert_eq!(small["rows"], json!([[0], [1], [2], [3], [4]]));
-    assert_eq!(small["truncated"], true);
-
-    let capped = h
-        .ok(
-            "query_data",
-            json!({"sql": "SELECT i FROM n", "limit": 50000}),
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        h.ok(
+            "create_table",
+            json!({"table": "n", "columns": [{"name": "i", "type": "INTEGER"}]}),
         )
         .await;
-    assert_eq!(capped["n_rows"], 1000);
-    assert_eq!(capped["limit"], 1000);
-    assert_eq!(capped["truncated"], true);
+        let rows: Vec<Value> = (0..1000).map(|i| json!({"i": i})).collect();
+        h.ok("insert_data", json!({"table": "n", "rows": rows}))
+            .await;
+        h.ok("insert_data", json!({"table": "n", "rows": rows}))
+            .await;
 
-    let exact = h
-        .ok(
-            "query_data",
-            json!({"sql": "SELECT i FROM n WHERE i < 3", "limit": 6}),
-        )
-        .await;
-    assert_eq!(exact["n_rows"], 6);
-    assert_eq!(exact["truncated"], false);
+        let default = h.ok("query_data", json!({"sql": "SELECT i FROM n"})).await;
+        assert_eq!(default["n_rows"], 100);
+        assert_eq!(default["truncated"], true);
 
-    let too_many: Vec<Value> = (0..1001).map(|i| json!({"i": i})).collect();
-    let message = h
-        .err("insert_data", json!({"table": "n", "rows": too_many}))
-        .await;
-    assert!(message.contains("at most 1000"), "{message}");
+        let small = h
+            .ok("query_data", json!({"sql": "SELECT i FROM n", "limit": 5}))
+            .await;
+        assert_eq!(small["rows"], json!([[0], [1], [2], [3], [4]]));
+        assert_eq!(small["truncated"], true);
+
+        let capped = h
+            .ok(
+                "query_data",
+                json!({"sql": "SELECT i FROM n", "limit": 50000}),
+            )
+            .await;
+        assert_eq!(capped["n_rows"], 1000);
+        assert_eq!(capped["limit"], 1000);
+        assert_eq!(capped["truncated"], true);
+
+        let exact = h
+            .ok(
+                "query_data",
+                json!({"sql": "SELECT i FROM n WHERE i < 3", "limit": 6}),
+            )
+            .await;
+        assert_eq!(exact["n_rows"], 6);
+        assert_eq!(exact["truncated"], false);
+
+        let too_many: Vec<Value> = (0..1001).map(|i| json!({"i": i})).collect();
+        let message = h
+            .err("insert_data", json!({"table": "n", "rows": too_many}))
+            .await;
+        assert!(message.contains("at most 1000"), "{message}");
+    }
+    drop(dir);
 }
 
 #[tokio::test]
 async fn runaway_queries_are_interrupted() {
-    let h = harness().await;
-    let path = h.dir.path().join("scratchpad").join("timeout.db");
-    let started = Instant::now();
-    let error = crate::sqlite::query_data(
-        path,
-        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
-            .into(),
-        10,
-        Duration::from_millis(200),
-    )
-    .await
-    .expect_err("interrupted");
-    assert!(error.to_string().contains("was stopped"), "{error}");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        let sql = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+        let started = Instant::now();
+        let timeout = Duration::from_millis(200);
+        let error = match h.store.store.backend() {
+            StoreBackend::Sqlite(_) => {
+                let path = h.store.data_dir.join("scratchpad").join("timeout.db");
+                crate::sqlite::query_data(path, sql.into(), 10, timeout).await
+            }
+            StoreBackend::Postgres(store) => {
+                crate::postgres::query_data(store, "timeout", sql.into(), 10, timeout).await
+            }
+            _ => panic!("a backend without a scratchpad"),
+        }
+        .expect_err("interrupted");
+        assert!(error.to_string().contains("was stopped"), "{error}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    drop(dir);
 }
 
 #[tokio::test]
 async fn each_session_has_its_own_database() {
-    let h = harness().await;
-    let alice = h.ctx.clone().with_session("alice");
-    let bob = h.ctx.clone().with_session("bob");
-    h.registry
-        .call(
-            "create_table",
-            json!({"table": "notes", "columns": [{"name": "t", "type": "TEXT"}]}),
-            alice.clone(),
-        )
-        .await
-        .expect("create");
-    let alice_tables = h
-        .registry
-        .call("list_tables", json!({}), alice)
-        .await
-        .expect("list");
-    let bob_tables = h
-        .registry
-        .call("list_tables", json!({}), bob)
-        .await
-        .expect("list");
-    assert_eq!(alice_tables.as_array().map(Vec::len), Some(1));
-    assert_eq!(bob_tables, json!([]));
-    assert!(h.dir.path().join("scratchpad/alice.db").exists());
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        let alice = h.ctx.clone().with_session("alice");
+        let bob = h.ctx.clone().with_session("bob");
+        h.registry
+            .call(
+                "create_table",
+                json!({"table": "notes", "columns": [{"name": "t", "type": "TEXT"}]}),
+                alice.clone(),
+            )
+            .await
+            .expect("create");
+        let alice_tables = h
+            .registry
+            .call("list_tables", json!({}), alice)
+            .await
+            .expect("list");
+        let bob_tables = h
+            .registry
+            .call("list_tables", json!({}), bob)
+            .await
+            .expect("list");
+        assert_eq!(alice_tables.as_array().map(Vec::len), Some(1));
+        assert_eq!(bob_tables, json!([]));
+        if !h.store.is_postgres() {
+            assert!(h.store.data_dir.join("scratchpad/alice.db").exists());
+        }
 
-    let sneaky = h.ctx.clone().with_session("../evil");
-    let error = h
-        .registry
-        .call("list_tables", json!({}), sneaky)
-        .await
-        .expect_err("bad namespace");
-    assert!(error.to_string().contains("namespace"), "{error}");
+        let sneaky = h.ctx.clone().with_session("../evil");
+        let error = h
+            .registry
+            .call("list_tables", json!({}), sneaky)
+            .await
+            .expect_err("bad namespace");
+        assert!(error.to_string().contains("namespace"), "{error}");
+    }
+    drop(dir);
 }

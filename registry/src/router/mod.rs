@@ -6,24 +6,35 @@
 //! [`SessionView`] updates return; the eval does the same in memory.
 //!
 //! Stages, in order (see [`Stage`]): activation by settings; always-on core; session
-//! (pinned, sticky, loaded by meta-tools); keywords; similarity (BM25, and a dense stage
-//! when a [`DenseIndex`] is installed); carry-over of last turn's tools for a follow-up
-//! without evidence; fallback when nothing optional is selected; granularity (large
-//! domains send their best tools and hint the rest); collisions; token budget.
+//! (pinned, sticky, loaded by meta-tools); "no tool needed" for chit-chat (core only);
+//! keywords; similarity (BM25, and a dense stage once a [`DenseIndex`] is attached);
+//! carry-over of last turn's tools for a follow-up without evidence; fallback when
+//! nothing optional is selected; granularity (large domains send their best tools and
+//! hint the rest); collisions; token budget.
+//!
+//! Similarity is scored for the whole message and for each request of a message that
+//! chains several (`requests`), best per request. Per piece, a domain passes the BM25
+//! gate or the dense gate; passing domains are ordered by reciprocal-rank fusion of
+//! their BM25 and dense ranks (stage `fused` when both gates pass, else `bm25` or
+//! `dense`, with every score in the reason). Tools inside a domain are ranked by the
+//! fused rank of their own BM25 and dense scores.
 //!
 //! Recall comes first: a needed tool that is hidden breaks the task, an extra tool only
 //! costs tokens. So every selected domain sends at least its best tools, and the budget
 //! never drops core, pinned, sticky or loaded tools.
 
+mod chitchat;
 mod embed;
 mod keywords;
 mod lexical;
+mod requests;
 mod selection;
 mod session;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use serde::Deserialize;
 
@@ -34,6 +45,7 @@ pub use selection::{
 pub use session::{SessionError, SessionView, carry_over};
 
 use crate::Registry;
+use embed::DenseOwner;
 use keywords::{KeywordIndex, KeywordOwner};
 use lexical::{Bm25Index, Field};
 
@@ -68,8 +80,29 @@ pub struct RouterConfig {
     pub max_hints: usize,
     /// Least cosine for the dense stage to select a domain.
     pub dense_min_score: f32,
-    /// At most this many domains selected by the dense stage alone.
+    /// A dense-selected domain must also be within this much cosine of the best
+    /// domain's (per request).
+    pub dense_margin: f32,
+    /// The domain with the best cosine (per request) passes the dense gate from this
+    /// lower cosine, when it leads the next domain by at least `dense_margin / 2`.
+    pub dense_top1_min_score: f32,
+    /// At most this many domains selected by similarity (BM25 or dense) for the whole
+    /// message when the dense stage is on.
     pub dense_top_k: usize,
+    /// At most this many domains selected by similarity for each request of a message
+    /// that chains several (`check the weather and book the dentist`).
+    pub request_top_k: usize,
+    /// Cosines are mapped to the 0..1 scale of the other stages linearly from
+    /// `dense_floor` (0) to `dense_ceiling` (1).
+    pub dense_floor: f32,
+    pub dense_ceiling: f32,
+    /// Reciprocal-rank fusion constant: a rank `r` counts `1 / (rrf_k + r)`.
+    pub rrf_k: f32,
+    /// Greetings, thanks and chit-chat with no evidence send core only.
+    pub no_tool_for_chitchat: bool,
+    /// A chit-chat message is still routed when a domain's similarity (0..1) reaches
+    /// this.
+    pub chitchat_max_similarity: f32,
     /// Results of [`Router::search`].
     pub search_limit: usize,
 }
@@ -87,7 +120,15 @@ impl Default for RouterConfig {
             carry_over: true,
             max_hints: 40,
             dense_min_score: 0.35,
-            dense_top_k: 2,
+            dense_margin: 0.08,
+            dense_top1_min_score: 0.25,
+            dense_top_k: 3,
+            request_top_k: 2,
+            dense_floor: 0.2,
+            dense_ceiling: 0.7,
+            rrf_k: 10.0,
+            no_tool_for_chitchat: true,
+            chitchat_max_similarity: 0.5,
             search_limit: 10,
         }
     }
@@ -113,7 +154,14 @@ pub struct Router {
     keywords: KeywordIndex,
     tool_index: Bm25Index,
     domain_index: Bm25Index,
-    dense: Option<DenseIndex>,
+    /// Attached once its vectors are ready (see [`Router::attach_dense`]).
+    dense: OnceLock<DenseIndex>,
+    /// Set while the dense stage is being prepared, so selections can say why they are
+    /// lexical-only.
+    dense_pending: AtomicBool,
+    /// Texts the dense stage embeds, and what each stands for.
+    dense_texts: Vec<String>,
+    dense_owners: Vec<DenseOwner>,
     tool_domain: Vec<usize>,
     tool_names: Vec<Name>,
     tool_hints: Vec<Name>,
@@ -137,7 +185,7 @@ impl std::fmt::Debug for Router {
         f.debug_struct("Router")
             .field("registry", &self.registry)
             .field("keywords", &self.keywords.n_patterns())
-            .field("dense", &self.dense)
+            .field("dense", &self.dense.get())
             .finish()
     }
 }
@@ -147,12 +195,32 @@ struct Evidence {
     active: Vec<bool>,
     domain_keyword_hits: Vec<u16>,
     tool_keyword_hits: Vec<u16>,
-    /// Per tool: BM25 share of the message it explains, 0..1 (plus dense when present).
+    /// Per tool: what ranks tools inside a domain: the BM25 share (0..1) lexical-only,
+    /// the fused (RRF) score of BM25 and dense with the dense stage; best over the
+    /// message and its requests.
     tool_similarity: Vec<f32>,
-    /// Per domain: the better of its own text's and its best tool's similarity.
+    /// Per domain: the best of its BM25 share and its calibrated cosine over the
+    /// message and its requests, each the better of its own text's and its best tool's.
     domain_similarity: Vec<f32>,
+    /// Per piece (the whole message, then each request when there are several).
+    pieces: Vec<PieceScores>,
+    /// The dense stage ran for this message.
+    dense_on: bool,
     notes: Vec<String>,
-    similarity_stage: Stage,
+}
+
+/// Per piece of the message: cosines per tool and per domain text.
+struct DenseCosines {
+    tools: Vec<Vec<f32>>,
+    domains: Vec<Vec<f32>>,
+}
+
+/// Domain scores for one piece of the message.
+struct PieceScores {
+    /// BM25 share, 0..1.
+    domain_bm25: Vec<f32>,
+    /// Cosine, 0..1 (zeros when the dense stage is off).
+    domain_dense: Vec<f32>,
 }
 
 impl Router {
@@ -290,9 +358,29 @@ impl Router {
                 let last_word = t.name.rsplit('_').next().unwrap_or("");
                 let reads_first =
                     t.name.split('_').any(|w| reads.contains(&w)) || last_word == "status";
-                if reads_first { 0.002 } else { 0.0 }
+                if reads_first { READ_PRIOR } else { 0.0 }
             })
             .collect();
+
+        // Dense texts: per tool its spaced name and description, then each example;
+        // per domain its name and description.
+        let mut dense_texts = Vec::with_capacity(tools.len() + domains.len());
+        let mut dense_owners = Vec::with_capacity(tools.len() + domains.len());
+        for (t, tool) in tools.iter().enumerate() {
+            dense_texts.push(format!("{}: {}", spaced_tool_names[t], tool.description));
+            dense_owners.push(DenseOwner::Tool(t));
+            for example in tool.examples.iter().filter(|e| !e.trim().is_empty()) {
+                dense_texts.push(example.clone());
+                dense_owners.push(DenseOwner::Tool(t));
+            }
+        }
+        for (d, domain) in domains.iter().enumerate() {
+            dense_texts.push(format!(
+                "{}: {}",
+                spaced_domain_names[d], domain.description
+            ));
+            dense_owners.push(DenseOwner::Domain(d));
+        }
 
         let tool_names = tools.iter().map(|t| Name::from(t.name.as_str())).collect();
         let tool_hints = tools.iter().map(|t| Name::from(t.hint.as_str())).collect();
@@ -309,7 +397,10 @@ impl Router {
             keywords,
             tool_index,
             domain_index,
-            dense: None,
+            dense: OnceLock::new(),
+            dense_pending: AtomicBool::new(false),
+            dense_texts,
+            dense_owners,
             tool_domain,
             tools_by_domain,
             domain_is_core,
@@ -322,10 +413,48 @@ impl Router {
         }
     }
 
-    /// Installs (or removes) the dense stage. Vectors must be in registry tool order;
-    /// with a mismatched count the stage stays off and selections say why.
+    /// Installs (or removes) the dense stage. Vectors must be in [`Router::dense_texts`]
+    /// order; with a mismatched count the stage stays off and selections say why.
     pub fn set_dense(&mut self, dense: Option<DenseIndex>) {
-        self.dense = dense;
+        self.dense = OnceLock::new();
+        if let Some(dense) = dense {
+            let _ = self.dense.set(dense);
+        }
+        *self.dense_pending.get_mut() = false;
+    }
+
+    /// Attaches the dense stage to a shared router, once (e.g. from the background task
+    /// that computed the vectors). Gives the index back if one is already attached.
+    pub fn attach_dense(&self, dense: DenseIndex) -> Result<(), DenseIndex> {
+        let result = self.dense.set(dense);
+        self.dense_pending.store(false, Ordering::Release);
+        result
+    }
+
+    /// Says that a dense stage is being prepared: until it is attached, selections
+    /// note that they are lexical-only. `false` withdraws it (preparation failed).
+    pub fn set_dense_pending(&self, pending: bool) {
+        self.dense_pending.store(pending, Ordering::Release);
+    }
+
+    /// The dense stage, when attached.
+    pub fn dense(&self) -> Option<&DenseIndex> {
+        self.dense.get()
+    }
+
+    /// The texts the dense stage embeds, in the order [`DenseIndex::new`] expects
+    /// their vectors: per tool `name: description` then each of its examples, then per
+    /// domain `name: description`.
+    pub fn dense_texts(&self) -> &[String] {
+        &self.dense_texts
+    }
+
+    /// Which tool a dense text stands for (`None` for a domain's text).
+    pub fn dense_text_tool(&self, idx: usize) -> Option<usize> {
+        match self.dense_owners.get(idx) {
+            Some(DenseOwner::Tool(t)) => Some(*t),
+            _ => None,
+        }
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
@@ -436,81 +565,175 @@ impl Router {
             }
         });
 
-        let mut terms = Vec::new();
-        let mut tool_similarity = vec![0.0f32; n_tools];
-        self.tool_index.query_terms(&lowered, &mut terms);
-        let tool_query_mass: f32 = terms
-            .iter()
-            .map(|&t| self.tool_index.max_term_score(t))
-            .sum();
-        if tool_query_mass > 0.0 {
-            self.tool_index.score_into(&terms, &mut tool_similarity);
-            for score in &mut tool_similarity {
-                *score /= tool_query_mass;
-            }
-        }
-        let mut domain_text_similarity = vec![0.0f32; n_domains];
-        self.domain_index.query_terms(&lowered, &mut terms);
-        let domain_query_mass: f32 = terms
-            .iter()
-            .map(|&t| self.domain_index.max_term_score(t))
-            .sum();
-        if domain_query_mass > 0.0 {
-            self.domain_index
-                .score_into(&terms, &mut domain_text_similarity);
-            for score in &mut domain_text_similarity {
-                *score /= domain_query_mass;
-            }
+        // The message, then each of its requests when it chains several.
+        let requests = requests::split_requests(message);
+        let mut piece_texts: Vec<&str> = vec![message.trim()];
+        if requests.len() > 1 {
+            piece_texts.extend(requests);
         }
 
         let mut notes = Vec::new();
-        let mut similarity_stage = Stage::Bm25;
-        if let Some(dense) = &self.dense {
-            match self.dense_scores(dense, message) {
-                Ok(cosines) => {
-                    similarity_stage = Stage::Fused;
-                    for (score, cosine) in tool_similarity.iter_mut().zip(cosines) {
-                        *score = score.max(cosine);
-                    }
+        let dense_cosines = match self.dense.get() {
+            Some(dense) => match self.dense_scores(dense, &piece_texts) {
+                Ok(cosines) => Some(cosines),
+                Err(error) => {
+                    notes.push(format!("dense stage off ({error}); lexical only"));
+                    None
                 }
-                Err(message) => notes.push(format!("dense stage off ({message}); lexical only")),
+            },
+            None => {
+                if self.dense_pending.load(Ordering::Acquire) {
+                    notes.push(
+                        "dense stage not ready (tool vectors are being computed); lexical only"
+                            .to_owned(),
+                    );
+                }
+                None
             }
-        }
+        };
+        let dense_on = dense_cosines.is_some();
 
-        let mut domain_similarity = domain_text_similarity;
-        for (t, &score) in tool_similarity.iter().enumerate() {
-            if let Some(slot) = domain_similarity.get_mut(self.tool_domain[t]) {
+        let mut terms = Vec::new();
+        let mut piece_tool_bm25 = vec![0.0f32; n_tools];
+        let mut tool_bm25 = vec![0.0f32; n_tools];
+        let mut tool_dense = vec![0.0f32; n_tools];
+        let mut tool_similarity = vec![0.0f32; n_tools];
+        let mut domain_similarity = vec![0.0f32; n_domains];
+        let mut pieces = Vec::with_capacity(piece_texts.len());
+        let mut lowered_piece = String::new();
+        for (p, piece) in piece_texts.iter().enumerate() {
+            lowered_piece.clear();
+            lowered_piece.push_str(&piece.to_lowercase());
+            piece_tool_bm25.iter_mut().for_each(|s| *s = 0.0);
+            self.tool_index.query_terms(&lowered_piece, &mut terms);
+            let tool_query_mass: f32 = terms
+                .iter()
+                .map(|&t| self.tool_index.max_term_score(t))
+                .sum();
+            if tool_query_mass > 0.0 {
+                self.tool_index.score_into(&terms, &mut piece_tool_bm25);
+                for score in &mut piece_tool_bm25 {
+                    *score /= tool_query_mass;
+                }
+            }
+            let mut domain_bm25 = vec![0.0f32; n_domains];
+            self.domain_index.query_terms(&lowered_piece, &mut terms);
+            let domain_query_mass: f32 = terms
+                .iter()
+                .map(|&t| self.domain_index.max_term_score(t))
+                .sum();
+            if domain_query_mass > 0.0 {
+                self.domain_index.score_into(&terms, &mut domain_bm25);
+                for score in &mut domain_bm25 {
+                    *score /= domain_query_mass;
+                }
+            }
+            for (t, &score) in piece_tool_bm25.iter().enumerate() {
+                tool_bm25[t] = tool_bm25[t].max(score);
+                let slot = &mut domain_bm25[self.tool_domain[t]];
                 *slot = slot.max(score);
             }
+
+            let mut domain_dense = vec![0.0f32; n_domains];
+            if let Some(cosines) = &dense_cosines {
+                let piece_tool_dense = &cosines.tools[p];
+                for (t, &cosine) in piece_tool_dense.iter().enumerate() {
+                    tool_dense[t] = tool_dense[t].max(cosine);
+                    let slot = &mut domain_dense[self.tool_domain[t]];
+                    *slot = slot.max(cosine);
+                }
+                for (slot, &cosine) in domain_dense.iter_mut().zip(&cosines.domains[p]) {
+                    *slot = slot.max(cosine);
+                }
+                // Tools: reciprocal-rank fusion of this piece's BM25 and dense ranks.
+                let fused = rrf(&[&piece_tool_bm25, piece_tool_dense], self.config.rrf_k);
+                for (slot, score) in tool_similarity.iter_mut().zip(fused) {
+                    *slot = slot.max(score);
+                }
+            }
+            for d in 0..n_domains {
+                let combined = domain_bm25[d].max(self.calibrated(domain_dense[d]));
+                domain_similarity[d] = domain_similarity[d].max(combined);
+            }
+            pieces.push(PieceScores {
+                domain_bm25,
+                domain_dense,
+            });
         }
+        if !dense_on {
+            tool_similarity.clone_from(&tool_bm25);
+        }
+
         Evidence {
             active,
             domain_keyword_hits,
             tool_keyword_hits,
             tool_similarity,
             domain_similarity,
+            pieces,
+            dense_on,
             notes,
-            similarity_stage,
         }
     }
 
-    /// Per-tool cosine between the message and the tool vectors, clamped to 0..1.
-    fn dense_scores(&self, dense: &DenseIndex, message: &str) -> Result<Vec<f32>, String> {
-        if dense.tool_vectors.len() != self.registry.all_tools().len() {
+    /// A cosine on the 0..1 scale of the other stages.
+    fn calibrated(&self, cosine: f32) -> f32 {
+        let span = (self.config.dense_ceiling - self.config.dense_floor).max(1e-3);
+        ((cosine - self.config.dense_floor) / span).clamp(0.0, 1.0)
+    }
+
+    /// Cosines between each piece and every tool (best over its texts) and domain,
+    /// clamped to 0..1. One embedder call for all pieces.
+    fn dense_scores(&self, dense: &DenseIndex, pieces: &[&str]) -> Result<DenseCosines, String> {
+        if let Some(invalid) = &dense.invalid {
+            return Err(invalid.clone());
+        }
+        if dense.n_rows != self.dense_texts.len() {
             return Err(format!(
-                "{} vectors for {} tools",
-                dense.tool_vectors.len(),
-                self.registry.all_tools().len()
+                "{} vectors for {} texts",
+                dense.n_rows,
+                self.dense_texts.len()
             ));
         }
-        let mut vectors = dense.embedder.embed(&[message])?;
-        let mut query = vectors.pop().ok_or("the embedder returned no vector")?;
-        embed::normalize(&mut query);
-        Ok(dense
-            .tool_vectors
-            .iter()
-            .map(|v| embed::dot(v, &query).max(0.0))
-            .collect())
+        let queries = dense.embedder.embed(pieces)?;
+        if queries.len() != pieces.len() {
+            return Err(format!(
+                "the embedder returned {} vectors for {} texts",
+                queries.len(),
+                pieces.len()
+            ));
+        }
+        let n_tools = self.tool_domain.len();
+        let n_domains = self.domain_names.len();
+        let mut cosines = DenseCosines {
+            tools: Vec::with_capacity(pieces.len()),
+            domains: Vec::with_capacity(pieces.len()),
+        };
+        for mut query in queries {
+            if query.len() != dense.dims {
+                return Err(format!(
+                    "query vector has {} dimensions, tool vectors {}",
+                    query.len(),
+                    dense.dims
+                ));
+            }
+            embed::normalize(&mut query);
+            let mut tools = vec![0.0f32; n_tools];
+            let mut domains = vec![0.0f32; n_domains];
+            for (row, owner) in self.dense_owners.iter().enumerate() {
+                let cosine = embed::dot(dense.row(row), &query).max(0.0);
+                let slot = match *owner {
+                    DenseOwner::Tool(t) => tools.get_mut(t),
+                    DenseOwner::Domain(d) => domains.get_mut(d),
+                };
+                if let Some(slot) = slot {
+                    *slot = slot.max(cosine);
+                }
+            }
+            cosines.tools.push(tools);
+            cosines.domains.push(domains);
+        }
+        Ok(cosines)
     }
 
     /// Routes one message. Pure: the same input gives the same selection.
@@ -524,6 +747,18 @@ impl Router {
         let budget = input.token_budget.unwrap_or(config.token_budget);
         let evidence = self.gather_evidence(input.message, input.settings);
         let mut notes = evidence.notes.clone();
+        let any_keyword = evidence.domain_keyword_hits.iter().any(|&h| h > 0)
+            || evidence.tool_keyword_hits.iter().any(|&h| h > 0);
+        let best_similarity = (0..n_domains)
+            .filter(|&d| evidence.active[d] && !self.domain_is_core[d])
+            .map(|d| evidence.domain_similarity[d])
+            .fold(0.0f32, f32::max);
+        let chit_chat = config.no_tool_for_chitchat
+            && !session.load_all_this_turn
+            && session.loaded_tools.is_empty()
+            && !any_keyword
+            && best_similarity < config.chitchat_max_similarity
+            && chitchat::is_chitchat(input.message);
 
         // Domain stages. `verdicts[d]` is `Some` once a stage has decided the domain.
         let mut verdicts: Vec<DomainVerdict> = Vec::with_capacity(n_domains);
@@ -591,37 +826,23 @@ impl Router {
             if evidence.active[d] {
                 n_active_tools += self.tools_by_domain[d].len();
             }
+            let verdict = if chit_chat && evidence.active[d] && !self.domain_is_core[d] {
+                DomainVerdict::out(
+                    Stage::NoToolNeeded,
+                    similarity,
+                    Cow::Borrowed("chit-chat with no evidence: no tool needed"),
+                )
+            } else {
+                verdict
+            };
             verdicts.push(verdict);
         }
 
-        // Similarity for active domains the keywords missed.
-        let best_similarity = (0..n_domains)
-            .filter(|&d| evidence.active[d] && !self.domain_is_core[d])
-            .map(|d| evidence.domain_similarity[d])
-            .fold(0.0f32, f32::max);
-        let mut by_similarity: Vec<usize> = (0..n_domains)
-            .filter(|&d| verdicts[d].stage == Stage::NotMatched)
-            .filter(|&d| {
-                let s = evidence.domain_similarity[d];
-                s >= config.bm25_min_score && s >= config.bm25_relative * best_similarity
-            })
-            .collect();
-        by_similarity.sort_by(|&a, &b| {
-            evidence.domain_similarity[b]
-                .total_cmp(&evidence.domain_similarity[a])
-                .then(a.cmp(&b))
-        });
-        let top_k = match evidence.similarity_stage {
-            Stage::Fused => config.bm25_top_k.max(config.dense_top_k),
-            _ => config.bm25_top_k,
-        };
-        for &d in by_similarity.iter().take(top_k) {
-            let score = evidence.domain_similarity[d];
-            verdicts[d] = DomainVerdict::ranked(
-                evidence.similarity_stage,
-                score,
-                Cow::Borrowed("similarity above threshold, among the best"),
-            );
+        // Similarity for active domains the keywords missed: per piece (the whole
+        // message, then each request), the best domains by fused rank among those that
+        // pass the BM25 or the dense gate.
+        if !chit_chat {
+            self.select_by_similarity(&evidence, &mut verdicts);
         }
 
         let evidence_found = verdicts.iter().any(|v| {
@@ -700,7 +921,10 @@ impl Router {
         }
 
         // A follow-up with no evidence of its own sees what the last turn sent.
-        if config.carry_over && !evidence_found {
+        if chit_chat {
+            notes.push("chit-chat: core only".to_owned());
+        }
+        if config.carry_over && !evidence_found && !chit_chat {
             for name in &session.carried_tools {
                 let Some(t) = registry.tool_idx(name) else {
                     continue;
@@ -724,7 +948,7 @@ impl Router {
         // Fallback: nothing optional selected.
         let any_optional =
             (0..n_domains).any(|d| !self.domain_is_core[d] && verdicts[d].included());
-        if !any_optional {
+        if !any_optional && !chit_chat {
             self.fallback(
                 &evidence,
                 session,
@@ -874,6 +1098,118 @@ impl Router {
         }
     }
 
+    /// The similarity stage: for each piece of the message, the domains no earlier
+    /// stage decided that pass the BM25 gate (share >= `bm25_min_score` and >=
+    /// `bm25_relative` of the piece's best) or the dense gate (cosine >=
+    /// `dense_min_score` and within `dense_margin` of the piece's best), best fused
+    /// rank first, at most `bm25_top_k`/`dense_top_k` for the whole message and
+    /// `request_top_k` per request.
+    fn select_by_similarity(&self, evidence: &Evidence, verdicts: &mut [DomainVerdict]) {
+        let config = &self.config;
+        let n_domains = verdicts.len();
+        let candidates: Vec<usize> = (0..n_domains)
+            .filter(|&d| evidence.active[d] && !self.domain_is_core[d])
+            .collect();
+        let mut bm25_scores = vec![0.0f32; n_domains];
+        let mut dense_scores = vec![0.0f32; n_domains];
+        // Per domain: best (lowest) dense rank over the pieces, for the reasons.
+        let mut best_dense_rank = vec![usize::MAX; n_domains];
+        for (p, piece) in evidence.pieces.iter().enumerate() {
+            bm25_scores.iter_mut().for_each(|s| *s = 0.0);
+            dense_scores.iter_mut().for_each(|s| *s = 0.0);
+            for &d in &candidates {
+                bm25_scores[d] = piece.domain_bm25[d];
+                dense_scores[d] = piece.domain_dense[d];
+            }
+            let best_bm25 = bm25_scores.iter().copied().fold(0.0f32, f32::max);
+            let best_dense = dense_scores.iter().copied().fold(0.0f32, f32::max);
+            let fused = if evidence.dense_on {
+                rrf(&[&bm25_scores, &dense_scores], config.rrf_k)
+            } else {
+                bm25_scores.clone()
+            };
+            let bm25_rank = ranks(&bm25_scores);
+            let dense_rank = ranks(&dense_scores);
+            let second_dense = dense_scores
+                .iter()
+                .zip(&dense_rank)
+                .filter(|&(_, &r)| r == 2)
+                .map(|(&c, _)| c)
+                .next()
+                .unwrap_or(0.0);
+            for (best, &rank) in best_dense_rank.iter_mut().zip(&dense_rank) {
+                if rank > 0 {
+                    *best = (*best).min(rank);
+                }
+            }
+            let mut passing: Vec<(usize, bool, bool)> = candidates
+                .iter()
+                .map(|&d| {
+                    let b = bm25_scores[d];
+                    let c = dense_scores[d];
+                    let bm25_gate =
+                        b >= config.bm25_min_score && b >= config.bm25_relative * best_bm25;
+                    let dense_gate = evidence.dense_on
+                        && ((c >= config.dense_min_score && c >= best_dense - config.dense_margin)
+                            || (dense_rank[d] == 1
+                                && c >= config.dense_top1_min_score
+                                && c >= second_dense + config.dense_margin / 2.0));
+                    (d, bm25_gate, dense_gate)
+                })
+                .filter(|&(d, b, c)| (b || c) && verdicts[d].stage == Stage::NotMatched)
+                .collect();
+            passing.sort_by(|a, b| fused[b.0].total_cmp(&fused[a.0]).then(a.0.cmp(&b.0)));
+            let top_k = match (p, evidence.dense_on) {
+                (0, false) => config.bm25_top_k,
+                (0, true) => config.bm25_top_k.max(config.dense_top_k),
+                _ => config.request_top_k,
+            };
+            for &(d, bm25_gate, dense_gate) in passing.iter().take(top_k) {
+                if verdicts[d].stage != Stage::NotMatched {
+                    continue;
+                }
+                let stage = match (bm25_gate, dense_gate) {
+                    (true, true) => Stage::Fused,
+                    (false, true) => Stage::Dense,
+                    _ => Stage::Bm25,
+                };
+                let score = bm25_scores[d].max(self.calibrated(dense_scores[d]));
+                let piece_name = if p == 0 {
+                    Cow::Borrowed("the message")
+                } else {
+                    Cow::Owned(format!("request {p}"))
+                };
+                let reason = if evidence.dense_on {
+                    format!(
+                        "{piece_name}: bm25 {:.2} (#{}), dense {:.2} (#{}), fused {:.2}",
+                        bm25_scores[d], bm25_rank[d], dense_scores[d], dense_rank[d], fused[d]
+                    )
+                } else {
+                    format!(
+                        "{piece_name}: bm25 {:.2} (#{}) above threshold, among the best",
+                        bm25_scores[d], bm25_rank[d]
+                    )
+                };
+                verdicts[d] = DomainVerdict::ranked(stage, score, Cow::Owned(reason));
+            }
+        }
+        // With the dense stage, the domains left out say how close they came.
+        if evidence.dense_on {
+            let pieces = &evidence.pieces;
+            for &d in &candidates {
+                if verdicts[d].stage != Stage::NotMatched {
+                    continue;
+                }
+                let best_bm25 = pieces.iter().map(|p| p.domain_bm25[d]).fold(0.0, f32::max);
+                let best_dense = pieces.iter().map(|p| p.domain_dense[d]).fold(0.0, f32::max);
+                let rank = best_dense_rank[d];
+                verdicts[d].reason = Cow::Owned(format!(
+                    "no keyword; bm25 {best_bm25:.2}, dense {best_dense:.2} (#{rank}): below the gates or not among the best"
+                ));
+            }
+        }
+    }
+
     fn has_loaded_tool(&self, session: &SessionView, domain_idx: usize) -> bool {
         session
             .loaded_tools
@@ -1007,10 +1343,22 @@ impl Router {
                 .iter()
                 .any(|w| *w == self.registry.domains()[d].name)
         };
+        // Best first: similarity, then the raw cosine (which still orders domains when
+        // no score reaches the calibrated scale), warm ones first on ties, then the
+        // cheaper domain (more of them fit).
+        let raw_dense = |d: usize| -> f32 {
+            evidence
+                .pieces
+                .iter()
+                .map(|p| p.domain_dense[d])
+                .fold(0.0f32, f32::max)
+        };
         order.sort_by(|&a, &b| {
             evidence.domain_similarity[b]
                 .total_cmp(&evidence.domain_similarity[a])
+                .then(raw_dense(b).total_cmp(&raw_dense(a)))
                 .then(is_warm(b).cmp(&is_warm(a)))
+                .then(domain_tokens(a).cmp(&domain_tokens(b)))
                 .then(a.cmp(&b))
         });
         for d in order {
@@ -1092,6 +1440,11 @@ impl DomainVerdict {
     }
 }
 
+/// Tool-ranking bonus of read tools (`list_`, `get_`, `search_`, `_status`): a request
+/// to act on a named thing usually needs the lookup that resolves the name first
+/// (`switch Shogun to the 4k profile` needs `arr_list_series`).
+const READ_PRIOR: f32 = 0.12;
+
 /// Keyword evidence on the 0..1 scale of the other stages: one hit 0.6, two 0.8, ...
 fn keyword_score(hits: u16) -> f32 {
     if hits == 0 {
@@ -1119,6 +1472,34 @@ fn is_protected(stage: Stage) -> bool {
 /// is merely still loaded.
 fn is_collision_protected(stage: Stage) -> bool {
     matches!(stage, Stage::AlwaysOn | Stage::Pinned | Stage::Loaded)
+}
+
+/// 1-based rank of each item by descending score among items scoring above 0; 0 for
+/// the others.
+fn ranks(scores: &[f32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).filter(|&i| scores[i] > 0.0).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    let mut rank = vec![0; scores.len()];
+    for (r, &i) in order.iter().enumerate() {
+        rank[i] = r + 1;
+    }
+    rank
+}
+
+/// Reciprocal-rank fusion of several score lists over the same items: each list where
+/// an item scores above 0 adds `1 / (k + rank)`. Scaled so rank 1 everywhere is 1.
+fn rrf(lists: &[&[f32]], k: f32) -> Vec<f32> {
+    let n = lists.first().map_or(0, |l| l.len());
+    let mut fused = vec![0.0f32; n];
+    let scale = lists.len() as f32 / (k + 1.0);
+    for list in lists {
+        for (slot, rank) in fused.iter_mut().zip(ranks(list)) {
+            if rank > 0 {
+                *slot += 1.0 / (k + rank as f32) / scale;
+            }
+        }
+    }
+    fused
 }
 
 fn push_unique(list: &mut Vec<usize>, value: usize) {

@@ -483,12 +483,12 @@ fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
         }
     }
     let mut router = router();
-    let vectors = router
-        .registry()
-        .all_tools()
-        .iter()
-        .map(|t| {
-            if t.name == "get_current_weather" {
+    let vectors = (0..router.dense_texts().len())
+        .map(|i| {
+            let tool = router
+                .dense_text_tool(i)
+                .map(|t| router.registry().all_tools()[t].name.as_str());
+            if tool == Some("get_current_weather") {
                 vec![1.0, 0.0]
             } else {
                 vec![0.0, 1.0]
@@ -502,7 +502,12 @@ fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
         "{}",
         selection.summary_line()
     );
-    assert_eq!(stage_of(&selection, "weather"), Stage::Fused);
+    assert_eq!(stage_of(&selection, "weather"), Stage::Dense);
+    let reason = &selection.domain("weather").map(|d| d.reason.to_string());
+    assert!(
+        reason.as_deref().is_some_and(|r| r.contains("dense 1.00")),
+        "{reason:?}"
+    );
 
     router.set_dense(Some(DenseIndex::new(Arc::new(Broken), vec![vec![1.0]; 1])));
     let selection = route(&router, "weather", &SessionView::new(1));
@@ -512,4 +517,69 @@ fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
         "{:?}",
         selection.notes
     );
+}
+
+#[test]
+fn dense_stage_pending_is_noted_and_lexical_only() {
+    let router = router();
+    router.set_dense_pending(true);
+    let selection = route(&router, "weather in busan", &SessionView::new(1));
+    assert!(selection.contains("get_current_weather"));
+    assert!(
+        selection.notes.iter().any(|n| n.contains("not ready")),
+        "{:?}",
+        selection.notes
+    );
+    router.set_dense_pending(false);
+    let selection = route(&router, "weather in busan", &SessionView::new(1));
+    assert!(selection.notes.is_empty(), "{:?}", selection.notes);
+}
+
+#[test]
+fn chit_chat_exposes_core_only() {
+    let router = router();
+    for message in ["thanks, that's all", "haha nice", "고마워", "hey!"] {
+        let selection = route(&router, message, &SessionView::new(1));
+        assert!(
+            selection.tools.iter().all(|t| t.domain == "core"),
+            "{message}: {}",
+            selection.summary_line()
+        );
+        assert_eq!(
+            stage_of(&selection, "weather"),
+            Stage::NoToolNeeded,
+            "{message}"
+        );
+    }
+    // Thanks plus a request is routed as a request.
+    let selection = route(
+        &router,
+        "thanks, now turn on the lamp",
+        &SessionView::new(1),
+    );
+    assert!(
+        selection.contains("ha_turn_on"),
+        "{}",
+        selection.summary_line()
+    );
+    // A message the router cannot place still falls back to every active tool.
+    let selection = route(&router, "do the thing", &SessionView::new(1));
+    assert_eq!(stage_of(&selection, "weather"), Stage::Fallback);
+}
+
+#[test]
+fn multi_request_message_routes_to_each_request() {
+    let router = router();
+    let selection = route(
+        &router,
+        "check the forecast in Busan and then store a fact about my dentist for later",
+        &SessionView::new(1),
+    );
+    for tool in ["get_weather_forecast", "remember"] {
+        assert!(
+            selection.contains(tool),
+            "{tool}: {}",
+            selection.summary_line()
+        );
+    }
 }

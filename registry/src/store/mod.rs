@@ -2,12 +2,17 @@
 //! settings, sessions and their messages, tool calls, each turn's routing decision,
 //! the router's per-session state, and the audit log.
 //!
-//! [`Store`] is the one interface; the backend underneath (embedded SQLite by default)
-//! is chosen by a database URL and is invisible to the router and the servers.
-//! Domains that keep their own data (scratchpad, memory) reach the backend through
-//! [`Store::backend`] and implement each engine themselves.
+//! [`Store`] is the one interface; the backend underneath (embedded SQLite by default,
+//! PostgreSQL for several replicas) is chosen by a database URL and is invisible to
+//! the router and the servers. Domains that keep their own data (scratchpad, memory)
+//! reach the backend through [`Store::backend`] and implement each engine themselves;
+//! for PostgreSQL they use the driver re-exported here ([`tokio_postgres`],
+//! [`deadpool_postgres`]) so they need no dependency of their own.
 
+mod postgres;
 mod sqlite;
+#[doc(hidden)]
+pub mod testing;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +20,14 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub use deadpool_postgres;
+pub use postgres::{PostgresStore, describe_error as describe_pg_error, is_connection_error};
 pub use sqlite::SqliteStore;
+pub use tokio_postgres;
+
+/// Newest schema version this binary knows, on every backend.
+pub const SCHEMA_VERSION: i64 = sqlite::SCHEMA_VERSION;
+const _: () = assert!(sqlite::SCHEMA_VERSION == postgres::SCHEMA_VERSION);
 
 /// Why a storage operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +47,10 @@ pub enum StoreError {
     NotFound(String),
     #[error("invalid input: {0}")]
     Invalid(String),
+    /// The database cannot be reached right now (server down, connection lost). The
+    /// pool reconnects by itself; retrying later succeeds once the server is back.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -47,6 +63,27 @@ impl From<rusqlite::Error> for StoreError {
 #[non_exhaustive]
 pub enum StoreBackend {
     Sqlite(SqliteStore),
+    Postgres(PostgresStore),
+}
+
+/// What the settings listener of a backend reports (PostgreSQL `LISTEN/NOTIFY`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SettingsChange {
+    /// Changes with every settings write by any replica, and whenever the listener
+    /// connects or loses its connection (a write may have been missed).
+    pub generation: u64,
+    /// The listener is connected: a write by anyone will change `generation`.
+    pub listening: bool,
+}
+
+/// Calls the same method on whichever backend is underneath.
+macro_rules! dispatch {
+    ($self:ident, $store:ident => $call:expr) => {
+        match &*$self.backend {
+            StoreBackend::Sqlite($store) => $call,
+            StoreBackend::Postgres($store) => $call,
+        }
+    };
 }
 
 /// Handle to the state backend; cheap to clone.
@@ -114,8 +151,10 @@ pub struct SessionDomainState {
 }
 
 impl Store {
-    /// Opens the backend a URL names: `None` or a `sqlite:` URL or plain path →
-    /// SQLite (default: `loadout.db` in `data_dir`). Migrations run before this returns.
+    /// Opens the backend a URL names: `None` or a `sqlite:PATH` URL → SQLite (default:
+    /// `loadout.db` in `data_dir`); `postgres://…` or `postgresql://…` → PostgreSQL
+    /// (no TLS). Migrations run before this returns. An unreachable server is
+    /// [`StoreError::Open`] naming the URL with its password masked.
     pub async fn connect(database_url: Option<&str>, data_dir: &Path) -> Result<Store, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|e| StoreError::Open {
             url: data_dir.display().to_string(),
@@ -135,10 +174,7 @@ impl Store {
                     StoreBackend::Sqlite(SqliteStore::open(Path::new(path)).await?)
                 }
                 Some(("postgres" | "postgresql", _)) => {
-                    return Err(StoreError::BadUrl {
-                        url: mask_url_password(url),
-                        reason: "this build has no PostgreSQL backend yet".into(),
-                    });
+                    StoreBackend::Postgres(PostgresStore::connect(url).await?)
                 }
                 Some((scheme, _)) => {
                     return Err(StoreError::BadUrl {
@@ -179,62 +215,57 @@ impl Store {
     pub fn url_masked(&self) -> String {
         match &*self.backend {
             StoreBackend::Sqlite(s) => format!("sqlite:{}", s.path().display()),
+            StoreBackend::Postgres(s) => s.url_masked().to_owned(),
+        }
+    }
+
+    /// Notifications of settings writes by any process, where the backend has them
+    /// (PostgreSQL); `None` on SQLite, where [`settings_version`](Self::settings_version)
+    /// is cheap enough to ask on every read.
+    pub fn settings_changes(&self) -> Option<tokio::sync::watch::Receiver<SettingsChange>> {
+        match &*self.backend {
+            StoreBackend::Sqlite(_) => None,
+            StoreBackend::Postgres(s) => Some(s.settings_changes()),
         }
     }
 
     pub async fn settings_all(&self) -> Result<BTreeMap<String, String>, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.settings_all().await,
-        }
+        dispatch!(self, s => s.settings_all().await)
     }
 
     pub async fn setting_set(&self, key: &str, value: &str) -> Result<(), StoreError> {
         validate_setting_key(key)?;
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.setting_set(key, value).await,
-        }
+        dispatch!(self, s => s.setting_set(key, value).await)
     }
 
     /// Removes a setting; `Ok(false)` when it had no value.
     pub async fn setting_unset(&self, key: &str) -> Result<bool, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.setting_unset(key).await,
-        }
+        dispatch!(self, s => s.setting_unset(key).await)
     }
 
     /// A token that changes whenever settings may have been written by any process;
     /// caches compare it to decide whether to reload.
     pub async fn settings_version(&self) -> Result<i64, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.settings_version().await,
-        }
+        dispatch!(self, s => s.settings_version().await)
     }
 
     pub async fn session_create(&self) -> Result<String, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.session_create().await,
-        }
+        dispatch!(self, s => s.session_create().await)
     }
 
     /// Creates the session if it does not exist (clients may pick their own ids).
     pub async fn session_ensure(&self, id: &str) -> Result<(), StoreError> {
         validate_session_id(id)?;
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.session_ensure(id).await,
-        }
+        dispatch!(self, s => s.session_ensure(id).await)
     }
 
     pub async fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.session_exists(id).await,
-        }
+        dispatch!(self, s => s.session_exists(id).await)
     }
 
     /// Number of user turns so far: the router's clock for stickiness.
     pub async fn session_turn(&self, id: &str) -> Result<i64, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.session_turn(id).await,
-        }
+        dispatch!(self, s => s.session_turn(id).await)
     }
 
     /// Appends a message; a `user` message starts a new turn. Returns the turn.
@@ -244,24 +275,18 @@ impl Store {
         role: &str,
         content: &serde_json::Value,
     ) -> Result<i64, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.message_append(session, role, content).await,
-        }
+        dispatch!(self, s => s.message_append(session, role, content).await)
     }
 
     pub async fn messages(&self, session: &str) -> Result<Vec<MessageRow>, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.messages(session).await,
-        }
+        dispatch!(self, s => s.messages(session).await)
     }
 
     pub async fn session_domains(
         &self,
         session: &str,
     ) -> Result<Vec<SessionDomainState>, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.session_domains(session).await,
-        }
+        dispatch!(self, s => s.session_domains(session).await)
     }
 
     pub async fn session_domain_put(
@@ -269,49 +294,51 @@ impl Store {
         session: &str,
         state: &SessionDomainState,
     ) -> Result<(), StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.session_domain_put(session, state).await,
-        }
+        dispatch!(self, s => s.session_domain_put(session, state).await)
     }
 
     /// Records that a domain was used now, for the cross-session warm rule.
     pub async fn domain_used(&self, domain: &str, at_ms: i64) -> Result<(), StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.domain_used(domain, at_ms).await,
-        }
+        dispatch!(self, s => s.domain_used(domain, at_ms).await)
     }
 
     /// Domains used by any session since `since_ms`.
     pub async fn domains_used_since(&self, since_ms: i64) -> Result<Vec<String>, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.domains_used_since(since_ms).await,
-        }
+        dispatch!(self, s => s.domains_used_since(since_ms).await)
     }
 
     pub async fn decisions_insert(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.decisions_insert(rows).await,
-        }
+        dispatch!(self, s => s.decisions_insert(rows).await)
     }
 
     pub async fn decisions(&self, session: &str) -> Result<Vec<DecisionRow>, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.decisions(session).await,
-        }
+        dispatch!(self, s => s.decisions(session).await)
     }
 
     pub async fn audit_insert(&self, rows: &[AuditRow]) -> Result<(), StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.audit_insert(rows).await,
-        }
+        dispatch!(self, s => s.audit_insert(rows).await)
     }
 
     /// The newest `n` audit rows, oldest first.
     pub async fn audit_tail(&self, n: usize) -> Result<Vec<AuditRow>, StoreError> {
-        match &*self.backend {
-            StoreBackend::Sqlite(s) => s.audit_tail(n).await,
-        }
+        dispatch!(self, s => s.audit_tail(n).await)
     }
+}
+
+/// 128 random bits from the OS as hex; session ids must not be guessable.
+pub(crate) fn new_session_id() -> String {
+    let mut bytes = [0u8; 16];
+    if getrandom_fill(&mut bytes).is_err() {
+        // Fall back to time and address entropy; ids stay unique, if guessable.
+        let seed = now_ms() as u128 ^ (&bytes as *const _ as usize as u128) << 64;
+        bytes = seed.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn getrandom_fill(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }
 
 /// Milliseconds since the Unix epoch.

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    AuditRow, DecisionRow, MessageRow, SessionDomainState, StoreError, now_ms, validate_session_id,
+    AuditRow, DecisionRow, MessageRow, SessionDomainState, StoreError, new_session_id, now_ms,
+    validate_session_id,
 };
 
 /// Versioned migrations, applied in order at open. Never edit a shipped one: add one.
@@ -481,20 +482,4 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         tx.commit()?;
     }
     Ok(())
-}
-
-/// 128 random bits from the OS as hex; session ids must not be guessable.
-fn new_session_id() -> String {
-    let mut bytes = [0u8; 16];
-    if getrandom_fill(&mut bytes).is_err() {
-        // Fall back to time and address entropy; ids stay unique, if guessable.
-        let seed = now_ms() as u128 ^ (&bytes as *const _ as usize as u128) << 64;
-        bytes = seed.to_le_bytes();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn getrandom_fill(buf: &mut [u8]) -> std::io::Result<()> {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }

@@ -1,76 +1,325 @@
+//! Every test body runs against each backend [`testing::test_stores`] yields:
+//! SQLite always, PostgreSQL when `LOADOUT_TEST_POSTGRES_URL` is set.
+
+use std::time::{Duration, Instant};
+
+use super::testing::{self, TestStore};
 use super::*;
+use crate::Settings;
+
+async fn stores() -> (tempfile::TempDir, Vec<TestStore>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stores = testing::test_stores(dir.path()).await;
+    (dir, stores)
+}
+
+/// Writes a row into `schema_version` behind the store's back.
+async fn bump_schema_version(t: &TestStore, version: i64) {
+    match t.store.backend() {
+        StoreBackend::Sqlite(s) => s
+            .call(move |c| {
+                c.execute(
+                    "INSERT INTO schema_version(version, applied_ms) VALUES (?1, 0)",
+                    [version],
+                )?;
+                Ok(())
+            })
+            .await
+            .expect("bump"),
+        StoreBackend::Postgres(s) => {
+            let client = s.client().await.expect("client");
+            client
+                .execute(
+                    "INSERT INTO schema_version(version, applied_ms) VALUES ($1, 0)",
+                    &[&version],
+                )
+                .await
+                .expect("bump");
+        }
+    }
+}
+
+async fn schema_versions(t: &TestStore) -> Vec<i64> {
+    match t.store.backend() {
+        StoreBackend::Sqlite(s) => s
+            .call(|c| {
+                let mut stmt = c.prepare("SELECT version FROM schema_version ORDER BY version")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                Ok(rows.collect::<Result<Vec<i64>, _>>()?)
+            })
+            .await
+            .expect("versions"),
+        StoreBackend::Postgres(s) => {
+            let client = s.client().await.expect("client");
+            client
+                .query("SELECT version FROM schema_version ORDER BY version", &[])
+                .await
+                .expect("versions")
+                .iter()
+                .map(|r| r.get(0))
+                .collect()
+        }
+    }
+}
 
 #[tokio::test]
 async fn settings_roundtrip_and_unset() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open_dir(dir.path()).await.expect("open");
-    store.setting_set("weather_key", "abc").await.expect("set");
-    assert_eq!(
-        store.settings_all().await.expect("all")["weather_key"],
-        "abc"
-    );
-    assert!(store.setting_unset("weather_key").await.expect("unset"));
-    assert!(
-        !store
-            .setting_unset("weather_key")
-            .await
-            .expect("unset again")
-    );
-    assert!(store.setting_set("Bad Key", "x").await.is_err());
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        store.setting_set("weather_key", "abc").await.expect("set");
+        store.setting_set("weather_key", "abcd").await.expect("set");
+        assert_eq!(
+            store.settings_all().await.expect("all")["weather_key"],
+            "abcd",
+            "{}",
+            t.name
+        );
+        assert!(store.setting_unset("weather_key").await.expect("unset"));
+        assert!(
+            !store
+                .setting_unset("weather_key")
+                .await
+                .expect("unset again"),
+            "{}",
+            t.name
+        );
+        assert!(store.setting_set("Bad Key", "x").await.is_err());
+    }
+}
+
+#[tokio::test]
+async fn settings_version_changes_with_every_write() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        let v0 = store.settings_version().await.expect("version");
+        store.setting_set("a", "1").await.expect("set");
+        let v1 = store.settings_version().await.expect("version");
+        assert_ne!(v0, v1, "{}", t.name);
+        // A write through another handle (another process or replica).
+        let other = t.reopen().await.expect("reopen");
+        other.setting_set("a", "2").await.expect("set");
+        let v2 = store.settings_version().await.expect("version");
+        assert_ne!(v1, v2, "{}", t.name);
+        other.setting_unset("a").await.expect("unset");
+        assert_ne!(
+            v2,
+            store.settings_version().await.expect("version"),
+            "{}",
+            t.name
+        );
+    }
 }
 
 #[tokio::test]
 async fn turns_count_user_messages_and_survive_reopen() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let store = Store::open_dir(dir.path()).await.expect("open");
-        let id = "s1";
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        {
+            let store = t.reopen().await.expect("open");
+            let id = "s1";
+            let append = |role: &'static str, text: &'static str| {
+                let store = store.clone();
+                async move {
+                    store
+                        .message_append(id, role, &serde_json::json!(text))
+                        .await
+                        .expect("append")
+                }
+            };
+            assert_eq!(append("user", "hi").await, 1, "{}", t.name);
+            assert_eq!(append("assistant", "hello").await, 1, "{}", t.name);
+            assert_eq!(append("user", "more").await, 2, "{}", t.name);
+        }
+        let store = t.reopen().await.expect("reopen");
         assert_eq!(
-            store
-                .message_append(id, "user", &serde_json::json!("hi"))
-                .await
-                .expect("append"),
-            1
+            store.session_turn("s1").await.expect("turn"),
+            2,
+            "{}",
+            t.name
         );
+        let messages = store.messages("s1").await.expect("messages");
         assert_eq!(
-            store
-                .message_append(id, "assistant", &serde_json::json!("hello"))
-                .await
-                .expect("append"),
-            1
+            messages
+                .iter()
+                .map(|m| (m.turn, m.role.as_str(), m.content.clone()))
+                .collect::<Vec<_>>(),
+            [
+                (1, "user", serde_json::json!("hi")),
+                (1, "assistant", serde_json::json!("hello")),
+                (2, "user", serde_json::json!("more")),
+            ],
+            "{}",
+            t.name
         );
-        assert_eq!(
+        assert!(store.session_exists("s1").await.expect("exists"));
+        assert!(!store.session_exists("s2").await.expect("exists"));
+        assert_eq!(store.session_turn("s2").await.expect("turn"), 0);
+        assert!(
             store
-                .message_append(id, "user", &serde_json::json!("more"))
+                .message_append("../x", "user", &serde_json::json!("x"))
                 .await
-                .expect("append"),
-            2
+                .is_err()
         );
     }
-    let store = Store::open_dir(dir.path()).await.expect("reopen");
-    assert_eq!(store.session_turn("s1").await.expect("turn"), 2);
-    assert_eq!(store.messages("s1").await.expect("messages").len(), 3);
+}
+
+#[tokio::test]
+async fn sessions_router_state_and_decisions() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        let id = store.session_create().await.expect("create");
+        assert_eq!(id.len(), 32, "{}", t.name);
+        assert!(store.session_exists(&id).await.expect("exists"));
+        store
+            .session_ensure(&id)
+            .await
+            .expect("ensure is idempotent");
+
+        let state = SessionDomainState {
+            domain: "weather".into(),
+            last_used_turn: 3,
+            pinned: true,
+            unloaded: false,
+        };
+        store.session_domain_put(&id, &state).await.expect("put");
+        let updated = SessionDomainState {
+            last_used_turn: 4,
+            unloaded: true,
+            ..state.clone()
+        };
+        store.session_domain_put(&id, &updated).await.expect("put");
+        assert_eq!(
+            store.session_domains(&id).await.expect("domains"),
+            [updated],
+            "{}",
+            t.name
+        );
+
+        store.domain_used("weather", 2_000).await.expect("used");
+        store
+            .domain_used("weather", 1_000)
+            .await
+            .expect("older use");
+        store.domain_used("memory", 500).await.expect("used");
+        assert_eq!(
+            store.domains_used_since(1_500).await.expect("since"),
+            ["weather"],
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            store.domains_used_since(0).await.expect("since"),
+            ["memory", "weather"],
+            "{}",
+            t.name
+        );
+
+        let rows: Vec<DecisionRow> = (1..=3)
+            .map(|turn| DecisionRow {
+                at_ms: 10 * turn,
+                session: Some(id.clone()),
+                turn,
+                message: format!("message {turn} with 'quotes' and ünïcödé"),
+                n_tools: turn,
+                tokens: 100 * turn,
+                reasons: serde_json::json!({"weather": {"stage": "keyword", "score": 0.5}}),
+            })
+            .chain(std::iter::once(DecisionRow {
+                at_ms: 1,
+                session: None,
+                turn: 0,
+                message: String::new(),
+                n_tools: 0,
+                tokens: 0,
+                reasons: serde_json::json!([]),
+            }))
+            .collect();
+        store.decisions_insert(&rows).await.expect("insert");
+        store.decisions_insert(&[]).await.expect("empty batch");
+        // PostgreSQL text holds no NUL: the row is still written.
+        let nul = DecisionRow {
+            session: Some("nul".into()),
+            message: "a\u{0}b".into(),
+            ..rows[0].clone()
+        };
+        store
+            .decisions_insert(&[nul])
+            .await
+            .expect("NUL in a message");
+        let stored = &store.decisions("nul").await.expect("decisions")[0].message;
+        assert!(
+            stored == "a\u{0}b" || stored == "a\u{fffd}b",
+            "{}: {stored:?}",
+            t.name
+        );
+        assert_eq!(
+            store.decisions(&id).await.expect("decisions"),
+            rows[..3],
+            "{}",
+            t.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn migrations_are_idempotent() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        t.store.setting_set("kept", "yes").await.expect("set");
+        let again = t.reopen().await.expect("connect twice");
+        let third = t.reopen().await.expect("connect three times");
+        assert_eq!(schema_versions(&t).await, [SCHEMA_VERSION], "{}", t.name);
+        assert_eq!(
+            third.settings_all().await.expect("all")["kept"],
+            "yes",
+            "{}",
+            t.name
+        );
+        drop(again);
+    }
 }
 
 #[tokio::test]
 async fn newer_schema_is_refused_naming_both_versions() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("loadout.db");
-    drop(Store::open_dir(dir.path()).await.expect("open"));
-    {
-        let conn = rusqlite::Connection::open(&path).expect("raw open");
-        conn.execute(
-            "INSERT INTO schema_version(version, applied_ms) VALUES (999, 0)",
-            [],
-        )
-        .expect("bump");
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        t.store.setting_set("kept", "yes").await.expect("set");
+        bump_schema_version(&t, 999).await;
+        let err = t.reopen().await.expect_err("must refuse");
+        assert!(
+            matches!(
+                err,
+                StoreError::SchemaTooNew {
+                    found: 999,
+                    known: SCHEMA_VERSION
+                }
+            ),
+            "{}: {err:?}",
+            t.name
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("999") && message.contains(&SCHEMA_VERSION.to_string()),
+            "{}: {message}",
+            t.name
+        );
+        // Nothing was touched: same versions, same data.
+        assert_eq!(
+            schema_versions(&t).await,
+            [SCHEMA_VERSION, 999],
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            t.store.settings_all().await.expect("all")["kept"],
+            "yes",
+            "{}",
+            t.name
+        );
     }
-    let err = Store::open_dir(dir.path()).await.expect_err("must refuse");
-    let message = err.to_string();
-    assert!(
-        message.contains("999") && message.contains(&sqlite::SCHEMA_VERSION.to_string()),
-        "{message}"
-    );
 }
 
 #[tokio::test]
@@ -85,28 +334,215 @@ async fn bad_urls_are_clear_errors() {
         .await
         .expect_err("malformed");
     assert!(err.to_string().contains("expected sqlite:PATH"), "{err}");
+    let err = Store::connect(Some("sqlite:"), dir.path())
+        .await
+        .expect_err("no path");
+    assert!(err.to_string().contains("no file path"), "{err}");
+    for malformed in [
+        "postgres://u:hunter2@127.0.0.1:notaport/db",
+        "postgres://u:hunter2@127.0.0.1/db?bogus_option=1",
+        "postgresql://u:hunter2@[::1/db",
+    ] {
+        let err = Store::connect(Some(malformed), dir.path())
+            .await
+            .expect_err("malformed postgres URL");
+        let message = err.to_string();
+        assert!(
+            matches!(err, StoreError::BadUrl { .. }),
+            "{malformed}: {err:?}"
+        );
+        assert!(
+            message.contains("u:***@127.0.0.1") || message.contains("u:***@["),
+            "{message}"
+        );
+        assert!(!message.contains("hunter2"), "{message}");
+    }
+}
+
+#[tokio::test]
+async fn unreachable_server_names_the_url_with_the_password_masked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = Instant::now();
+    // Port 1 on loopback: nothing listens there, the connection is refused at once.
+    let err = Store::connect(
+        Some("postgres://me:hunter2@127.0.0.1:1/loadout"),
+        dir.path(),
+    )
+    .await
+    .expect_err("unreachable");
+    let message = err.to_string();
+    assert!(matches!(err, StoreError::Open { .. }), "{err:?}");
+    assert!(
+        message.contains("postgres://me:***@127.0.0.1:1/loadout"),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
 #[tokio::test]
 async fn audit_tail_returns_newest_rows_in_order() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let rows: Vec<AuditRow> = (0..5)
+            .map(|i| AuditRow {
+                at_ms: i,
+                client: "test".into(),
+                tool: format!("t{i}"),
+                args: serde_json::json!({"i": i, "text": "ünïcödé"}),
+                outcome: "ok".into(),
+                detail: (i % 2 == 0).then(|| "even".to_owned()),
+                duration_ms: 1.5,
+            })
+            .collect();
+        t.store.audit_insert(&rows[..2]).await.expect("insert");
+        t.store.audit_insert(&rows[2..]).await.expect("insert");
+        let tail = t.store.audit_tail(2).await.expect("tail");
+        assert_eq!(tail, rows[3..], "{}", t.name);
+        assert_eq!(
+            t.store.audit_tail(100).await.expect("tail"),
+            rows,
+            "{}",
+            t.name
+        );
+    }
+}
+
+/// A setting written through one store (one replica) reaches another store's
+/// settings cache within a second, without waiting for the TTL.
+#[tokio::test]
+async fn settings_written_elsewhere_reach_the_cache_within_a_second() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let writer = t.reopen().await.expect("second store");
+        let settings = Settings::with_ttl(t.store.clone(), Duration::from_secs(3600));
+        assert_eq!(settings.get("llm_model").await.expect("get"), None);
+        assert!(settings.cached().is_some(), "{}", t.name);
+
+        writer.setting_set("llm_model", "qwen").await.expect("set");
+        let started = Instant::now();
+        loop {
+            if settings.get("llm_model").await.expect("get").as_deref() == Some("qwen") {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "{}: the write was not seen within 1 s",
+                t.name
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        writer.setting_unset("llm_model").await.expect("unset");
+        let started = Instant::now();
+        while settings.get("llm_model").await.expect("get").is_some() {
+            assert!(started.elapsed() < Duration::from_secs(1), "{}", t.name);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if t.is_postgres() {
+            let changes = t.store.settings_changes().expect("a listener");
+            assert!(changes.borrow().listening);
+        } else {
+            assert!(t.store.settings_changes().is_none());
+        }
+    }
+}
+
+/// Stops the PostgreSQL server under a live store: operations fail with a clear
+/// error while it is down and succeed again once it is back, on the same `Store`.
+#[tokio::test]
+async fn postgres_outage_is_reported_and_survived() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open_dir(dir.path()).await.expect("open");
-    let rows: Vec<AuditRow> = (0..5)
-        .map(|i| AuditRow {
-            at_ms: i,
-            client: "test".into(),
-            tool: format!("t{i}"),
-            args: serde_json::json!({}),
-            outcome: "ok".into(),
-            detail: None,
-            duration_ms: 1.0,
-        })
-        .collect();
-    store.audit_insert(&rows).await.expect("insert");
-    let tail = store.audit_tail(2).await.expect("tail");
+    let Some(t) = testing::postgres_store_exclusive(dir.path()).await else {
+        eprintln!(
+            "note: {} unset; PostgreSQL outage test skipped",
+            testing::POSTGRES_URL_VAR
+        );
+        return;
+    };
+    if std::env::var(testing::POSTGRES_STOP_VAR).is_err()
+        || std::env::var(testing::POSTGRES_START_VAR).is_err()
+    {
+        eprintln!(
+            "note: {} / {} unset; PostgreSQL outage test skipped",
+            testing::POSTGRES_STOP_VAR,
+            testing::POSTGRES_START_VAR
+        );
+        return;
+    }
+    let store = &t.store;
+    let settings = Settings::with_ttl(store.clone(), Duration::from_secs(3600));
+    store.setting_set("before", "1").await.expect("set");
     assert_eq!(
-        tail.iter().map(|r| r.tool.as_str()).collect::<Vec<_>>(),
-        ["t3", "t4"]
+        settings.get("before").await.expect("get").as_deref(),
+        Some("1")
+    );
+    let changes = store.settings_changes().expect("listener");
+    let generation_before = changes.borrow().generation;
+
+    let stopped = testing::run_env_command(testing::POSTGRES_STOP_VAR);
+    // Whatever happens next, start the server again for the other tests.
+    struct Restart;
+    impl Drop for Restart {
+        fn drop(&mut self) {
+            if let Some(Err(e)) = testing::run_env_command(testing::POSTGRES_START_VAR) {
+                eprintln!("cannot restart PostgreSQL: {e}");
+            }
+        }
+    }
+    let restart = Restart;
+    if let Some(Err(e)) = stopped {
+        panic!("cannot stop PostgreSQL: {e}");
+    }
+
+    let err = store
+        .setting_set("during", "1")
+        .await
+        .expect_err("the server is down");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains("database unavailable"), "{message}");
+    assert!(message.contains(&store.url_masked()), "{message}");
+    let err = store.session_create().await.expect_err("down");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(store.messages("s").await.is_err());
+
+    drop(restart);
+    let started = Instant::now();
+    loop {
+        match store.setting_set("after", "1").await {
+            Ok(()) => break,
+            Err(StoreError::Unavailable(_)) if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the store did not recover: {e}"),
+        }
+    }
+    let all = store.settings_all().await.expect("all");
+    assert_eq!(all.get("before").map(String::as_str), Some("1"));
+    assert_eq!(all.get("after").map(String::as_str), Some("1"));
+    assert!(!all.contains_key("during"));
+    let id = store.session_create().await.expect("sessions work again");
+    assert_eq!(
+        store
+            .message_append(&id, "user", &serde_json::json!("hi"))
+            .await
+            .expect("append"),
+        1
+    );
+
+    // The listener reconnected, and the outage dropped the cache.
+    let started = Instant::now();
+    while !changes.borrow().listening {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "listener did not reconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(changes.borrow().generation > generation_before);
+    assert_eq!(
+        settings.get("after").await.expect("get").as_deref(),
+        Some("1")
     );
 }
 

@@ -55,7 +55,10 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     } else {
         println!("{}", selection.summary_line());
         for tool in &selection.tools {
-            println!("  {:<28} {:<14} {:<10} {:.2} {:>5} tokens", tool.name, tool.domain, tool.stage, tool.score, tool.tokens);
+            println!(
+                "  {:<28} {:<14} {:<10} {:.2} {:>5} tokens",
+                tool.name, tool.domain, tool.stage, tool.score, tool.tokens
+            );
         }
         if !selection.hints.is_empty() {
             println!("hints ({} tokens):", selection.hint_tokens);
@@ -71,9 +74,19 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
 /// `all` → every settings key of every domain; otherwise the listed keys.
 fn assumed_settings(app: &App, configured: &str) -> BTreeMap<String, String> {
     let keys: Vec<String> = if configured == "all" {
-        app.registry.domains().iter().flat_map(|d| d.settings_keys.clone()).collect()
+        app.registry
+            .domains()
+            .iter()
+            .flat_map(|d| d.settings_keys.clone())
+            .collect()
     } else {
-        configured.split(',').map(|k| k.trim().to_owned()).filter(|k| !k.is_empty()).collect()
+        configured
+            .split(',')
+            .map(|k| k.trim().to_owned())
+            .filter(|k| !k.is_empty())
+            .collect()
     };
-    keys.into_iter().map(|k| (k, "(assumed)".to_owned())).collect()
+    keys.into_iter()
+        .map(|k| (k, "(assumed)".to_owned()))
+        .collect()
 }

@@ -45,7 +45,11 @@ pub async fn run(app: &App, command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::List => {
             for (key, value) in app.settings.snapshot().await?.iter() {
-                let shown = if is_secret_key(key) { mask_secret(value) } else { value.clone() };
+                let shown = if is_secret_key(key) {
+                    mask_secret(value)
+                } else {
+                    value.clone()
+                };
                 println!("{key}={shown}");
             }
         }

@@ -44,7 +44,9 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         let mut tools_json = Vec::new();
         let mut domain_tokens = 0;
         for tool in registry.tools_of(domain) {
-            let tokens = registry.tool_idx(&tool.name).map_or(0, |i| registry.token_cost(i));
+            let tokens = registry
+                .tool_idx(&tool.name)
+                .map_or(0, |i| registry.token_cost(i));
             domain_tokens += tokens;
             let mut entry = json!({"name": tool.name, "hint": tool.hint, "tokens": tokens});
             if let Some(format) = format {

@@ -26,7 +26,11 @@ pub fn token_for(addr: SocketAddr) -> anyhow::Result<Option<Arc<str>>> {
     Ok(Some(token.into()))
 }
 
-pub async fn require_token(State(state): State<HttpState>, request: Request, next: Next) -> Response {
+pub async fn require_token(
+    State(state): State<HttpState>,
+    request: Request,
+    next: Next,
+) -> Response {
     let Some(expected) = &state.token else {
         return next.run(request).await;
     };

@@ -17,7 +17,9 @@ pub async fn list(State(state): State<HttpState>) -> Result<Json<Value>, ApiErro
             let tools: Vec<Value> = registry
                 .tools_of(domain)
                 .map(|tool| {
-                    let tokens = registry.tool_idx(&tool.name).map_or(0, |i| registry.token_cost(i));
+                    let tokens = registry
+                        .tool_idx(&tool.name)
+                        .map_or(0, |i| registry.token_cost(i));
                     json!({"name": tool.name, "hint": tool.hint, "tokens": tokens})
                 })
                 .collect();

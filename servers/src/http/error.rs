@@ -20,6 +20,9 @@ pub enum ApiError {
     NotConfigured(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// The model endpoint failed or answered something unusable.
+    #[error("{0}")]
+    BadGateway(String),
     /// The state backend cannot be reached; retrying later may work.
     #[error("{0}")]
     Unavailable(String),
@@ -35,6 +38,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::NotConfigured(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -47,6 +51,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::NotConfigured(_) => "not_configured",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::BadGateway(_) => "model_error",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }

@@ -2,9 +2,12 @@
 //!
 //! `app()` builds the whole router from state, so tests drive it with `oneshot`
 //! and no socket. One module per resource; `error.rs` maps every failure to a
-//! status and a JSON body.
+//! status and a JSON body. The dashboard is one embedded HTML page at `/`; the MCP
+//! server is mounted at `/mcp`.
 
 mod auth;
+pub mod chat;
+mod dashboard;
 mod domains;
 mod error;
 mod extract;
@@ -24,6 +27,8 @@ use axum::routing::{get, post};
 use tower_http::timeout::TimeoutLayer;
 
 use crate::app::App;
+use crate::log_writer::AuditWriter;
+use crate::mcp::{BearerToken, McpServer};
 
 pub use error::ApiError;
 
@@ -45,6 +50,47 @@ pub struct HttpState {
     pub app: App,
     /// Required bearer token, when the server is reachable beyond loopback.
     pub token: Option<Arc<str>>,
+    /// The audit log of tool calls (chat turns and `/mcp`).
+    pub audit: AuditWriter,
+    /// The model client, shared by every chat turn.
+    pub llm: chat::llm::LlmClient,
+    /// The MCP server mounted at `/mcp`, when started.
+    pub mcp: Option<McpServer>,
+}
+
+impl HttpState {
+    /// State without the MCP endpoint; starts the audit writer on the current runtime.
+    pub fn new(app: App, token: Option<Arc<str>>) -> HttpState {
+        let audit = AuditWriter::start(app.store().clone());
+        HttpState {
+            app,
+            token,
+            audit,
+            llm: chat::llm::LlmClient::default(),
+            mcp: None,
+        }
+    }
+
+    /// Starts the MCP server that `/mcp` serves (sharing this state's audit writer).
+    pub async fn with_mcp(mut self) -> anyhow::Result<HttpState> {
+        let server = McpServer::start(
+            self.app.clone(),
+            self.audit.clone(),
+            crate::mcp::Options::default(),
+        )
+        .await?;
+        self.mcp = Some(server);
+        Ok(self)
+    }
+
+    /// Ends open MCP streams and writes every queued log row.
+    pub async fn shutdown(&self) {
+        if let Some(mcp) = &self.mcp {
+            mcp.shutdown().await;
+        }
+        self.audit.shutdown().await;
+        self.app.routing.decisions.shutdown().await;
+    }
 }
 
 /// The whole HTTP application.
@@ -55,29 +101,59 @@ pub fn app(state: HttpState) -> Router {
         .route("/api/settings", get(settings::list))
         .route(
             "/api/settings/{key}",
-            get(settings::show).put(settings::put).delete(settings::delete),
+            get(settings::show)
+                .put(settings::put)
+                .delete(settings::delete),
         )
         .route("/api/domains", get(domains::list))
         .route("/api/route", post(route::route))
+        .route("/api/chat", post(chat::chat))
         .route("/openapi.json", get(openapi::document))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_token));
-    api.layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
+    // The page holds no data: every call it makes goes through the API's auth.
+    let page = Router::new().route("/", get(dashboard::page));
+    let mut router = api
+        .merge(page)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
             REQUEST_TIMEOUT,
         ))
-        .with_state(state)
+        .with_state(state.clone());
+    if let Some(mcp) = &state.mcp {
+        match state.token.as_deref().map(BearerToken::new).transpose() {
+            Ok(token) => router = router.merge(crate::mcp::http_router(mcp, token)),
+            // Never serve MCP without the token the API requires.
+            Err(e) => tracing::warn!("/mcp not mounted: {e}"),
+        }
+    }
+    router
 }
 
 pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
     let token = auth::token_for(args.addr)?;
-    let state = HttpState { app, token };
-    let listener = tokio::net::TcpListener::bind(args.addr).await?;
+    app.attach_dense_stage().await;
+    let state = HttpState::new(app, token).with_mcp().await?;
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.addr))?;
     let local = listener.local_addr()?;
-    eprintln!("loadout: serving on http://{local}");
-    axum::serve(listener, self::app(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    eprintln!("loadout: serving on http://{local} (dashboard at /, MCP at /mcp)");
+    let stopping = state.clone();
+    let served = axum::serve(listener, self::app(state.clone()))
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            // Open MCP streams end here, which lets the graceful shutdown finish.
+            if let Some(mcp) = &stopping.mcp {
+                mcp.shutdown().await;
+            }
+        })
+        .await;
+    state.shutdown().await;
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -23,7 +23,10 @@ pub struct RouteBody {
     token_budget: Option<usize>,
 }
 
-pub async fn route(State(state): State<HttpState>, ApiJson(body): ApiJson<RouteBody>) -> Result<Json<Value>, ApiError> {
+pub async fn route(
+    State(state): State<HttpState>,
+    ApiJson(body): ApiJson<RouteBody>,
+) -> Result<Json<Value>, ApiError> {
     if let Some(session) = &body.session {
         loadout::store::validate_session_id(session)?;
     }
@@ -60,7 +63,9 @@ impl From<RouteError> for ApiError {
     fn from(e: RouteError) -> Self {
         match e {
             RouteError::MessageTooLarge(_) => ApiError::PayloadTooLarge(e.to_string()),
-            RouteError::EmptyMessage | RouteError::UnknownCalled(_) => ApiError::BadRequest(e.to_string()),
+            RouteError::EmptyMessage | RouteError::UnknownCalled(_) => {
+                ApiError::BadRequest(e.to_string())
+            }
             RouteError::Store(store) => ApiError::from(store),
         }
     }

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use loadout::store::MessageRow;
 use serde_json::{Value, json};
 
 use super::{ApiError, HttpState};
@@ -12,7 +13,10 @@ pub async fn create(State(state): State<HttpState>) -> Result<(StatusCode, Json<
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
-pub async fn show(State(state): State<HttpState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn show(
+    State(state): State<HttpState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     loadout::store::validate_session_id(&id)?;
     let store = state.app.settings.store();
     if !store.session_exists(&id).await? {
@@ -21,11 +25,53 @@ pub async fn show(State(state): State<HttpState>, Path(id): Path<String>) -> Res
     let messages = store.messages(&id).await?;
     let decisions = store.decisions(&id).await?;
     let domains = store.session_domains(&id).await?;
+    let tool_calls = tool_calls(&messages);
     Ok(Json(json!({
         "id": id,
         "turn": store.session_turn(&id).await?,
         "messages": messages,
+        "tool_calls": tool_calls,
         "selections": decisions,
         "domains": domains,
     })))
+}
+
+/// Every tool call of the chat turns with its result: each stored assistant message's
+/// `tool_calls`, joined with the `tool` message answering it.
+fn tool_calls(messages: &[MessageRow]) -> Vec<Value> {
+    let mut calls: Vec<Value> = Vec::new();
+    for message in messages {
+        match message.role.as_str() {
+            "assistant" => {
+                for call in message
+                    .content
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let function = call.get("function").unwrap_or(&Value::Null);
+                    calls.push(json!({
+                        "turn": message.turn,
+                        "id": call.get("id"),
+                        "name": function.get("name"),
+                        "arguments": function.get("arguments"),
+                        "result": null,
+                    }));
+                }
+            }
+            "tool" => {
+                let id = message.content.get("tool_call_id");
+                if let Some(call) = calls.iter_mut().rev().find(|c| c.get("id") == id) {
+                    call["result"] = json!({
+                        "ok": message.content.get("ok"),
+                        "refused": message.content.get("refused"),
+                        "content": message.content.get("content"),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    calls
 }

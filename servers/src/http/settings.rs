@@ -11,7 +11,11 @@ use super::extract::ApiJson;
 use super::{ApiError, HttpState};
 
 fn shown(key: &str, value: &str) -> String {
-    if is_secret_key(key) { mask_secret(value) } else { value.to_owned() }
+    if is_secret_key(key) {
+        mask_secret(value)
+    } else {
+        value.to_owned()
+    }
 }
 
 pub async fn list(State(state): State<HttpState>) -> Result<Json<Value>, ApiError> {
@@ -23,10 +27,15 @@ pub async fn list(State(state): State<HttpState>) -> Result<Json<Value>, ApiErro
     Ok(Json(json!({ "settings": values })))
 }
 
-pub async fn show(State(state): State<HttpState>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn show(
+    State(state): State<HttpState>,
+    Path(key): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     loadout::store::validate_setting_key(&key)?;
     match state.app.settings.get(&key).await? {
-        Some(value) => Ok(Json(json!({"key": key, "value": shown(&key, &value), "masked": is_secret_key(&key)}))),
+        Some(value) => Ok(Json(
+            json!({"key": key, "value": shown(&key, &value), "masked": is_secret_key(&key)}),
+        )),
         None => Err(ApiError::NotFound(format!("setting `{key}` is not set"))),
     }
 }
@@ -46,7 +55,10 @@ pub async fn put(
     Ok(Json(json!({"key": key, "value": shown(&key, &body.value)})))
 }
 
-pub async fn delete(State(state): State<HttpState>, Path(key): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn delete(
+    State(state): State<HttpState>,
+    Path(key): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     loadout::store::validate_setting_key(&key)?;
     if state.app.settings.unset(&key).await? {
         Ok(Json(json!({"key": key, "deleted": true})))

@@ -1,24 +1,28 @@
-//! `loadout mcp --dynamic`: the client first sees only `core` and three meta-tools,
+//! `loadout mcp --dynamic`: the client first sees only `core` (with its meta-tools)
 //! and loads what it needs. The loaded set belongs to one MCP connection (one stdio
 //! process, one HTTP session); loading or unloading sends
 //! `notifications/tools/list_changed`.
 //!
-//! The meta-tools are MCP-only: they change what this connection lists, which the
-//! registry knows nothing about. [`search`] is the one place that ranks tools for
-//! `search_tools`, so it can switch to the router's scorer.
+//! The meta-tools' definitions are core's (`search_tools`, `load_tools`,
+//! `unload_tools`: one definition for chat and MCP); over MCP their calls are answered
+//! here, since they change what this connection lists, which the registry knows
+//! nothing about. Core's `load_all_for_this_turn` is not listed: an MCP connection has
+//! no turns. [`search`] is the one place that ranks tools for `search_tools` over MCP.
 
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
 
 use loadout::Registry;
 use rmcp::ErrorData as McpError;
-use rmcp::model::Tool as McpTool;
 use serde_json::{Value, json};
 
 pub const SEARCH_TOOLS: &str = "search_tools";
 pub const LOAD_TOOLS: &str = "load_tools";
 pub const UNLOAD_TOOLS: &str = "unload_tools";
+/// The meta-tools this module answers in dynamic mode.
 pub const META_TOOLS: [&str; 3] = [SEARCH_TOOLS, LOAD_TOOLS, UNLOAD_TOOLS];
+/// Core's meta-tool for routed chat turns only; never listed over MCP.
+pub const LOAD_ALL_FOR_THIS_TURN: &str = "load_all_for_this_turn";
 
 /// The domain whose tools are always listed in dynamic mode.
 pub const CORE_DOMAIN: &str = "core";
@@ -30,56 +34,14 @@ pub fn is_meta_tool(name: &str) -> bool {
     META_TOOLS.contains(&name)
 }
 
-/// The three meta-tool definitions, built once.
-pub fn meta_tools() -> &'static [McpTool] {
-    static TOOLS: LazyLock<Vec<McpTool>> = LazyLock::new(|| {
-        [
-            json!({
-                "name": SEARCH_TOOLS,
-                "title": "Search tools",
-                "description": "Finds tools that are not loaded yet. Returns each match's name, domain and a one-line hint; load the ones you need with load_tools.",
-                "inputSchema": {
-                    "type": "object",
-                    "properties": {
-                        "query": {"type": "string", "description": "What you want to do, in a few words (e.g. \"read a file\", \"remember a fact\")."},
-                        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_SEARCH_LIMIT, "description": "Most results to return (default 10)."}
-                    },
-                    "required": ["query"]
-                },
-                "annotations": {"readOnlyHint": true, "idempotentHint": true, "openWorldHint": false}
-            }),
-            json!({
-                "name": LOAD_TOOLS,
-                "title": "Load tools",
-                "description": "Adds tools to your tool list. Each name is a tool name or a domain name (a domain loads all its tools). The list changes at once.",
-                "inputSchema": {
-                    "type": "object",
-                    "properties": {
-                        "names": {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": "Tool or domain names, as search_tools returns them."}
-                    },
-                    "required": ["names"]
-                },
-                "annotations": {"readOnlyHint": false, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false}
-            }),
-            json!({
-                "name": UNLOAD_TOOLS,
-                "title": "Unload tools",
-                "description": "Removes loaded tools from your tool list to keep it short. Each name is a tool name or a domain name; core tools always stay.",
-                "inputSchema": {
-                    "type": "object",
-                    "properties": {
-                        "names": {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": "Tool or domain names to unload."}
-                    },
-                    "required": ["names"]
-                },
-                "annotations": {"readOnlyHint": false, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false}
-            }),
-        ]
-        .into_iter()
-        .filter_map(|v| serde_json::from_value(v).ok())
-        .collect()
-    });
-    &TOOLS
+/// Whether a tool is listed in this mode: without `--dynamic` every tool is listed
+/// already, so the meta-tools would only cost tokens; with it, everything but
+/// `load_all_for_this_turn`.
+pub fn is_listed_meta(name: &str, dynamic: bool) -> bool {
+    if name == LOAD_ALL_FOR_THIS_TURN {
+        return false;
+    }
+    dynamic || !is_meta_tool(name)
 }
 
 /// Whether a registry tool is listed without loading.
@@ -267,9 +229,25 @@ mod tests {
     }
 
     #[test]
-    fn meta_tools_are_valid_definitions() {
-        let names: Vec<&str> = meta_tools().iter().map(|t| t.name.as_ref()).collect();
-        assert_eq!(names, META_TOOLS);
+    fn core_defines_the_meta_tools_this_module_answers() {
+        let registry = registry();
+        for name in META_TOOLS.into_iter().chain([LOAD_ALL_FOR_THIS_TURN]) {
+            let tool = registry.tool(name).expect("core meta-tool");
+            assert_eq!(tool.domain, CORE_DOMAIN);
+        }
+        let properties = |name: &str| -> Vec<String> {
+            registry.tool(name).expect("tool").input_schema["properties"]
+                .as_object()
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        // The arguments this module parses are the ones core's definitions declare.
+        assert_eq!(properties(SEARCH_TOOLS), ["limit", "query"]);
+        assert_eq!(properties(LOAD_TOOLS), ["names"]);
+        assert_eq!(properties(UNLOAD_TOOLS), ["names"]);
+        assert!(!is_listed_meta(LOAD_ALL_FOR_THIS_TURN, true));
+        assert!(is_listed_meta(LOAD_TOOLS, true) && !is_listed_meta(LOAD_TOOLS, false));
+        assert!(is_listed_meta("calculate", false));
     }
 
     #[test]

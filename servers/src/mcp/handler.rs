@@ -89,19 +89,19 @@ impl McpHandler {
     /// What this connection lists: everything, or in dynamic mode core, the
     /// meta-tools and what was loaded.
     fn listed_tools(&self, catalog: &Catalog) -> Vec<McpTool> {
-        if !self.shared.dynamic {
-            return catalog.tools.clone();
-        }
+        let dynamic_mode = self.shared.dynamic;
         let loaded = lock(&self.connection.loaded);
-        let mut tools: Vec<McpTool> = catalog
+        catalog
             .tools
             .iter()
-            .filter(|t| !dynamic::is_meta_tool(&t.name))
-            .filter(|t| dynamic::is_core(&catalog.registry, &t.name) || loaded.contains(&*t.name))
+            .filter(|t| dynamic::is_listed_meta(&t.name, dynamic_mode))
+            .filter(|t| {
+                !dynamic_mode
+                    || dynamic::is_core(&catalog.registry, &t.name)
+                    || loaded.contains(&*t.name)
+            })
             .cloned()
-            .collect();
-        tools.extend(dynamic::meta_tools().iter().cloned());
-        tools
+            .collect()
     }
 
     fn is_listed(&self, catalog: &Catalog, name: &str) -> bool {
@@ -358,12 +358,6 @@ impl ServerHandler for McpHandler {
 
     fn get_tool(&self, name: &str) -> Option<McpTool> {
         let catalog = self.shared.catalog();
-        if self.shared.dynamic && dynamic::is_meta_tool(name) {
-            return dynamic::meta_tools()
-                .iter()
-                .find(|t| t.name == name)
-                .cloned();
-        }
         catalog.mcp_tool(name).cloned()
     }
 

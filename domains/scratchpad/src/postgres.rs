@@ -1,0 +1,898 @@
+//! The scratchpad on PostgreSQL: one schema per session namespace
+//! (`scratchpad_<namespace>`), in the shared database.
+//!
+//! - Names: PostgreSQL folds unquoted names to lowercase, so table and column names
+//!   are stored lowercase; `People`, `people` and `PEOPLE` name one table, as on
+//!   SQLite, and the model's unquoted SQL finds them.
+//! - Types: TEXT → `text`, INTEGER → `bigint` (a single INTEGER primary key is an
+//!   identity column, numbered like SQLite's rowid), REAL → `double precision`,
+//!   BOOLEAN → `boolean`, DATE → `date` (values must be text `YYYY-MM-DD`).
+//! - `query_data` runs in a `READ ONLY` transaction with `SET LOCAL
+//!   statement_timeout` and `search_path` set to the namespace's schema, through the
+//!   extended protocol (one statement only), fetching at most `limit + 1` rows from a
+//!   portal. The transaction is always rolled back and the connection is closed
+//!   afterwards, so no session state the query may have set survives. The database
+//!   itself refuses writes; the SQL text is never inspected.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use loadout::ToolError;
+use loadout::store::deadpool_postgres::Object;
+use loadout::store::tokio_postgres::types::{FromSql, Type};
+use loadout::store::tokio_postgres::{self, Row};
+use loadout::store::{PostgresStore, StoreError};
+use serde_json::Value;
+
+use crate::{
+    ColumnInfo, ColumnType, CreateTableArgs, InsertDataArgs, MAX_COLUMNS, QueryResult,
+    RowsInserted, TableCreated, TableDescription, TableDropped, TableSummary, check_identifier,
+    quoted,
+};
+
+/// How long one `query_data` statement may run.
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest text returned in one cell of a query result, in characters.
+const MAX_CELL_CHARS: usize = 10_000;
+
+/// The schema of a namespace. Short namespaces keep their name (case and `-` are
+/// kept, the identifier is always quoted); long ones, which would pass PostgreSQL's
+/// 63-byte limit, are cut and suffixed with a hash under another prefix, so that
+/// two namespaces never share a schema.
+pub fn schema_name(namespace: &str) -> String {
+    const PREFIX: &str = "scratchpad_";
+    if PREFIX.len() + namespace.len() <= 63 {
+        format!("{PREFIX}{namespace}")
+    } else {
+        let head: String = namespace.chars().take(31).collect();
+        format!("scratchpadh_{head}_{:016x}", fnv1a(namespace.as_bytes()))
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
+        (hash ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+pub async fn create_table(
+    store: &PostgresStore,
+    namespace: &str,
+    mut args: CreateTableArgs,
+) -> Result<TableCreated, ToolError> {
+    check_identifier("table", &args.table)?;
+    if args.columns.is_empty() {
+        return Err(ToolError::execution("a table needs at least one column"));
+    }
+    if args.columns.len() > MAX_COLUMNS {
+        return Err(ToolError::execution(format!(
+            "{} columns given; at most {MAX_COLUMNS}",
+            args.columns.len()
+        )));
+    }
+    let mut seen = HashSet::new();
+    for column in &mut args.columns {
+        check_identifier("column", &column.name)?;
+        column.name = column.name.to_ascii_lowercase();
+        if !seen.insert(column.name.clone()) {
+            return Err(ToolError::execution(format!(
+                "column `{}` is listed twice",
+                column.name
+            )));
+        }
+    }
+    let table = args.table.to_ascii_lowercase();
+    let sql = create_table_sql(&table, &args);
+    let schema = schema_name(namespace);
+    let mut client = store.client().await?;
+    let tx = client.transaction().await.map_err(|e| pg_error(store, e))?;
+    tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", quoted(&schema)))
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    set_search_path(&tx, &schema)
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    let existed = table_exists(&tx, &table)
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    if existed && !args.if_not_exists {
+        return Err(ToolError::execution(format!(
+            "table `{table}` already exists; use describe_table to see it, drop_table to replace it, or pass if_not_exists"
+        )));
+    }
+    if !existed {
+        tx.batch_execute(&sql)
+            .await
+            .map_err(|e| pg_error(store, e))?;
+        // Kept for describe_table, as SQLite keeps the statement in sqlite_schema.
+        // Both texts are built from checked names and fixed type names only.
+        tx.batch_execute(&format!(
+            "COMMENT ON TABLE {} IS {}",
+            quoted(&table),
+            literal(&sql)
+        ))
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    }
+    tx.commit().await.map_err(|e| pg_error(store, e))?;
+    Ok(TableCreated {
+        table,
+        sql,
+        created: !existed,
+    })
+}
+
+fn create_table_sql(table: &str, args: &CreateTableArgs) -> String {
+    let n_keys = args.columns.iter().filter(|c| c.primary_key).count();
+    let mut parts: Vec<String> = args
+        .columns
+        .iter()
+        .map(|column| {
+            let name = quoted(&column.name);
+            let mut part = format!("{name} {}", pg_type(column.column_type));
+            if column.primary_key && n_keys == 1 {
+                if column.column_type == ColumnType::Integer {
+                    part.push_str(" GENERATED BY DEFAULT AS IDENTITY");
+                }
+                part.push_str(" PRIMARY KEY");
+            }
+            if column.not_null {
+                part.push_str(" NOT NULL");
+            }
+            part
+        })
+        .collect();
+    if n_keys > 1 {
+        let keys: Vec<String> = args
+            .columns
+            .iter()
+            .filter(|c| c.primary_key)
+            .map(|c| quoted(&c.name))
+            .collect();
+        parts.push(format!("PRIMARY KEY ({})", keys.join(", ")));
+    }
+    format!("CREATE TABLE {} ({})", quoted(table), parts.join(", "))
+}
+
+fn pg_type(column_type: ColumnType) -> &'static str {
+    match column_type {
+        ColumnType::Text => "text",
+        ColumnType::Integer => "bigint",
+        ColumnType::Real => "double precision",
+        ColumnType::Boolean => "boolean",
+        ColumnType::Date => "date",
+    }
+}
+
+/// The scratchpad's name for a PostgreSQL column type.
+fn type_label(pg: &str) -> String {
+    match pg {
+        "text" => "TEXT".into(),
+        "bigint" => "INTEGER".into(),
+        "double precision" => "REAL".into(),
+        "boolean" => "BOOLEAN".into(),
+        "date" => "DATE".into(),
+        other => other.to_ascii_uppercase(),
+    }
+}
+
+pub async fn insert_data(
+    store: &PostgresStore,
+    namespace: &str,
+    args: InsertDataArgs,
+) -> Result<RowsInserted, ToolError> {
+    check_identifier("table", &args.table)?;
+    let table = args.table.to_ascii_lowercase();
+    let schema = schema_name(namespace);
+    let mut client = store.client().await?;
+    let tx = client.transaction().await.map_err(|e| pg_error(store, e))?;
+    set_search_path(&tx, &schema)
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    let columns = columns(&tx, &table).await.map_err(|e| pg_error(store, e))?;
+    if columns.is_empty() {
+        return Err(no_such_table(&tx, &table).await);
+    }
+    for (row_idx, row) in args.rows.iter().enumerate() {
+        if row.is_empty() {
+            return Err(ToolError::execution(format!(
+                "row {row_idx} is an empty object; give at least one column"
+            )));
+        }
+        let mut names = Vec::with_capacity(row.len());
+        let mut casts = Vec::with_capacity(row.len());
+        let mut values: Vec<Option<String>> = Vec::with_capacity(row.len());
+        for (key, value) in row {
+            // Only names the table really has reach SQL, matched case-insensitively.
+            let Some(column) = columns.iter().find(|c| c.name.eq_ignore_ascii_case(key)) else {
+                return Err(ToolError::execution(format!(
+                    "row {row_idx}: table `{table}` has no column `{}`; columns: {}",
+                    key.chars().take(64).collect::<String>(),
+                    columns
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            };
+            let text = json_to_text(value);
+            if column.pg_type == "date"
+                && let Some(text) = &text
+                && !is_iso_date(text)
+            {
+                return Err(ToolError::execution(format!(
+                    "row {row_idx}: CHECK constraint failed: column `{}` is DATE and takes text `YYYY-MM-DD`, not `{}`",
+                    column.name,
+                    text.chars().take(64).collect::<String>()
+                )));
+            }
+            if column.pg_type == "boolean"
+                && let Some(text) = &text
+                && !matches!(text.as_str(), "0" | "1")
+            {
+                return Err(ToolError::execution(format!(
+                    "row {row_idx}: CHECK constraint failed: column `{}` is BOOLEAN and takes true/false or 0/1, not `{}`",
+                    column.name,
+                    text.chars().take(64).collect::<String>()
+                )));
+            }
+            names.push(quoted(&column.name));
+            // Values travel as text and the server converts them to the column's
+            // type (its own errors name the bad value); the type name comes from
+            // the catalog, never from the caller.
+            casts.push(format!(
+                "CAST(${}::text AS {})",
+                values.len() + 1,
+                column.pg_type
+            ));
+            values.push(text);
+        }
+        let sql = format!(
+            "INSERT INTO {} ({}) VALUES ({})",
+            quoted(&table),
+            names.join(", "),
+            casts.join(", ")
+        );
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
+            .iter()
+            .map(|v| v as &(dyn tokio_postgres::types::ToSql + Sync))
+            .collect();
+        tx.execute(sql.as_str(), &params)
+            .await
+            .map_err(|e| match store.error(e) {
+                StoreError::Database(message) => {
+                    ToolError::execution(format!("row {row_idx}: {}", constraint_message(message)))
+                }
+                other => other.into(),
+            })?;
+    }
+    let n_rows_total = count_rows(&tx, &table)
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    tx.commit().await.map_err(|e| pg_error(store, e))?;
+    Ok(RowsInserted {
+        table,
+        n_inserted: args.rows.len(),
+        n_rows_total,
+    })
+}
+
+/// A JSON value as the text PostgreSQL parses into the column's type: booleans as
+/// `1`/`0` as on SQLite (a BOOLEAN column reads them as true/false), arrays and
+/// objects as JSON text.
+fn json_to_text(value: &Value) -> Option<String> {
+    match value {
+        Value::Null => None,
+        Value::Bool(b) => Some(if *b { "1" } else { "0" }.to_owned()),
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+fn is_iso_date(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.len() == 10
+        && bytes.iter().enumerate().all(|(idx, b)| match idx {
+            4 | 7 => *b == b'-',
+            _ => b.is_ascii_digit(),
+        })
+}
+
+pub async fn query_data(
+    store: &PostgresStore,
+    namespace: &str,
+    sql: String,
+    limit: usize,
+    timeout: Duration,
+) -> Result<QueryResult, ToolError> {
+    if sql.trim().is_empty() {
+        return Err(ToolError::execution("the query is empty"));
+    }
+    let schema = schema_name(namespace);
+    let mut client = store.client().await?;
+    let result = run_query(&mut client, &schema, &sql, limit, timeout).await;
+    // The connection ran caller-written SQL: whatever session state that left
+    // behind (advisory locks, prepared statements, settings) goes with it.
+    drop(Object::take(client));
+    result.map_err(|e| query_error(store, e, timeout))
+}
+
+async fn run_query(
+    client: &mut Object,
+    schema: &str,
+    sql: &str,
+    limit: usize,
+    timeout: Duration,
+) -> Result<QueryResult, tokio_postgres::Error> {
+    let tx = client.build_transaction().read_only(true).start().await?;
+    set_search_path(&tx, schema).await?;
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = {}",
+        timeout.as_millis().max(1)
+    ))
+    .await?;
+    // The extended protocol: the server refuses a second statement in the text.
+    let stmt = tx.prepare(sql).await?;
+    let columns: Vec<String> = stmt.columns().iter().map(|c| c.name().to_owned()).collect();
+    let needs_text = stmt.columns().iter().any(|c| !decodes_natively(c.type_()));
+    let portal = if needs_text {
+        // Some column has a type without a JSON mapping here: read the same query
+        // with every column cast to text.
+        let casts: Vec<String> = (1..=columns.len())
+            .map(|i| format!("q.c{i}::text"))
+            .collect();
+        let aliases: Vec<String> = (1..=columns.len()).map(|i| format!("c{i}")).collect();
+        let wrapped = format!(
+            "SELECT {} FROM (\n{}\n) AS q({})",
+            casts.join(", "),
+            sql.trim_end().trim_end_matches(';'),
+            aliases.join(", ")
+        );
+        let stmt = tx.prepare(&wrapped).await?;
+        tx.bind(&stmt, &[]).await?
+    } else {
+        tx.bind(&stmt, &[]).await?
+    };
+    let fetched = tx
+        .query_portal(&portal, i32::try_from(limit + 1).unwrap_or(i32::MAX))
+        .await?;
+    let truncated = fetched.len() > limit;
+    let mut rows = Vec::with_capacity(fetched.len().min(limit));
+    for row in fetched.iter().take(limit) {
+        let mut values = Vec::with_capacity(columns.len());
+        for idx in 0..columns.len() {
+            values.push(cell_to_json(row, idx)?);
+        }
+        rows.push(values);
+    }
+    tx.rollback().await?;
+    Ok(QueryResult {
+        columns,
+        n_rows: rows.len(),
+        rows,
+        truncated,
+        limit,
+    })
+}
+
+fn decodes_natively(ty: &Type) -> bool {
+    matches!(
+        *ty,
+        Type::BOOL
+            | Type::INT2
+            | Type::INT4
+            | Type::INT8
+            | Type::OID
+            | Type::FLOAT4
+            | Type::FLOAT8
+            | Type::NUMERIC
+            | Type::TEXT
+            | Type::VARCHAR
+            | Type::BPCHAR
+            | Type::NAME
+            | Type::UNKNOWN
+            | Type::DATE
+    )
+}
+
+fn cell_to_json(row: &Row, idx: usize) -> Result<Value, tokio_postgres::Error> {
+    let ty = row.columns()[idx].type_().clone();
+    Ok(match ty {
+        Type::BOOL => row
+            .try_get::<_, Option<bool>>(idx)?
+            .map_or(Value::Null, Value::from),
+        Type::INT2 => row
+            .try_get::<_, Option<i16>>(idx)?
+            .map_or(Value::Null, Value::from),
+        Type::INT4 => row
+            .try_get::<_, Option<i32>>(idx)?
+            .map_or(Value::Null, Value::from),
+        Type::INT8 => row
+            .try_get::<_, Option<i64>>(idx)?
+            .map_or(Value::Null, Value::from),
+        Type::OID => row
+            .try_get::<_, Option<u32>>(idx)?
+            .map_or(Value::Null, Value::from),
+        Type::FLOAT4 => row
+            .try_get::<_, Option<f32>>(idx)?
+            .map_or(Value::Null, |f| float_to_json(f64::from(f))),
+        Type::FLOAT8 => row
+            .try_get::<_, Option<f64>>(idx)?
+            .map_or(Value::Null, float_to_json),
+        Type::NUMERIC => row
+            .try_get::<_, Option<Numeric>>(idx)?
+            .map_or(Value::Null, |n| n.0),
+        Type::DATE => row
+            .try_get::<_, Option<PgDate>>(idx)?
+            .map_or(Value::Null, |d| Value::String(d.0)),
+        _ => row
+            .try_get::<_, Option<String>>(idx)?
+            .map_or(Value::Null, |text| Value::String(cut_cell(text))),
+    })
+}
+
+fn float_to_json(f: f64) -> Value {
+    serde_json::Number::from_f64(f)
+        .map(Value::Number)
+        .unwrap_or_else(|| Value::String(f.to_string()))
+}
+
+fn cut_cell(text: String) -> String {
+    if text.chars().count() > MAX_CELL_CHARS {
+        let cut: String = text.chars().take(MAX_CELL_CHARS).collect();
+        format!("{cut}… [cut at {MAX_CELL_CHARS} characters]")
+    } else {
+        text
+    }
+}
+
+/// A `numeric` value decoded from the binary format: a JSON number when it is an
+/// integer that fits `i64` or converts to `f64` exactly enough, else its text.
+struct Numeric(Value);
+
+impl<'a> FromSql<'a> for Numeric {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let text = numeric_text(raw).ok_or("malformed numeric value")?;
+        let value = if let Ok(i) = text.parse::<i64>() {
+            Value::from(i)
+        } else if let Some(number) = text
+            .parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+        {
+            Value::Number(number)
+        } else {
+            Value::String(text)
+        };
+        Ok(Numeric(value))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::NUMERIC
+    }
+}
+
+/// The decimal text of a binary `numeric`: ndigits, weight, sign, dscale, then
+/// base-10000 digits.
+fn numeric_text(raw: &[u8]) -> Option<String> {
+    let word = |idx: usize| -> Option<u16> {
+        Some(u16::from_be_bytes([
+            *raw.get(idx * 2)?,
+            *raw.get(idx * 2 + 1)?,
+        ]))
+    };
+    let n_digits = usize::from(word(0)?);
+    let weight = i32::from(word(1)? as i16);
+    let sign = word(2)?;
+    let dscale = usize::from(word(3)?);
+    match sign {
+        0x0000 | 0x4000 => {}
+        0xC000 => return Some("NaN".into()),
+        0xD000 => return Some("Infinity".into()),
+        0xF000 => return Some("-Infinity".into()),
+        _ => return None,
+    }
+    let digits: Vec<u16> = (0..n_digits).map(|i| word(4 + i)).collect::<Option<_>>()?;
+    let mut int_part = String::new();
+    let mut frac_part = String::new();
+    for pos in 0..=weight.max(-1) {
+        let digit = usize::try_from(pos)
+            .ok()
+            .and_then(|p| digits.get(p))
+            .copied()
+            .unwrap_or(0);
+        if int_part.is_empty() {
+            if digit != 0 {
+                int_part = digit.to_string();
+            }
+        } else {
+            int_part.push_str(&format!("{digit:04}"));
+        }
+    }
+    if int_part.is_empty() {
+        int_part.push('0');
+    }
+    if dscale > 0 {
+        let mut pos = weight + 1;
+        while frac_part.len() < dscale {
+            let digit = if pos < 0 {
+                0
+            } else {
+                usize::try_from(pos)
+                    .ok()
+                    .and_then(|p| digits.get(p))
+                    .copied()
+                    .unwrap_or(0)
+            };
+            frac_part.push_str(&format!("{digit:04}"));
+            pos += 1;
+        }
+        frac_part.truncate(dscale);
+    }
+    let mut text = String::new();
+    if sign == 0x4000 {
+        text.push('-');
+    }
+    text.push_str(&int_part);
+    if !frac_part.is_empty() {
+        text.push('.');
+        text.push_str(&frac_part);
+    }
+    Some(text)
+}
+
+/// A `date` as `YYYY-MM-DD` (binary format: days since 2000-01-01).
+struct PgDate(String);
+
+impl<'a> FromSql<'a> for PgDate {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let bytes: [u8; 4] = raw.try_into().map_err(|_| "malformed date value")?;
+        let days = i32::from_be_bytes(bytes);
+        Ok(PgDate(match days {
+            i32::MAX => "infinity".into(),
+            i32::MIN => "-infinity".into(),
+            days => civil_from_days(i64::from(days) + 10_957),
+        }))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::DATE
+    }
+}
+
+/// Days since 1970-01-01 to `YYYY-MM-DD` (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> String {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+fn query_error(store: &PostgresStore, e: tokio_postgres::Error, timeout: Duration) -> ToolError {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        let message = loadout::store::describe_pg_error(&e);
+        return match code {
+            // read_only_sql_transaction
+            "25006" => ToolError::execution(format!(
+                "query_data is read-only and the database refused to write ({message}); use insert_data, create_table or drop_table to change data"
+            )),
+            // query_canceled (statement_timeout)
+            "57014" => ToolError::execution(format!(
+                "the query ran longer than {} s and was stopped; narrow it or add a LIMIT",
+                timeout.as_secs_f64()
+            )),
+            // syntax_error for "cannot insert multiple commands into a prepared statement"
+            "42601" if message.contains("multiple commands") => ToolError::execution(
+                "query_data runs exactly one statement; send one SELECT without a second statement after `;`",
+            ),
+            // insufficient_privilege
+            "42501" => ToolError::execution(format!(
+                "query_data is read-only and the database refused ({message})"
+            )),
+            _ => ToolError::execution(format!("query failed: {message}")),
+        };
+    }
+    pg_error(store, e)
+}
+
+pub async fn list_tables(
+    store: &PostgresStore,
+    namespace: &str,
+) -> Result<Vec<TableSummary>, ToolError> {
+    let schema = schema_name(namespace);
+    let mut client = store.client().await?;
+    let tx = client.transaction().await.map_err(|e| pg_error(store, e))?;
+    set_search_path(&tx, &schema)
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    let mut tables = Vec::new();
+    for table in table_names(&tx).await.map_err(|e| pg_error(store, e))? {
+        let columns = columns(&tx, &table).await.map_err(|e| pg_error(store, e))?;
+        tables.push(TableSummary {
+            n_rows: count_rows(&tx, &table)
+                .await
+                .map_err(|e| pg_error(store, e))?,
+            columns: columns.into_iter().map(|c| c.name).collect(),
+            table,
+        });
+    }
+    tx.rollback().await.map_err(|e| pg_error(store, e))?;
+    Ok(tables)
+}
+
+pub async fn describe_table(
+    store: &PostgresStore,
+    namespace: &str,
+    table: String,
+) -> Result<TableDescription, ToolError> {
+    check_identifier("table", &table)?;
+    let table = table.to_ascii_lowercase();
+    let schema = schema_name(namespace);
+    let mut client = store.client().await?;
+    let tx = client.transaction().await.map_err(|e| pg_error(store, e))?;
+    set_search_path(&tx, &schema)
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    let columns = columns(&tx, &table).await.map_err(|e| pg_error(store, e))?;
+    if columns.is_empty() {
+        return Err(no_such_table(&tx, &table).await);
+    }
+    let comment: Option<String> = tx
+        .query_one(
+            "SELECT obj_description(c.oid, 'pg_class') FROM pg_class c
+             WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = $1",
+            &[&table],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| pg_error(store, e))?;
+    let n_rows = count_rows(&tx, &table)
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    tx.rollback().await.map_err(|e| pg_error(store, e))?;
+    let sql = comment.unwrap_or_else(|| {
+        let parts: Vec<String> = columns
+            .iter()
+            .map(|c| format!("{} {}", quoted(&c.name), c.pg_type))
+            .collect();
+        format!("CREATE TABLE {} ({})", quoted(&table), parts.join(", "))
+    });
+    Ok(TableDescription {
+        table,
+        columns: columns
+            .into_iter()
+            .map(|c| ColumnInfo {
+                column_type: type_label(&c.pg_type),
+                name: c.name,
+                not_null: c.not_null,
+                primary_key: c.primary_key,
+                default: c.default,
+            })
+            .collect(),
+        n_rows,
+        sql,
+    })
+}
+
+pub async fn drop_table(
+    store: &PostgresStore,
+    namespace: &str,
+    table: String,
+) -> Result<TableDropped, ToolError> {
+    check_identifier("table", &table)?;
+    let table = table.to_ascii_lowercase();
+    let schema = schema_name(namespace);
+    let mut client = store.client().await?;
+    let tx = client.transaction().await.map_err(|e| pg_error(store, e))?;
+    set_search_path(&tx, &schema)
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    if !table_exists(&tx, &table)
+        .await
+        .map_err(|e| pg_error(store, e))?
+    {
+        return Err(no_such_table(&tx, &table).await);
+    }
+    let n_rows_deleted = count_rows(&tx, &table)
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    tx.batch_execute(&format!("DROP TABLE {}", quoted(&table)))
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    tx.commit().await.map_err(|e| pg_error(store, e))?;
+    Ok(TableDropped {
+        table,
+        n_rows_deleted,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+/// A statement error as a tool error with the server's message; an unreachable
+/// database as a storage error.
+fn pg_error(store: &PostgresStore, e: tokio_postgres::Error) -> ToolError {
+    match store.error(e) {
+        StoreError::Database(message) => ToolError::execution(constraint_message(message)),
+        other => other.into(),
+    }
+}
+
+/// Names constraint failures the way SQLite does, so that messages read the same on
+/// both engines.
+fn constraint_message(message: String) -> String {
+    if message.contains("violates check constraint") {
+        format!("CHECK constraint failed: {message}")
+    } else if message.contains("violates not-null constraint") {
+        format!("NOT NULL constraint failed: {message}")
+    } else if message.contains("duplicate key value violates unique constraint") {
+        format!("UNIQUE constraint failed: {message}")
+    } else {
+        message
+    }
+}
+
+/// `search_path` for the rest of the transaction: the namespace's schema only
+/// (`pg_catalog` is always searched first).
+async fn set_search_path(
+    tx: &tokio_postgres::Transaction<'_>,
+    schema: &str,
+) -> Result<(), tokio_postgres::Error> {
+    tx.execute(
+        "SELECT pg_catalog.set_config('search_path', $1, true)",
+        &[&quoted(schema)],
+    )
+    .await
+    .map(drop)
+}
+
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+struct Column {
+    name: String,
+    pg_type: String,
+    not_null: bool,
+    primary_key: bool,
+    default: Option<String>,
+}
+
+/// The table's columns in order; empty when the schema has no such table.
+async fn columns(
+    tx: &tokio_postgres::Transaction<'_>,
+    table: &str,
+) -> Result<Vec<Column>, tokio_postgres::Error> {
+    let rows = tx
+        .query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                    COALESCE(a.attnum = ANY(i.indkey), false),
+                    pg_get_expr(d.adbin, d.adrelid)
+             FROM pg_class c
+             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+             LEFT JOIN pg_index i ON i.indrelid = c.oid AND i.indisprimary
+             LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+             WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = $1
+               AND c.relkind = 'r'
+             ORDER BY a.attnum",
+            &[&table],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Column {
+                name: r.try_get(0)?,
+                pg_type: r.try_get(1)?,
+                not_null: r.try_get(2)?,
+                primary_key: r.try_get(3)?,
+                default: r.try_get(4)?,
+            })
+        })
+        .collect()
+}
+
+async fn table_names(
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    // current_schema() is NULL when the namespace's schema does not exist yet.
+    let rows = tx
+        .query(
+            "SELECT c.relname::text FROM pg_class c
+             WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'
+             ORDER BY c.relname",
+            &[],
+        )
+        .await?;
+    rows.iter().map(|r| r.try_get(0)).collect()
+}
+
+async fn table_exists(
+    tx: &tokio_postgres::Transaction<'_>,
+    table: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    Ok(tx
+        .query_opt(
+            "SELECT 1 FROM pg_class c
+             WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = $1
+               AND c.relkind = 'r'",
+            &[&table],
+        )
+        .await?
+        .is_some())
+}
+
+async fn no_such_table(tx: &tokio_postgres::Transaction<'_>, table: &str) -> ToolError {
+    let existing = table_names(tx).await.unwrap_or_default();
+    if existing.is_empty() {
+        ToolError::execution(format!(
+            "no table `{table}`: the scratchpad has no tables yet; create one with create_table"
+        ))
+    } else {
+        ToolError::execution(format!(
+            "no table `{table}`; existing tables: {}",
+            existing.join(", ")
+        ))
+    }
+}
+
+async fn count_rows(
+    tx: &tokio_postgres::Transaction<'_>,
+    table: &str,
+) -> Result<i64, tokio_postgres::Error> {
+    tx.query_one(&format!("SELECT count(*) FROM {}", quoted(table)), &[])
+        .await?
+        .try_get(0)
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_distinct_and_short() {
+        assert_eq!(schema_name("alice"), "scratchpad_alice");
+        assert_eq!(schema_name("Alice-1"), "scratchpad_Alice-1");
+        let long = "a".repeat(64);
+        let longer = "a".repeat(65);
+        assert!(schema_name(&long).len() <= 63);
+        assert_ne!(schema_name(&long), schema_name(&longer));
+        assert!(schema_name(&long).starts_with("scratchpadh_"));
+    }
+
+    #[test]
+    fn dates_and_numerics_decode() {
+        assert_eq!(civil_from_days(0), "1970-01-01");
+        assert_eq!(civil_from_days(10_957), "2000-01-01");
+        assert_eq!(civil_from_days(11_322), "2000-12-31");
+        assert_eq!(civil_from_days(-1), "1969-12-31");
+        assert!(is_iso_date("2001-12-31"));
+        assert!(!is_iso_date("31/12/2001"));
+        assert!(!is_iso_date("2001-1-31"));
+        // 12345.678 with dscale 3: weight 1, digits [1, 2345, 6780].
+        let raw: Vec<u8> = [3u16, 1, 0, 3, 1, 2345, 6780]
+            .iter()
+            .flat_map(|w| w.to_be_bytes())
+            .collect();
+        assert_eq!(numeric_text(&raw).as_deref(), Some("12345.678"));
+        // -0.05 with dscale 2: weight -1, digits [500].
+        let raw: Vec<u8> = [1u16, 0xFFFF, 0x4000, 2, 500]
+            .iter()
+            .flat_map(|w| w.to_be_bytes())
+            .collect();
+        assert_eq!(numeric_text(&raw).as_deref(), Some("-0.05"));
+        // 0 with no digits.
+        let raw: Vec<u8> = [0u16, 0, 0, 0]
+            .iter()
+            .flat_map(|w| w.to_be_bytes())
+            .collect();
+        assert_eq!(numeric_text(&raw).as_deref(), Some("0"));
+        assert_eq!(numeric_text(&[0, 1]), None);
+    }
+}

@@ -1,0 +1,632 @@
+//! Everything the dense stage needs outside the pure router: the built-in encoder
+//! (cargo feature `dense`), the vector cache in the data dir, and the background task
+//! that fills the router's dense index without delaying start-up.
+//!
+//! Flow: the server builds its [`Router`] (lexical-only, ready at once) and calls
+//! [`spawn_dense_stage`]. On a worker thread, that loads the encoder, reads the cache,
+//! embeds only the texts whose vectors are missing (a changed description changes its
+//! text hash, so only that tool is embedded again), writes the cache back and attaches
+//! the index with [`Router::attach_dense`]. Until then selections note that they are
+//! lexical-only. A failure at any step leaves the router lexical-only with a warning.
+//!
+//! Cache file: `<dir>/vectors-<first 16 hex of sha256(model id)>.bin`, little-endian:
+//! magic `LOVEC001`, `u32` length + model id bytes, `u32` dims, `u32` rows, then per
+//! row the 32-byte SHA-256 of the text and `dims` `f32`s. Written to a temporary file
+//! and renamed, so a crash never leaves a torn cache; a file that does not parse is
+//! ignored (and rewritten).
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::router::{DenseIndex, Embedder, Router};
+
+const MAGIC: &[u8; 8] = b"LOVEC001";
+
+/// Texts embedded per [`Embedder::embed`] call while building the index.
+pub const INDEX_BATCH: usize = 64;
+
+/// The built-in offline encoder: paraphrase-MiniLM-L3-v2, 4-bit, 384 dimensions, its
+/// weights compiled into the binary by the `pocket-encoder` crate. No file or network
+/// access, ever.
+#[cfg(feature = "dense")]
+#[derive(Clone)]
+pub struct BuiltinEncoder {
+    encoder: pocket_encoder::Encoder,
+    model_id: String,
+}
+
+#[cfg(feature = "dense")]
+impl std::fmt::Debug for BuiltinEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuiltinEncoder")
+            .field("model_id", &self.model_id)
+            .finish()
+    }
+}
+
+#[cfg(feature = "dense")]
+impl BuiltinEncoder {
+    /// Loads the compiled-in weights (about 0.1 s, once per process).
+    pub fn load() -> Result<BuiltinEncoder, String> {
+        let encoder = pocket_encoder::Encoder::new().map_err(|e| e.to_string())?;
+        Ok(BuiltinEncoder {
+            encoder,
+            model_id: builtin_model_id(),
+        })
+    }
+}
+
+/// The built-in encoder's model id (`pocket-encoder/minilm-l3-q4-g32-v1@sha256:…`),
+/// known without loading the weights.
+#[cfg(feature = "dense")]
+pub fn builtin_model_id() -> String {
+    let info = pocket_encoder::model_info();
+    format!("{}@{}", info.id, info.revision)
+}
+
+#[cfg(feature = "dense")]
+impl Embedder for BuiltinEncoder {
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+        self.encoder.embed(texts).map_err(|e| e.to_string())
+    }
+
+    fn model_id(&self) -> &str {
+        &self.model_id
+    }
+}
+
+/// Whether this build has the built-in encoder.
+pub const fn builtin_available() -> bool {
+    cfg!(feature = "dense")
+}
+
+/// The built-in encoder as a trait object, or why there is none.
+pub fn builtin() -> Result<Arc<dyn Embedder>, String> {
+    #[cfg(feature = "dense")]
+    {
+        BuiltinEncoder::load().map(|e| Arc::new(e) as Arc<dyn Embedder>)
+    }
+    #[cfg(not(feature = "dense"))]
+    {
+        Err("this build has no built-in encoder (cargo feature `dense` is off)".to_owned())
+    }
+}
+
+/// Vectors of texts for one model, keyed by the SHA-256 of the text.
+#[derive(Debug)]
+pub struct VectorCache {
+    path: PathBuf,
+    model_id: String,
+    dims: usize,
+    rows: Rows,
+    dirty: bool,
+}
+
+impl VectorCache {
+    /// The cache of `model_id` in `dir`; empty when the file is missing, unreadable,
+    /// or written for another model.
+    pub fn open(dir: &Path, model_id: &str) -> VectorCache {
+        let digest = Sha256::digest(model_id.as_bytes());
+        let key: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let path = dir.join(format!("vectors-{key}.bin"));
+        let mut cache = VectorCache {
+            path,
+            model_id: model_id.to_owned(),
+            dims: 0,
+            rows: HashMap::new(),
+            dirty: false,
+        };
+        match std::fs::read(&cache.path) {
+            Ok(bytes) => {
+                if let Some((dims, rows)) = parse(&bytes, model_id) {
+                    cache.dims = dims;
+                    cache.rows = rows;
+                } else {
+                    tracing::warn!(
+                        "vector cache {} is not valid for {model_id}; recomputing",
+                        cache.path.display()
+                    );
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!("vector cache {}: {e}", cache.path.display()),
+        }
+        cache
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn get(&self, text: &str) -> Option<&[f32]> {
+        self.rows.get(&text_hash(text)).map(Vec::as_slice)
+    }
+
+    pub fn insert(&mut self, text: &str, vector: Vec<f32>) {
+        if self.dims != vector.len() {
+            if !self.rows.is_empty() {
+                self.rows.clear();
+            }
+            self.dims = vector.len();
+        }
+        self.rows.insert(text_hash(text), vector);
+        self.dirty = true;
+    }
+
+    /// Drops vectors of texts not in `texts` (tools removed or descriptions changed).
+    pub fn retain_texts(&mut self, texts: &[String]) {
+        let keep: std::collections::HashSet<[u8; 32]> =
+            texts.iter().map(|t| text_hash(t)).collect();
+        let before = self.rows.len();
+        self.rows.retain(|hash, _| keep.contains(hash));
+        self.dirty |= self.rows.len() != before;
+    }
+
+    /// Writes the cache if it changed (temporary file, then rename).
+    pub fn save(&mut self) -> std::io::Result<()> {
+        if !self.dirty {
+            return Ok(());
+        }
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut bytes = Vec::with_capacity(16 + self.rows.len() * (32 + 4 * self.dims));
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&(self.model_id.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(self.model_id.as_bytes());
+        bytes.extend_from_slice(&(self.dims as u32).to_le_bytes());
+        bytes.extend_from_slice(&(self.rows.len() as u32).to_le_bytes());
+        let mut hashes: Vec<&[u8; 32]> = self.rows.keys().collect();
+        hashes.sort();
+        for hash in hashes {
+            bytes.extend_from_slice(hash);
+            for x in &self.rows[hash] {
+                bytes.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        let tmp = self
+            .path
+            .with_extension(format!("tmp{}", std::process::id()));
+        {
+            let mut file = std::fs::File::create(&tmp)?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+        }
+        std::fs::rename(&tmp, &self.path)?;
+        self.dirty = false;
+        Ok(())
+    }
+}
+
+fn text_hash(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
+}
+
+/// Vectors by text hash.
+type Rows = HashMap<[u8; 32], Vec<f32>>;
+
+fn parse(bytes: &[u8], model_id: &str) -> Option<(usize, Rows)> {
+    let mut rest = bytes.strip_prefix(MAGIC.as_slice())?;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (head, tail) = rest.split_at_checked(n)?;
+        rest = tail;
+        Some(head)
+    };
+    let read_u32 =
+        |b: &[u8]| -> Option<usize> { Some(u32::from_le_bytes(b.try_into().ok()?) as usize) };
+    let id_len = read_u32(take(4)?)?;
+    if take(id_len)? != model_id.as_bytes() {
+        return None;
+    }
+    let dims = read_u32(take(4)?)?;
+    let n_rows = read_u32(take(4)?)?;
+    let row_bytes = 32usize.checked_add(dims.checked_mul(4)?)?;
+    if rest.len() != n_rows.checked_mul(row_bytes)? {
+        return None;
+    }
+    let mut rows = HashMap::with_capacity(n_rows);
+    for chunk in rest.chunks_exact(row_bytes) {
+        let (hash, floats) = chunk.split_at(32);
+        let hash: [u8; 32] = hash.try_into().ok()?;
+        let vector: Vec<f32> = floats
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        rows.insert(hash, vector);
+    }
+    Some((dims, rows))
+}
+
+/// What building a dense index did.
+#[derive(Debug, Clone, Default)]
+pub struct DenseBuildStats {
+    pub n_texts: usize,
+    /// Texts whose vectors came from the cache.
+    pub n_cached: usize,
+    /// Texts embedded now.
+    pub n_embedded: usize,
+    pub elapsed: Duration,
+}
+
+/// Vectors for every text of `router.dense_texts()`: from `cache` when present, the
+/// rest embedded in batches of [`INDEX_BATCH`] (then stored in `cache`).
+pub fn build_dense_index(
+    router: &Router,
+    embedder: Arc<dyn Embedder>,
+    mut cache: Option<&mut VectorCache>,
+) -> Result<(DenseIndex, DenseBuildStats), String> {
+    let started = Instant::now();
+    let texts = router.dense_texts();
+    let mut rows: Vec<Option<Vec<f32>>> = texts
+        .iter()
+        .map(|t| cache.as_ref().and_then(|c| c.get(t)).map(<[f32]>::to_vec))
+        .collect();
+    let n_cached = rows.iter().filter(|r| r.is_some()).count();
+    let missing: Vec<usize> = (0..texts.len()).filter(|&i| rows[i].is_none()).collect();
+    for batch in missing.chunks(INDEX_BATCH) {
+        let batch_texts: Vec<&str> = batch.iter().map(|&i| texts[i].as_str()).collect();
+        let vectors = embedder.embed(&batch_texts)?;
+        if vectors.len() != batch.len() {
+            return Err(format!(
+                "the embedder returned {} vectors for {} texts",
+                vectors.len(),
+                batch.len()
+            ));
+        }
+        for (&i, vector) in batch.iter().zip(vectors) {
+            if let Some(cache) = cache.as_deref_mut() {
+                cache.insert(&texts[i], vector.clone());
+            }
+            rows[i] = Some(vector);
+        }
+    }
+    if let Some(cache) = cache {
+        cache.retain_texts(texts);
+    }
+    let rows: Vec<Vec<f32>> = rows.into_iter().map(Option::unwrap_or_default).collect();
+    let stats = DenseBuildStats {
+        n_texts: texts.len(),
+        n_cached,
+        n_embedded: missing.len(),
+        elapsed: started.elapsed(),
+    };
+    Ok((DenseIndex::new(embedder, rows), stats))
+}
+
+/// Prepares the dense stage of a shared router on a background thread and attaches it
+/// when ready; the router stays lexical-only (and says so) until then, and for good
+/// if `make_embedder` or embedding fails (logged as a warning). `cache_dir`: where the
+/// vector cache lives (the data dir), `None` for no cache.
+pub fn spawn_dense_stage<F>(
+    router: Arc<Router>,
+    make_embedder: F,
+    cache_dir: Option<PathBuf>,
+) -> std::thread::JoinHandle<Result<DenseBuildStats, String>>
+where
+    F: FnOnce() -> Result<Arc<dyn Embedder>, String> + Send + 'static,
+{
+    router.set_dense_pending(true);
+    std::thread::spawn(move || {
+        let result = prepare(&router, make_embedder, cache_dir.as_deref());
+        match &result {
+            Ok(stats) => tracing::info!(
+                "[router] dense stage ready: {} texts ({} cached, {} embedded) in {:.1} s",
+                stats.n_texts,
+                stats.n_cached,
+                stats.n_embedded,
+                stats.elapsed.as_secs_f64()
+            ),
+            Err(e) => {
+                router.set_dense_pending(false);
+                tracing::warn!("[router] dense stage off, routing lexical-only: {e}");
+            }
+        }
+        result
+    })
+}
+
+fn prepare<F>(
+    router: &Router,
+    make_embedder: F,
+    cache_dir: Option<&Path>,
+) -> Result<DenseBuildStats, String>
+where
+    F: FnOnce() -> Result<Arc<dyn Embedder>, String>,
+{
+    let embedder = make_embedder()?;
+    let mut cache = cache_dir.map(|dir| VectorCache::open(dir, embedder.model_id()));
+    let (index, stats) = build_dense_index(router, embedder, cache.as_mut())?;
+    if let Some(cache) = &mut cache
+        && let Err(e) = cache.save()
+    {
+        tracing::warn!("vector cache {}: {e}", cache.path().display());
+    }
+    router
+        .attach_dense(index)
+        .map_err(|_| "a dense stage was already attached".to_owned())?;
+    Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::Registry;
+    use crate::router::{RouteInput, RouterConfig, SessionView, Stage};
+
+    /// A deterministic fake: a vector from the text's bytes; counts the texts embedded.
+    struct Counting(AtomicUsize);
+    impl Embedder for Counting {
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+            self.0.fetch_add(texts.len(), Ordering::SeqCst);
+            Ok(texts
+                .iter()
+                .map(|t| {
+                    let mut v = vec![0.0f32; 8];
+                    for (i, b) in t.bytes().enumerate() {
+                        v[i % 8] += f32::from(b);
+                    }
+                    v
+                })
+                .collect())
+        }
+        fn model_id(&self) -> &str {
+            "counting-v1"
+        }
+    }
+
+    fn registry(weather_description: &str) -> Arc<Registry> {
+        let tool = |name: &str, description: &str| json!({"name": name, "description": description, "input_schema": {"type": "object", "properties": {}}});
+        let domains = [
+            json!({"domain": "core", "description": "Core tools.", "always_on": true,
+                   "tools": [tool("list_domains", "List tool domains.")]}),
+            json!({"domain": "weather", "description": "Weather forecasts and current conditions.",
+                   "keywords": ["weather"],
+                   "tools": [tool("get_current_weather", weather_description),
+                             tool("get_weather_forecast", "Daily weather forecast for the next days.")]}),
+            json!({"domain": "calendar", "description": "Calendar events and appointments.",
+                   "keywords": ["calendar"],
+                   "tools": [tool("create_event", "Create a calendar event or appointment at a date and time."),
+                             tool("list_events", "List upcoming calendar events.")]}),
+            json!({"domain": "docker", "description": "Docker containers and images.",
+                   "keywords": ["docker"],
+                   "tools": [tool("list_containers", "List running docker containers."),
+                             tool("restart_container", "Restart a docker container.")]}),
+            json!({"domain": "email", "description": "Read and send email.",
+                   "keywords": ["email"],
+                   "tools": [tool("send_email", "Send an email message to a recipient.")]}),
+        ];
+        let mut builder = Registry::builder();
+        for (i, value) in domains.into_iter().enumerate() {
+            let parsed = crate::toolkit::parse(&value.to_string(), &format!("t{i}.json"));
+            builder = builder.toolkit(parsed.unwrap_or_else(|e| panic!("{e}")));
+        }
+        Arc::new(builder.build().unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    #[test]
+    fn cache_reembeds_only_changed_texts() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let embedder = Arc::new(Counting(AtomicUsize::new(0)));
+        let router = Router::new(registry("Current conditions."), RouterConfig::default());
+        let n_texts = router.dense_texts().len();
+
+        let mut cache = VectorCache::open(dir.path(), embedder.model_id());
+        let (_, stats) = build_dense_index(&router, embedder.clone(), Some(&mut cache))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((stats.n_cached, stats.n_embedded), (0, n_texts));
+        cache.save().unwrap_or_else(|e| panic!("{e}"));
+
+        // Same texts: everything from the cache file.
+        let mut cache = VectorCache::open(dir.path(), embedder.model_id());
+        assert_eq!(cache.len(), n_texts);
+        let (_, stats) = build_dense_index(&router, embedder.clone(), Some(&mut cache))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((stats.n_cached, stats.n_embedded), (n_texts, 0));
+
+        // One description changed: only that tool is embedded again.
+        let changed = Router::new(
+            registry("Conditions outside right now."),
+            RouterConfig::default(),
+        );
+        let before = embedder.0.load(Ordering::SeqCst);
+        let (_, stats) = build_dense_index(&changed, embedder.clone(), Some(&mut cache))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(stats.n_embedded, 1);
+        assert_eq!(embedder.0.load(Ordering::SeqCst) - before, 1);
+        cache.save().unwrap_or_else(|e| panic!("{e}"));
+        // The stale vector is gone from the file.
+        assert_eq!(
+            VectorCache::open(dir.path(), embedder.model_id()).len(),
+            n_texts
+        );
+
+        // Another model id never reads these vectors.
+        assert!(VectorCache::open(dir.path(), "other-model").is_empty());
+        // A torn file is ignored, not trusted.
+        let path = cache.path().to_owned();
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(VectorCache::open(dir.path(), embedder.model_id()).is_empty());
+    }
+
+    #[test]
+    fn failing_embedder_leaves_the_router_lexical_only() {
+        let router = Arc::new(Router::new(
+            registry("Current conditions."),
+            RouterConfig::default(),
+        ));
+        let handle = spawn_dense_stage(router.clone(), || Err("model missing".to_owned()), None);
+        let result = handle.join().unwrap_or_else(|_| panic!("thread panicked"));
+        assert!(result.is_err());
+        assert!(router.dense().is_none());
+        let settings = BTreeMap::new();
+        let session = SessionView::new(1);
+        let selection = router.select(&RouteInput {
+            message: "weather please",
+            settings: &settings,
+            session: &session,
+            token_budget: None,
+        });
+        assert!(selection.contains("get_current_weather"));
+        assert!(selection.notes.is_empty(), "{:?}", selection.notes);
+    }
+
+    #[test]
+    fn background_stage_attaches_when_ready() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let router = Arc::new(Router::new(
+            registry("Current conditions."),
+            RouterConfig::default(),
+        ));
+        let embedder: Arc<dyn Embedder> = Arc::new(Counting(AtomicUsize::new(0)));
+        let handle = spawn_dense_stage(
+            router.clone(),
+            move || Ok(embedder),
+            Some(dir.path().into()),
+        );
+        let stats = handle
+            .join()
+            .unwrap_or_else(|_| panic!("thread panicked"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(stats.n_texts, router.dense_texts().len());
+        assert!(router.dense().is_some());
+        assert!(
+            std::fs::read_dir(dir.path())
+                .map(|d| d.count())
+                .unwrap_or(0)
+                == 1
+        );
+    }
+
+    #[cfg(feature = "dense")]
+    fn builtin_router() -> Router {
+        let router = Router::new(
+            registry("Current weather conditions for a place."),
+            RouterConfig::default(),
+        );
+        let embedder = builtin().unwrap_or_else(|e| panic!("{e}"));
+        let (index, _) =
+            build_dense_index(&router, embedder, None).unwrap_or_else(|e| panic!("{e}"));
+        router
+            .attach_dense(index)
+            .unwrap_or_else(|_| panic!("already attached"));
+        router
+    }
+
+    #[cfg(feature = "dense")]
+    #[test]
+    fn builtin_vectors_are_deterministic() {
+        let encoder = BuiltinEncoder::load().unwrap_or_else(|e| panic!("{e}"));
+        let a = encoder
+            .embed(&["what's it like outside tomorrow"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let b = encoder
+            .embed(&["what's it like outside tomorrow", "restart plex"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a[0].len(), 384);
+        assert_eq!(a[0], b[0]);
+        assert_ne!(b[0], b[1]);
+        assert!(encoder.model_id().starts_with("pocket-encoder/"));
+    }
+
+    /// Run by `builtin_encoder_loads_without_network` in a child process whose
+    /// environment has no home, no cache and a proxy that refuses every connection.
+    #[cfg(feature = "dense")]
+    #[test]
+    #[ignore = "run by builtin_encoder_loads_without_network"]
+    fn builtin_encoder_offline_child() {
+        let encoder = BuiltinEncoder::load().unwrap_or_else(|e| panic!("{e}"));
+        let vectors = encoder.embed(&["hello"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(vectors[0].len(), 384);
+    }
+
+    #[cfg(feature = "dense")]
+    #[test]
+    fn builtin_encoder_loads_without_network() {
+        let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+        let empty = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let output = std::process::Command::new(exe)
+            .args([
+                "--ignored",
+                "--exact",
+                "embed::tests::builtin_encoder_offline_child",
+            ])
+            .env_clear()
+            .env("HOME", empty.path())
+            .env("XDG_CACHE_HOME", empty.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HTTP_PROXY", "http://127.0.0.1:9")
+            .env("HTTPS_PROXY", "http://127.0.0.1:9")
+            .env("ALL_PROXY", "http://127.0.0.1:9")
+            .current_dir(empty.path())
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.contains("1 passed"), "{stdout}");
+    }
+
+    #[cfg(feature = "dense")]
+    #[test]
+    fn builtin_routes_each_request_of_a_message() {
+        let router = builtin_router();
+        let settings = BTreeMap::new();
+        let session = SessionView::new(1);
+        let selection = router.select(&RouteInput {
+            message: "check the weather in Busan and put a dentist appointment on friday",
+            settings: &settings,
+            session: &session,
+            token_budget: None,
+        });
+        assert!(selection.notes.is_empty(), "{:?}", selection.notes);
+        for tool in ["get_current_weather", "create_event"] {
+            assert!(
+                selection.contains(tool),
+                "{tool}: {}",
+                selection.summary_line()
+            );
+        }
+        // A paraphrase with no keyword reaches its domain through the dense stage.
+        let selection = router.select(&RouteInput {
+            message: "book me in with the dentist on friday at 3",
+            settings: &settings,
+            session: &session,
+            token_budget: None,
+        });
+        assert!(
+            selection.contains("create_event"),
+            "{}",
+            selection.summary_line()
+        );
+        assert!(
+            matches!(
+                selection.domain("calendar").map(|d| d.stage),
+                Some(Stage::Dense | Stage::Fused)
+            ),
+            "{}",
+            selection.summary_line()
+        );
+    }
+}

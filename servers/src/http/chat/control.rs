@@ -1,0 +1,186 @@
+//! The meta-tools' view of a chat turn: [`TurnControl`] implements
+//! [`SessionControl`] over the turn's routed state, which the chat loop shares.
+//!
+//! Every change re-routes at once (another decision-log row for the same turn) and
+//! persists the session's changed domain rows, so the model's next step sees the new
+//! selection and the next request, on any replica, sees the new session state.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use loadout::router::{Selection, SessionError};
+use loadout::store::SessionDomainState;
+use loadout::{ControlFuture, SessionControl, Store};
+use serde_json::{Value, json};
+
+use crate::routing::{RoutedTurn, Routing};
+
+/// The routed state of one turn, shared by the chat loop and the meta-tools.
+#[derive(Debug)]
+pub struct TurnState {
+    pub routed: RoutedTurn,
+    /// The selection changed since the loop last looked.
+    pub changed: bool,
+}
+
+/// [`SessionControl`] for one chat turn.
+#[derive(Clone)]
+pub struct TurnControl {
+    pub state: Arc<Mutex<TurnState>>,
+    routing: Routing,
+    store: Store,
+    session: String,
+    message: String,
+}
+
+impl TurnControl {
+    pub fn new(
+        routed: RoutedTurn,
+        routing: Routing,
+        store: Store,
+        session: String,
+        message: String,
+    ) -> TurnControl {
+        TurnControl {
+            state: Arc::new(Mutex::new(TurnState {
+                routed,
+                changed: false,
+            })),
+            routing,
+            store,
+            session,
+            message,
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, TurnState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Applies a change to the session view, re-routes, and persists the changed rows.
+    async fn change<F>(&self, apply: F) -> Result<Selection, String>
+    where
+        F: FnOnce(&mut RoutedTurn, &Routing) -> Result<Vec<SessionDomainState>, SessionError>,
+    {
+        let (changed_rows, selection) = {
+            let mut state = self.lock();
+            let rows = apply(&mut state.routed, &self.routing).map_err(|e| e.to_string())?;
+            self.routing
+                .reselect(&mut state.routed, Some(&self.session), &self.message);
+            state.changed = true;
+            (rows, state.routed.selection.clone())
+        };
+        self.routing
+            .persist(&self.store, &self.session, &changed_rows)
+            .await
+            .map_err(|e| format!("the session state could not be saved: {e}"))?;
+        Ok(selection)
+    }
+
+    /// Domains among `names` (tool or domain names) that still need settings.
+    fn needs_settings(&self, names: &[String]) -> Value {
+        let state = self.lock();
+        let registry = self.routing.router.registry();
+        let domains: BTreeSet<&str> = names
+            .iter()
+            .filter_map(|name| match (registry.domain(name), registry.tool(name)) {
+                (Some(domain), _) => Some(domain.name.as_str()),
+                (None, Some(tool)) => Some(tool.domain.as_str()),
+                (None, None) => None,
+            })
+            .collect();
+        let mut needs = serde_json::Map::new();
+        for domain in domains {
+            let missing = registry.missing_settings(domain, &state.routed.settings);
+            if !missing.is_empty() {
+                needs.insert(domain.to_owned(), json!(missing));
+            }
+        }
+        Value::Object(needs)
+    }
+}
+
+impl SessionControl for TurnControl {
+    fn search<'a>(&'a self, query: &'a str, limit: usize) -> ControlFuture<'a> {
+        Box::pin(async move {
+            let state = self.lock();
+            let selection = &state.routed.selection;
+            let results: Vec<Value> = self
+                .routing
+                .router
+                .search(query, &state.routed.settings)
+                .into_iter()
+                .take(limit)
+                .map(|hint| {
+                    let mut value = hint.to_json();
+                    value["loaded"] = json!(selection.contains(&hint.name));
+                    value
+                })
+                .collect();
+            let note = if results.is_empty() {
+                "No active tool matched; try other words. list_domains shows domains that need settings first."
+            } else {
+                "Call load_tools with the names (or a domain) you need; they are callable right after."
+            };
+            Ok(json!({"results": results, "note": note}))
+        })
+    }
+
+    fn load<'a>(&'a self, names: &'a [String]) -> ControlFuture<'a> {
+        Box::pin(async move {
+            let selection = self
+                .change(|routed, routing| routed.view.load(&routing.router, names))
+                .await
+                .map_err(|e| format!("{e}; search_tools finds names"))?;
+            let registry = self.routing.router.registry();
+            let available: Vec<&str> = selection
+                .tool_names()
+                .filter(|tool| {
+                    registry
+                        .tool(tool)
+                        .is_some_and(|t| names.iter().any(|n| *n == t.name || *n == t.domain))
+                })
+                .collect();
+            let mut result = json!({
+                "loaded": names,
+                "now_available": available,
+                "note": "These tools are in your tool list now; call them directly.",
+            });
+            let needs = self.needs_settings(names);
+            if needs.as_object().is_some_and(|n| !n.is_empty()) {
+                result["needs_settings"] = needs;
+                result["note"] = json!(
+                    "Some domains are not configured, so their tools stay unavailable: ask the user for the keys listed, then set them with set_setting."
+                );
+            }
+            Ok(result)
+        })
+    }
+
+    fn unload<'a>(&'a self, names: &'a [String]) -> ControlFuture<'a> {
+        Box::pin(async move {
+            let selection = self
+                .change(|routed, routing| routed.view.unload(&routing.router, names))
+                .await?;
+            Ok(json!({"unloaded": names, "n_tools": selection.n_tools}))
+        })
+    }
+
+    fn load_all_for_this_turn(&self) -> ControlFuture<'_> {
+        Box::pin(async move {
+            let selection = self
+                .change(|routed, _| {
+                    routed.view.load_all_for_this_turn();
+                    Ok(Vec::new())
+                })
+                .await?;
+            Ok(json!({
+                "n_tools": selection.n_tools,
+                "tokens": selection.tokens,
+                "note": "Every active tool is in your tool list until the user's next message.",
+            }))
+        })
+    }
+}

@@ -1,0 +1,561 @@
+//! One chat turn: the model loop.
+//!
+//! Route the message; then, up to [`MAX_STEPS`] times: send the history, the system
+//! prompt (with hints for the active tools not sent) and the selected tools to the
+//! model; run the tool calls it asks for through the registry; stop when it answers
+//! without tool calls. Every message, tool call and result is persisted as it
+//! happens; every selection goes to the decision log through [`Routing`].
+//!
+//! A call for a tool outside the turn's selection is refused (the tool never runs)
+//! with directions to load it first; tool errors go back to the model as tool
+//! results. Only the model endpoint failing ends a turn early.
+
+use std::time::Instant;
+
+use loadout::router::{Selection, Stage};
+use loadout::settings::mask_json_secrets;
+use loadout::store::{AuditRow, now_ms};
+use loadout::{Store, ToolError};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::control::TurnControl;
+use super::llm::{LlmConfig, LlmError, Reply, ToolCall, cut};
+use crate::http::HttpState;
+
+/// Most model steps in one turn; the turn ends with a note when it is reached.
+pub const MAX_STEPS: usize = 8;
+/// Most stored messages sent back to the model as history.
+const MAX_HISTORY_MESSAGES: usize = 60;
+/// Most hints listed in the system prompt.
+const MAX_PROMPT_HINTS: usize = 40;
+/// Longest tool result given to the model, in bytes.
+const MAX_RESULT_BYTES: usize = 16 * 1024;
+/// Longest argument JSON kept whole in the audit log.
+const MAX_AUDIT_ARGS_BYTES: usize = 8 * 1024;
+
+/// Where a turn's step events go: collected for a JSON answer, or sent to an SSE
+/// stream as they happen.
+pub enum Events {
+    Collect(Vec<Value>),
+    Stream(mpsc::UnboundedSender<(&'static str, Value)>),
+}
+
+impl Events {
+    pub fn emit(&mut self, kind: &'static str, data: Value) {
+        match self {
+            Events::Collect(events) => {
+                let mut event = json!({"event": kind});
+                if let (Some(event), Value::Object(fields)) = (event.as_object_mut(), data) {
+                    event.extend(fields);
+                }
+                events.push(event);
+            }
+            // The client may have gone away; the turn still completes and persists.
+            Events::Stream(sender) => {
+                let _closed = sender.send((kind, data));
+            }
+        }
+    }
+}
+
+/// How a turn ended.
+#[derive(Debug)]
+pub struct TurnOutcome {
+    pub answer: String,
+    pub n_steps: usize,
+    /// The step limit was reached before the model answered.
+    pub stopped: bool,
+}
+
+/// Everything a turn needs, prepared before any event is sent (so routing errors
+/// still get their HTTP status).
+pub struct Turn {
+    pub state: HttpState,
+    pub config: LlmConfig,
+    pub session: String,
+    pub message: String,
+    pub control: TurnControl,
+}
+
+impl Turn {
+    pub fn turn_number(&self) -> i64 {
+        self.control.lock().routed.turn
+    }
+
+    pub async fn run(self, events: &mut Events) -> Result<TurnOutcome, LlmError> {
+        let store = self.state.app.store().clone();
+        let registry = self.state.app.registry.clone();
+        let turn = self.turn_number();
+        let mut messages = match store.messages(&self.session).await {
+            Ok(rows) => history(&rows),
+            Err(e) => {
+                tracing::warn!("chat history of `{}` not read: {e}", self.session);
+                vec![json!({"role": "user", "content": self.message})]
+            }
+        };
+        let ctx = self
+            .state
+            .app
+            .context()
+            .with_session(self.session.clone())
+            .with_client("chat")
+            .with_session_control(std::sync::Arc::new(self.control.clone()));
+
+        let mut show_selection = true;
+        for step in 0..MAX_STEPS {
+            let (tools, system) = {
+                let mut state = self.control.lock();
+                state.changed = false;
+                let selection = &state.routed.selection;
+                if show_selection {
+                    events.emit("selection", selection_event(step, turn, selection));
+                }
+                (
+                    selection.tools_openai(&registry),
+                    system_prompt(selection, &registry),
+                )
+            };
+            let mut request = Vec::with_capacity(messages.len() + 1);
+            request.push(json!({"role": "system", "content": system}));
+            request.extend(messages.iter().cloned());
+
+            let reply = match self
+                .state
+                .llm
+                .complete(&self.config, &request, &tools)
+                .await
+            {
+                Ok(reply) => reply,
+                Err(error) => {
+                    let message = error.to_string();
+                    events.emit(
+                        "error",
+                        json!({"step": step, "kind": "model", "message": message}),
+                    );
+                    self.append(&store, "error", &json!({"message": message}))
+                        .await;
+                    return Err(error);
+                }
+            };
+            let assistant = assistant_message(&reply);
+            self.append(&store, "assistant", &assistant).await;
+            events.emit(
+                "assistant",
+                json!({"step": step, "content": reply.content, "tool_calls": reply.tool_calls.iter().map(ToolCall::to_openai).collect::<Vec<_>>()}),
+            );
+            if reply.tool_calls.is_empty() {
+                let answer = reply.content.unwrap_or_default();
+                events.emit(
+                    "final",
+                    json!({"turn": turn, "answer": answer, "steps": step + 1}),
+                );
+                return Ok(TurnOutcome {
+                    answer,
+                    n_steps: step + 1,
+                    stopped: false,
+                });
+            }
+            messages.push(assistant_for_model(&assistant));
+
+            for call in &reply.tool_calls {
+                events.emit(
+                    "tool_call",
+                    json!({"step": step, "id": call.id, "name": call.name, "arguments": call.arguments}),
+                );
+                let result = self.execute(call, ctx.clone()).await;
+                let stored = json!({
+                    "tool_call_id": call.id,
+                    "name": call.name,
+                    "ok": result.ok,
+                    "refused": result.refused,
+                    "content": result.content,
+                });
+                self.append(&store, "tool", &stored).await;
+                events.emit(
+                    "tool_result",
+                    json!({"step": step, "id": call.id, "name": call.name, "ok": result.ok, "refused": result.refused, "content": result.content}),
+                );
+                messages.push(
+                    json!({"role": "tool", "tool_call_id": call.id, "content": result.content}),
+                );
+            }
+            show_selection = self.control.lock().changed;
+        }
+        let answer = format!(
+            "I stopped after {MAX_STEPS} steps without a final answer; ask me to continue if you want more."
+        );
+        self.append(
+            &store,
+            "assistant",
+            &json!({"content": answer, "tool_calls": [], "stopped": "step_limit"}),
+        )
+        .await;
+        events.emit(
+            "final",
+            json!({"turn": turn, "answer": answer, "steps": MAX_STEPS, "stopped": "step_limit"}),
+        );
+        Ok(TurnOutcome {
+            answer,
+            n_steps: MAX_STEPS,
+            stopped: true,
+        })
+    }
+
+    /// Runs one tool call if the turn's selection holds the tool; the result is what
+    /// the model reads.
+    async fn execute(&self, call: &ToolCall, ctx: loadout::ToolContext) -> CallResult {
+        let started = Instant::now();
+        let registry = self.state.app.registry.clone();
+        let sent = self.control.lock().routed.selection.contains(&call.name);
+        let args: Result<Value, String> = if call.arguments.trim().is_empty() {
+            Ok(json!({}))
+        } else {
+            serde_json::from_str(&call.arguments).map_err(|e| e.to_string())
+        };
+        let (result, outcome) = if !sent {
+            let message = if registry.tool(&call.name).is_some() {
+                format!(
+                    "refused: tool `{name}` is not loaded this turn, so it did not run. Call load_tools with [\"{name}\"] first, then call it again.",
+                    name = call.name
+                )
+            } else {
+                format!(
+                    "refused: there is no tool named `{}`; search_tools finds tools by what they do.",
+                    cut(&call.name, 64)
+                )
+            };
+            (
+                CallResult::refused(message.clone()),
+                ("refused".to_owned(), Some(message)),
+            )
+        } else {
+            match args {
+                Err(e) => {
+                    let message = format!("invalid arguments: not JSON ({e}); send a JSON object");
+                    (
+                        CallResult::error(message.clone()),
+                        ("invalid_args".to_owned(), Some(message)),
+                    )
+                }
+                Ok(args) => match registry.call(&call.name, args, ctx).await {
+                    Ok(value) => {
+                        self.record_call(&call.name).await;
+                        (CallResult::ok(&value), ("ok".to_owned(), None))
+                    }
+                    Err(error) => {
+                        let message = error.to_string();
+                        (
+                            CallResult::error(format!("error: {message}")),
+                            (error_kind(&error), Some(message)),
+                        )
+                    }
+                },
+            }
+        };
+        self.state.audit.record(AuditRow {
+            at_ms: now_ms(),
+            client: "chat".into(),
+            tool: cut(&call.name, 128),
+            args: audit_args(&call.arguments),
+            outcome: outcome.0,
+            detail: outcome.1,
+            duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+        });
+        result
+    }
+
+    /// The session's stickiness: the tool's domain counts as used this turn.
+    async fn record_call(&self, tool: &str) {
+        let changed = {
+            let mut state = self.control.lock();
+            state
+                .routed
+                .view
+                .record_calls(&self.state.app.routing.router, &[tool])
+        };
+        if let Err(e) = self
+            .state
+            .app
+            .routing
+            .persist(self.state.app.store(), &self.session, &changed)
+            .await
+        {
+            tracing::warn!("session state of `{}` not saved: {e}", self.session);
+        }
+    }
+
+    async fn append(&self, store: &Store, role: &str, content: &Value) {
+        if let Err(e) = store.message_append(&self.session, role, content).await {
+            tracing::warn!("{role} message of `{}` not saved: {e}", self.session);
+        }
+    }
+}
+
+/// A tool call's result as the model reads it.
+struct CallResult {
+    ok: bool,
+    refused: bool,
+    content: String,
+}
+
+impl CallResult {
+    fn ok(value: &Value) -> CallResult {
+        let text = match value {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        let content = if text.len() > MAX_RESULT_BYTES {
+            format!(
+                "{} [result cut at {MAX_RESULT_BYTES} bytes of {}]",
+                cut(&text, MAX_RESULT_BYTES),
+                text.len()
+            )
+        } else {
+            text
+        };
+        CallResult {
+            ok: true,
+            refused: false,
+            content,
+        }
+    }
+
+    fn error(message: String) -> CallResult {
+        CallResult {
+            ok: false,
+            refused: false,
+            content: message,
+        }
+    }
+
+    fn refused(message: String) -> CallResult {
+        CallResult {
+            ok: false,
+            refused: true,
+            content: message,
+        }
+    }
+}
+
+/// The system prompt of one step: what the tool list is, and how to reach the rest
+/// (hints for the active tools of considered domains, then the other active domains).
+pub fn system_prompt(selection: &Selection, registry: &loadout::Registry) -> String {
+    let mut prompt = String::from(
+        "You are a helpful assistant. Use the tools in your tool list when they help; answer directly when none is needed.\n",
+    );
+    let other_domains: Vec<&loadout::router::DomainDecision> = selection
+        .domains
+        .iter()
+        .filter(|d| !d.included && d.stage != Stage::Inactive)
+        .collect();
+    if selection.hints.is_empty() && other_domains.is_empty() {
+        prompt.push_str("Every active tool is in your tool list.\n");
+        return prompt;
+    }
+    prompt.push_str("Only the tools this message seems to need were sent.\n");
+    if !selection.hints.is_empty() {
+        prompt.push_str("Active tools not sent (name (domain): what it does):\n");
+        for hint in selection.hints.iter().take(MAX_PROMPT_HINTS) {
+            prompt.push_str(&format!(
+                "- {} ({}): {}\n",
+                hint.name, hint.domain, hint.hint
+            ));
+        }
+        if selection.hints.len() > MAX_PROMPT_HINTS {
+            prompt.push_str(&format!(
+                "- … and {} more; search_tools finds them.\n",
+                selection.hints.len() - MAX_PROMPT_HINTS
+            ));
+        }
+    }
+    if !other_domains.is_empty() {
+        prompt.push_str("Active domains not sent (domain: what it covers):\n");
+        for decision in other_domains {
+            let description = registry
+                .domain(&decision.domain)
+                .map(|d| first_sentence(&d.description))
+                .unwrap_or_default();
+            prompt.push_str(&format!("- {}: {}\n", decision.domain, description));
+        }
+    }
+    prompt.push_str(
+        "To use one of these tools, first call load_tools with its name or its domain; it is callable right after. search_tools finds tools by what they do. Never call a tool that is not in your tool list: such a call is refused.\n",
+    );
+    prompt
+}
+
+/// Up to the first `. `, at most 160 bytes.
+fn first_sentence(text: &str) -> String {
+    let sentence = text.split_once(". ").map_or(text, |(first, _)| first);
+    cut(sentence.trim_end_matches('.'), 160)
+}
+
+/// The `selection` event: what was sent and why, per domain.
+pub fn selection_event(step: usize, turn: i64, selection: &Selection) -> Value {
+    let domains: Vec<Value> = selection
+        .domains
+        .iter()
+        .filter(|d| d.stage != Stage::Inactive || d.included)
+        .map(|d| json!({"domain": d.domain, "included": d.included, "stage": d.stage, "score": d.score, "reason": d.reason}))
+        .collect();
+    json!({
+        "step": step,
+        "turn": turn,
+        "summary": selection.summary_line(),
+        "tools": selection.tool_names().collect::<Vec<_>>(),
+        "n_tools": selection.n_tools,
+        "n_active_tools": selection.n_active_tools,
+        "tokens": selection.tokens,
+        "hint_tokens": selection.hint_tokens,
+        "all_tools_tokens": selection.all_tools_tokens,
+        "n_hints": selection.hints.len(),
+        "domains": domains,
+    })
+}
+
+/// The stored form of an assistant message.
+fn assistant_message(reply: &Reply) -> Value {
+    json!({
+        "content": reply.content,
+        "tool_calls": reply.tool_calls.iter().map(ToolCall::to_openai).collect::<Vec<_>>(),
+    })
+}
+
+fn assistant_for_model(stored: &Value) -> Value {
+    let mut message = json!({"role": "assistant", "content": stored.get("content").cloned().unwrap_or(Value::Null)});
+    if let Some(calls) = stored
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty())
+    {
+        message["tool_calls"] = json!(calls);
+    }
+    message
+}
+
+/// The session's stored messages as chat-completion messages: the newest
+/// [`MAX_HISTORY_MESSAGES`], starting at a user message; tool calls without a stored
+/// result (a turn cut short) and results without their call are left out, since
+/// chat-completion servers refuse both.
+pub fn history(rows: &[loadout::store::MessageRow]) -> Vec<Value> {
+    let start = rows.len().saturating_sub(MAX_HISTORY_MESSAGES);
+    let start = rows[start..]
+        .iter()
+        .position(|r| r.role == "user")
+        .map_or(rows.len(), |i| start + i);
+    let rows = &rows[start..];
+    let answered: std::collections::HashSet<&str> = rows
+        .iter()
+        .filter(|r| r.role == "tool")
+        .filter_map(|r| r.content.get("tool_call_id").and_then(Value::as_str))
+        .collect();
+    let mut called: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut messages = Vec::with_capacity(rows.len());
+    for row in rows {
+        match row.role.as_str() {
+            "user" => {
+                let content = match &row.content {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                messages.push(json!({"role": "user", "content": content}));
+            }
+            "assistant" => {
+                let mut stored = row.content.clone();
+                if let Some(calls) = stored.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                    calls.retain(|c| {
+                        c.get("id")
+                            .and_then(Value::as_str)
+                            .is_some_and(|id| answered.contains(id))
+                    });
+                    for call in calls.iter() {
+                        if let Some(id) = call.get("id").and_then(Value::as_str) {
+                            called.insert(id.to_owned());
+                        }
+                    }
+                }
+                let message = assistant_for_model(&stored);
+                if message["content"].is_null() && message.get("tool_calls").is_none() {
+                    continue;
+                }
+                messages.push(message);
+            }
+            "tool" => {
+                let Some(id) = row.content.get("tool_call_id").and_then(Value::as_str) else {
+                    continue;
+                };
+                if !called.contains(id) {
+                    continue;
+                }
+                let content = row
+                    .content
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                messages.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
+            }
+            // `error` rows are for the history view, not for the model.
+            _ => {}
+        }
+    }
+    messages
+}
+
+fn error_kind(error: &ToolError) -> String {
+    serde_json::to_value(error)
+        .ok()
+        .and_then(|v| v.get("kind").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "error".into())
+}
+
+/// Arguments as the audit log keeps them: secrets masked, size bounded.
+fn audit_args(arguments: &str) -> Value {
+    let value =
+        serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_owned()));
+    let masked = mask_json_secrets(&value);
+    let text = masked.to_string();
+    if text.len() <= MAX_AUDIT_ARGS_BYTES {
+        masked
+    } else {
+        json!({"truncated": true, "bytes": text.len(), "prefix": cut(&text, MAX_AUDIT_ARGS_BYTES)})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loadout::store::MessageRow;
+
+    fn row(role: &str, content: Value) -> MessageRow {
+        MessageRow {
+            turn: 1,
+            role: role.into(),
+            content,
+            at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn history_drops_unanswered_calls_and_orphan_results() {
+        let rows = [
+            row("tool", json!({"tool_call_id": "orphan", "content": "x"})),
+            row("user", json!("hi")),
+            row(
+                "assistant",
+                json!({"content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "calculate", "arguments": "{}"}},
+                {"id": "b", "type": "function", "function": {"name": "calculate", "arguments": "{}"}}]}),
+            ),
+            row("tool", json!({"tool_call_id": "a", "content": "2"})),
+            row("error", json!({"message": "model down"})),
+            row("assistant", json!({"content": "two", "tool_calls": []})),
+        ];
+        let messages = history(&rows);
+        assert_eq!(messages.len(), 4, "{messages:?}");
+        assert_eq!(messages[0]["role"], "user");
+        assert_eq!(messages[1]["tool_calls"].as_array().map(Vec::len), Some(1));
+        assert_eq!(messages[2]["tool_call_id"], "a");
+        assert_eq!(messages[3], json!({"role": "assistant", "content": "two"}));
+    }
+}

@@ -1,0 +1,599 @@
+//! The chat loop against a local OpenAI-compatible test server (axum, in the test, on
+//! 127.0.0.1:0) scripted to request tool calls.
+//!
+//! Every script answers from the request alone (the user message and how many tool
+//! results follow it), so concurrent turns stay deterministic.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use loadout_server::app::{App, Config};
+use loadout_server::http::{HttpState, app};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+type Script = Arc<dyn Fn(&Value) -> (StatusCode, Value) + Send + Sync>;
+
+/// The fake model: answers with the script, keeps every request it received.
+struct FakeModel {
+    addr: SocketAddr,
+    requests: Arc<Mutex<Vec<Value>>>,
+}
+
+impl FakeModel {
+    async fn start(script: Script) -> FakeModel {
+        let requests: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let seen = requests.clone();
+        let router = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move |axum::Json(request): axum::Json<Value>| {
+                let script = script.clone();
+                let seen = seen.clone();
+                async move {
+                    let (status, body) = script(&request);
+                    seen.lock().expect("requests").push(request);
+                    (status, axum::Json(body))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        FakeModel { addr, requests }
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// The requests whose first user message contains `marker`.
+    fn requests_for(&self, marker: &str) -> Vec<Value> {
+        self.requests
+            .lock()
+            .expect("requests")
+            .iter()
+            .filter(|r| last_user_message(r).contains(marker))
+            .cloned()
+            .collect()
+    }
+}
+
+fn last_user_message(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Tool results after the last user message: the model's step within the turn.
+fn step_of(request: &Value) -> usize {
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    let last_user = messages
+        .iter()
+        .rposition(|m| m["role"] == "user")
+        .unwrap_or(0);
+    messages[last_user..]
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .count()
+}
+
+fn tool_names(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn last_tool_result(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "tool"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn call(id: &str, name: &str, arguments: Value) -> (StatusCode, Value) {
+    let message = json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": id, "type": "function", "function": {"name": name, "arguments": arguments.to_string()}}]});
+    (
+        StatusCode::OK,
+        json!({"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]}),
+    )
+}
+
+fn answer(text: &str) -> (StatusCode, Value) {
+    let message = json!({"role": "assistant", "content": text});
+    (
+        StatusCode::OK,
+        json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}),
+    )
+}
+
+/// The main script: a message about memory; the model first calls `write_file`
+/// (not routed: refused), loads it, calls it again, then answers.
+fn load_script(root: &Path) -> Script {
+    let target = root.join("parrot.txt").display().to_string();
+    Arc::new(move |request| {
+        if !last_user_message(request).contains("parrot") {
+            return answer("noted");
+        }
+        match step_of(request) {
+            0 => call(
+                "c1",
+                "write_file",
+                json!({"path": target, "content": "Polly"}),
+            ),
+            1 => call("c2", "load_tools", json!({"names": ["write_file"]})),
+            2 => call(
+                "c3",
+                "write_file",
+                json!({"path": target, "content": "Polly"}),
+            ),
+            _ => answer("Saved it."),
+        }
+    })
+}
+
+async fn open(dir: &Path) -> HttpState {
+    let config = Config {
+        data_dir: dir.to_path_buf(),
+        database_url: None,
+    };
+    HttpState::new(App::open(&config).await.expect("open app"), None)
+}
+
+/// An app on `dir` with the model and the filesystem domain configured.
+async fn configured(dir: &Path, model: &FakeModel, root: &Path) -> HttpState {
+    let state = open(dir).await;
+    let settings = &state.app.settings;
+    settings
+        .set("llm_base_url", &model.base_url())
+        .await
+        .expect("set");
+    settings.set("llm_model", "scripted").await.expect("set");
+    settings
+        .set(
+            "filesystem_roots",
+            &json!([root.display().to_string()]).to_string(),
+        )
+        .await
+        .expect("set");
+    state
+}
+
+async fn send(
+    state: &HttpState,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .expect("request");
+    let response = app(state.clone()).oneshot(request).await.expect("response");
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value)
+}
+
+fn events_of<'a>(body: &'a Value, kind: &str) -> Vec<&'a Value> {
+    body["events"]
+        .as_array()
+        .map(|events| events.iter().filter(|e| e["event"] == kind).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_routed_tools_are_sent_and_unrouted_calls_are_refused_until_loaded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(load_script(root.path())).await;
+    let state = configured(dir.path(), &model, root.path()).await;
+
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "s1", "message": "remember that my parrot is called Polly"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["answer"], "Saved it.");
+    assert_eq!(body["steps"], 4);
+
+    let requests = model.requests_for("parrot");
+    assert_eq!(requests.len(), 4);
+    // Step 1: the router's selection only: memory and core, not the filesystem.
+    let first = tool_names(&requests[0]);
+    assert!(first.contains(&"remember".to_owned()), "{first:?}");
+    assert!(first.contains(&"load_tools".to_owned()), "{first:?}");
+    assert!(!first.contains(&"write_file".to_owned()), "{first:?}");
+    let system = requests[0]["messages"][0]["content"].as_str().unwrap_or("");
+    assert!(system.contains("load_tools"), "{system}");
+
+    // Step 2: the unrouted call was refused, and the tool never ran.
+    let refusal = last_tool_result(&requests[1]);
+    assert!(
+        refusal.contains("refused") && refusal.contains("load_tools"),
+        "{refusal}"
+    );
+    assert!(!tool_names(&requests[1]).contains(&"write_file".to_owned()));
+
+    // Step 3: after load_tools, the same turn sends write_file.
+    assert!(tool_names(&requests[2]).contains(&"write_file".to_owned()));
+    let loaded = last_tool_result(&requests[2]);
+    assert!(loaded.contains("write_file"), "{loaded}");
+    assert_eq!(
+        std::fs::read_to_string(root.path().join("parrot.txt")).expect("written"),
+        "Polly"
+    );
+
+    let results = events_of(&body, "tool_result");
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[0]["refused"], true);
+    assert_eq!(results[1]["ok"], true);
+    assert_eq!(results[2]["ok"], true);
+    let selections = events_of(&body, "selection");
+    assert_eq!(
+        selections.len(),
+        2,
+        "the first selection and the one after load_tools"
+    );
+    assert!(
+        selections[1]["tools"]
+            .as_array()
+            .is_some_and(|t| t.contains(&json!("write_file")))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_and_session_state_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(load_script(root.path())).await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "keep", "message": "remember that my parrot is called Polly"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    state.shutdown().await;
+    // Every tool call of the turn is in the audit log, the refused one included.
+    let audit = state.app.store().audit_tail(10).await.expect("audit");
+    let outcomes: Vec<(&str, &str, &str)> = audit
+        .iter()
+        .map(|row| (row.client.as_str(), row.tool.as_str(), row.outcome.as_str()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("chat", "write_file", "refused"),
+            ("chat", "load_tools", "ok"),
+            ("chat", "write_file", "ok")
+        ]
+    );
+    drop(state);
+
+    let state = open(dir.path()).await;
+    let (status, session) = send(&state, "GET", "/api/sessions/keep", None).await;
+    assert_eq!(status, StatusCode::OK, "{session}");
+    let roles: Vec<&str> = session["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter_map(|m| m["role"].as_str())
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant"
+        ]
+    );
+    let calls = session["tool_calls"].as_array().expect("tool calls");
+    let names: Vec<&str> = calls.iter().filter_map(|c| c["name"].as_str()).collect();
+    assert_eq!(names, ["write_file", "load_tools", "write_file"]);
+    assert_eq!(calls[0]["result"]["refused"], true);
+    assert_eq!(calls[2]["result"]["ok"], true);
+    assert!(
+        session["selections"]
+            .as_array()
+            .is_some_and(|s| s.len() >= 2),
+        "{session}"
+    );
+    let filesystem = session["domains"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["domain"] == "filesystem"))
+        .expect("filesystem state kept");
+    assert_eq!(filesystem["last_used_turn"], 1);
+
+    // The next turn, on the new app, keeps the filesystem (sticky) and sees the history.
+    let (status, routed) = send(
+        &state,
+        "POST",
+        "/api/route",
+        Some(json!({"session": "keep", "message": "thanks, and what else is new"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{routed}");
+    assert_eq!(routed["turn"], 2);
+    assert_eq!(
+        routed["selection"]["domains"]
+            .as_array()
+            .and_then(|d| d.iter().find(|d| d["domain"] == "filesystem"))
+            .map(|d| d["stage"].clone()),
+        Some(json!("sticky"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_at_once_do_not_see_each_others_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(load_script(root.path())).await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let (parrot, dog) = tokio::join!(
+        send(
+            &state,
+            "POST",
+            "/api/chat",
+            Some(
+                json!({"session": "parrot-owner", "message": "remember that my parrot is called Polly"})
+            )
+        ),
+        send(
+            &state,
+            "POST",
+            "/api/chat",
+            Some(json!({"session": "dog-owner", "message": "remember that my dog is called Rex"}))
+        ),
+    );
+    assert_eq!(parrot.0, StatusCode::OK, "{}", parrot.1);
+    assert_eq!(dog.0, StatusCode::OK, "{}", dog.1);
+    assert_eq!(dog.1["answer"], "noted");
+    for request in model.requests_for("dog") {
+        assert!(!tool_names(&request).contains(&"write_file".to_owned()));
+        assert!(
+            !request.to_string().contains("parrot"),
+            "the dog session saw the parrot session"
+        );
+    }
+    let (_, dog_session) = send(&state, "GET", "/api/sessions/dog-owner", None).await;
+    assert_eq!(dog_session["domains"], json!([]), "{dog_session}");
+    assert_eq!(dog_session["messages"].as_array().map(Vec::len), Some(2));
+    let (_, parrot_session) = send(&state, "GET", "/api/sessions/parrot-owner", None).await;
+    assert!(parrot_session["domains"].to_string().contains("filesystem"));
+
+    // The next turn of the dog session still does not send the parrot session's tools.
+    let (_, routed) = send(
+        &state,
+        "POST",
+        "/api/route",
+        Some(json!({"session": "dog-owner", "message": "remember he likes walks"})),
+    )
+    .await;
+    let tools: Vec<&str> = routed["selection"]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(!tools.contains(&"write_file"), "{tools:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_yields_each_step() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(load_script(root.path())).await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let request = Request::builder()
+        .method("POST")
+        .uri("/api/chat")
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .body(Body::from(
+            json!({"session": "sse", "message": "remember that my parrot is called Polly"})
+                .to_string(),
+        ))
+        .expect("request");
+    let response = app(state.clone()).oneshot(request).await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
+    let bytes = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        response.into_body().collect(),
+    )
+    .await
+    .expect("stream ends")
+    .expect("body")
+    .to_bytes();
+    let text = String::from_utf8_lossy(&bytes);
+    let kinds: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(kinds.first(), Some(&"session"));
+    assert_eq!(kinds.last(), Some(&"final"));
+    for kind in ["selection", "assistant", "tool_call", "tool_result"] {
+        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+    }
+    assert_eq!(kinds.iter().filter(|k| **k == "tool_result").count(), 3);
+    let last_data = text
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("data: "))
+        .expect("data");
+    let last: Value = serde_json::from_str(last_data).expect("JSON data");
+    assert_eq!(last["answer"], "Saved it.");
+}
+
+#[tokio::test]
+async fn without_a_model_chat_answers_409_and_route_still_works() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = open(dir.path()).await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"message": "hello"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["kind"], "not_configured");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("not configured: set llm_base_url"),
+        "{body}"
+    );
+    let (status, _) = send(
+        &state,
+        "POST",
+        "/api/route",
+        Some(json!({"message": "hello"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_failures_answer_502_with_the_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(Arc::new(|_: &Value| {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"error": {"message": "model crashed"}}),
+        )
+    }))
+    .await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "bad", "message": "hello"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("HTTP 500") && message.contains("model crashed"),
+        "{message}"
+    );
+
+    // Nothing listens on this port once the listener is gone.
+    let unused = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = unused.local_addr().expect("addr").port();
+    drop(unused);
+    state
+        .app
+        .settings
+        .set("llm_base_url", &format!("http://127.0.0.1:{port}/v1"))
+        .await
+        .expect("set");
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "bad", "message": "hello"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("cannot reach the model"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn the_dashboard_is_served_at_the_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = open(dir.path()).await;
+    let (status, body) = send(&state, "GET", "/", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let page = body.as_str().unwrap_or("");
+    assert!(
+        page.contains("<title>Loadout</title>") && page.contains("/api/chat"),
+        "{page:.200}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcp_endpoint_is_mounted_at_mcp() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = open(dir.path()).await.with_mcp().await.expect("mcp");
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "chat-test", "version": "1"}}});
+    let request = Request::builder()
+        .method("POST")
+        .uri("/mcp")
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(Body::from(initialize.to_string()))
+        .expect("request");
+    let response = app(state.clone()).oneshot(request).await.expect("response");
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let text = String::from_utf8_lossy(&bytes);
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.contains("\"loadout\""), "{text}");
+    state.shutdown().await;
+}

@@ -1,0 +1,161 @@
+"""The dashboard in headless Chromium: set a setting, send a message, see the trace.
+
+Starts `loadout serve` (binary from LOADOUT_BIN) on a free loopback port with a fresh
+LOADOUT_DATA_DIR, and drives Debian's chromium through /usr/bin/chromedriver
+(packages `chromium` and `chromium-driver`; Python package `selenium`). Without them
+the test is skipped, unless LOADOUT_REQUIRE_BROWSER=1 makes that a failure.
+LOADOUT_SCREENSHOT=PATH keeps a screenshot of the final page.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+WAIT_SECONDS = 20
+
+
+def missing(reason):
+    if os.environ.get("LOADOUT_REQUIRE_BROWSER") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def server():
+    binary = os.environ.get("LOADOUT_BIN")
+    if not binary or not Path(binary).exists():
+        missing("LOADOUT_BIN does not name the loadout binary")
+    data_dir = tempfile.mkdtemp(prefix="loadout-dashboard-")
+    port = free_port()
+    env = dict(os.environ, LOADOUT_DATA_DIR=data_dir)
+    env.pop("LOADOUT_DATABASE_URL", None)
+    process = subprocess.Popen(
+        [binary, "serve", "--addr", f"127.0.0.1:{port}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/", timeout=1) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+            pytest.fail(f"loadout serve did not start: {stderr}")
+        time.sleep(0.1)
+    yield url
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def browser():
+    webdriver = pytest.importorskip("selenium.webdriver")
+    if not Path(CHROMEDRIVER).exists():
+        missing(f"{CHROMEDRIVER} missing (Debian packages chromium, chromium-driver)")
+    profile = tempfile.mkdtemp(prefix="loadout-chromium-")
+    options = webdriver.ChromeOptions()
+    if Path(CHROMIUM).exists():
+        options.binary_location = CHROMIUM
+    for flag in [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1400,1000",
+        f"--user-data-dir={profile}",
+    ]:
+        options.add_argument(flag)
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    driver = webdriver.Chrome(options=options, service=service)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def api_get(url):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def test_set_a_setting_send_a_message_see_the_trace(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, WAIT_SECONDS)
+    browser.get(server + "/")
+    assert browser.title == "Loadout"
+
+    # The filesystem domain starts inactive: it needs `filesystem_roots`.
+    filesystem = '.domain[data-domain="filesystem"]'
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, filesystem + '[data-active="false"]')))
+    assert "no model configured" in browser.find_element(By.ID, "model-status").text
+
+    # Set the setting through its form.
+    root = tmp_path / "files"
+    root.mkdir()
+    (root / "notes.txt").write_text("hello")
+    field = browser.find_element(By.CSS_SELECTOR, 'form.setting[data-key="filesystem_roots"] input')
+    field.send_keys(json.dumps([str(root)]))
+    browser.find_element(By.CSS_SELECTOR, 'form.setting[data-key="filesystem_roots"] button.save').click()
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, filesystem + '[data-active="true"]')))
+    stored = api_get(server + "/api/settings/filesystem_roots")
+    assert json.loads(stored["value"]) == [str(root)]
+
+    # Send a message: with no model configured, the page routes it and shows the trace.
+    message = browser.find_element(By.ID, "message")
+    message.send_keys("read the file notes.txt in my folder")
+    browser.find_element(By.ID, "send").click()
+    row = '#trace .turn tr[data-domain="filesystem"]'
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, row)))
+    cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, row + " td")]
+    assert cells[0] == "filesystem"
+    assert cells[1] == "sent"
+    assert cells[2] in ("keyword", "bm25", "dense", "fused"), cells
+    assert float(cells[3]) > 0
+    trace = browser.find_element(By.ID, "trace").text
+    assert "Turn 1" in trace
+    assert "tokens sent of" in trace
+    assert "[router]" in trace
+    session = browser.find_element(By.ID, "session-id").text
+    assert session != "new"
+    assert api_get(f"{server}/api/sessions/{session}")["turn"] == 1
+
+    # A second message in the same session: the trace grows by one turn.
+    message.send_keys("thanks")
+    browser.find_element(By.ID, "send").click()
+    wait.until(lambda driver: len(driver.find_elements(By.CSS_SELECTOR, "#trace .turn")) == 2)
+
+    screenshot = os.environ.get("LOADOUT_SCREENSHOT")
+    if screenshot:
+        browser.save_screenshot(screenshot)
