@@ -41,6 +41,7 @@ use serde::Deserialize;
 pub use embed::{DenseIndex, Embedder};
 pub use selection::{
     DomainDecision, Hint, MessageLogging, Name, SelectedTool, Selection, Stage, ToolDecision,
+    thousands,
 };
 pub use session::{SessionError, SessionView, carry_over};
 

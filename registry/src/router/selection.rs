@@ -344,7 +344,7 @@ fn sha256_hex(text: &str) -> String {
 }
 
 /// `2140` → `2,140`.
-pub(crate) fn thousands(n: usize) -> String {
+pub fn thousands(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use loadout::export::Format;
+use loadout::router::thousands;
 use serde_json::json;
 
 use crate::app::App;
@@ -106,17 +107,4 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         thousands(active_tokens),
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// `12345` → `12,345`.
-pub fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
