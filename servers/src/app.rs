@@ -67,6 +67,12 @@ impl App {
                 return;
             }
         };
+        // `router_dense = off` keeps routing lexical-only (microseconds per message
+        // instead of milliseconds) for deployments that need throughput over recall.
+        if settings.get("router_dense").is_some_and(|v| v == "off") {
+            tracing::info!("[router] dense stage off (router_dense = off)");
+            return;
+        }
         let http = crate::embeddings::HttpEmbedder::from_settings(&settings);
         let cache_dir = self.store().data_dir().join("vectors");
         let _ = loadout::embed::spawn_dense_stage(

@@ -56,13 +56,17 @@ pub struct HttpState {
     pub llm: chat::llm::LlmClient,
     /// The MCP server mounted at `/mcp`, when started.
     pub mcp: Option<McpServer>,
+    /// Tool definitions as `/api/route` sends them, cached as text.
+    pub openai_definitions: Arc<route::OpenAiDefinitions>,
 }
 
 impl HttpState {
     /// State without the MCP endpoint; starts the audit writer on the current runtime.
     pub fn new(app: App, token: Option<Arc<str>>) -> HttpState {
         let audit = AuditWriter::start(app.store().clone());
+        let openai_definitions = Arc::new(route::OpenAiDefinitions::new(&app.registry));
         HttpState {
+            openai_definitions,
             app,
             token,
             audit,

@@ -1,9 +1,12 @@
 //! `POST /api/route`: the router's selection for a message, without calling a model.
 
-use axum::Json;
+use std::sync::OnceLock;
+
 use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use loadout::Registry;
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use super::extract::ApiJson;
 use super::{ApiError, HttpState};
@@ -26,7 +29,7 @@ pub struct RouteBody {
 pub async fn route(
     State(state): State<HttpState>,
     ApiJson(body): ApiJson<RouteBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     if let Some(session) = &body.session {
         loadout::store::validate_session_id(session)?;
     }
@@ -45,18 +48,64 @@ pub async fn route(
             },
         )
         .await?;
-    Ok(Json(selection_json(&state, &routed)))
+    selection_response(&state, &routed)
 }
 
-/// The wire form of a routed turn: tools in OpenAI format, hints, reasons, tokens.
-pub fn selection_json(state: &HttpState, routed: &RoutedTurn) -> Value {
+/// Each tool's OpenAI definition as JSON text, built on first use: the hot path of
+/// `/api/route` copies text instead of building and dropping JSON trees.
+#[derive(Debug, Default)]
+pub struct OpenAiDefinitions {
+    by_tool: Vec<OnceLock<String>>,
+}
+
+impl OpenAiDefinitions {
+    pub fn new(registry: &Registry) -> OpenAiDefinitions {
+        OpenAiDefinitions {
+            by_tool: (0..registry.all_tools().len())
+                .map(|_| OnceLock::new())
+                .collect(),
+        }
+    }
+
+    fn get<'a>(&'a self, registry: &Registry, name: &str) -> Option<&'a str> {
+        let idx = registry.tool_idx(name)?;
+        let tool = registry.all_tools().get(idx)?;
+        let cell = self.by_tool.get(idx)?;
+        Some(cell.get_or_init(|| loadout::export::openai(tool).to_string()))
+    }
+}
+
+/// The wire form of a routed turn: tools in OpenAI format, hints, reasons, tokens;
+/// `{"turn", "summary", "tools", "selection"}`.
+pub fn selection_response(state: &HttpState, routed: &RoutedTurn) -> Result<Response, ApiError> {
     let selection = &routed.selection;
-    json!({
-        "turn": routed.turn,
-        "summary": selection.summary_line(),
-        "tools": selection.tools_openai(&state.app.registry),
-        "selection": selection,
-    })
+    let registry = &state.app.registry;
+    let mut body = String::with_capacity(16 * 1024);
+    body.push_str("{\"turn\":");
+    body.push_str(&routed.turn.to_string());
+    body.push_str(",\"summary\":");
+    body.push_str(&to_json(&selection.summary_line())?);
+    body.push_str(",\"tools\":[");
+    let mut first = true;
+    for tool in &selection.tools {
+        let Some(definition) = state.openai_definitions.get(registry, &tool.name) else {
+            continue;
+        };
+        if !first {
+            body.push(',');
+        }
+        first = false;
+        body.push_str(definition);
+    }
+    body.push_str("],\"selection\":");
+    body.push_str(&to_json(selection)?);
+    body.push('}');
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<String, ApiError> {
+    serde_json::to_string(value)
+        .map_err(|e| ApiError::Internal(format!("serializing the selection: {e}")))
 }
 
 impl From<RouteError> for ApiError {
