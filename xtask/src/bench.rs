@@ -25,9 +25,12 @@ use loadout::router::{RouteInput, Router, RouterConfig, SessionView};
 
 use crate::eval::{EmbedderChoice, attach_embedder};
 
-const SHARED_CATALOG: &str = "/work/shared/eval/catalog";
-const SHARED_CASES: &str = "/work/shared/eval/dev.jsonl";
-const SEAL_CATALOG: &str = "/work/shared/eval/public/sealtools/catalog";
+const SHARED_CATALOG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/eval/catalog");
+const SHARED_CASES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/eval/dev.jsonl");
+const SEAL_CATALOG: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/eval/public/sealtools/catalog"
+);
 
 struct Options {
     quick: bool,
