@@ -1,7 +1,12 @@
 //! Helpers shared by the test modules.
 
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
 use loadout_server::app::{App, Config};
 use loadout_server::http::{HttpState, app};
+use serde_json::Value;
+use tower::ServiceExt;
 
 /// An HTTP app on a fresh data dir; keep the `TempDir` alive for the test.
 pub async fn http_app(token: Option<&str>) -> (tempfile::TempDir, axum::Router) {
@@ -13,4 +18,31 @@ pub async fn http_app(token: Option<&str>) -> (tempfile::TempDir, axum::Router) 
     let app_state = App::open(&config).await.expect("open app");
     let state = HttpState::new(app_state, token.map(Into::into));
     (dir, app(state))
+}
+
+/// One request through the app with `oneshot`: status and body (JSON, or the text
+/// as a JSON string when the body is not JSON).
+pub async fn send(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("response");
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value)
 }
