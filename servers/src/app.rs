@@ -2,7 +2,7 @@
 //! settings cache.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context as _;
 use loadout::router::{Router, RouterConfig};
@@ -29,7 +29,10 @@ pub fn default_data_dir() -> PathBuf {
 pub struct App {
     pub registry: Arc<Registry>,
     pub settings: Settings,
-    pub routing: Routing,
+    /// Built on first use: the router counts every tool's tokens and the decision
+    /// writer needs a runtime, which commands that never route (`settings`,
+    /// `audit`, `loadout mcp`) should not pay for.
+    routing: Arc<OnceLock<Routing>>,
 }
 
 impl App {
@@ -41,12 +44,26 @@ impl App {
 
     /// An app over a given registry (toolkits added, upstream domains, tests).
     pub fn with_registry(registry: Arc<Registry>, settings: Settings) -> App {
-        let router = Arc::new(Router::new(registry.clone(), RouterConfig::default()));
-        let routing = Routing::new(router, settings.store().clone());
         App {
             registry,
             settings,
-            routing,
+            routing: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// The router and its decision log, built on first use. Call from inside the
+    /// tokio runtime (the decision writer is a task).
+    pub fn routing(&self) -> &Routing {
+        self.routing.get_or_init(|| {
+            let router = Arc::new(Router::new(self.registry.clone(), RouterConfig::default()));
+            Routing::new(router, self.settings.store().clone())
+        })
+    }
+
+    /// Flushes the decision log if anything was routed.
+    pub async fn shutdown_routing(&self) {
+        if let Some(routing) = self.routing.get() {
+            routing.decisions.shutdown().await;
         }
     }
 
@@ -76,7 +93,7 @@ impl App {
         let http = crate::embeddings::HttpEmbedder::from_settings(&settings);
         let cache_dir = self.store().data_dir().join("vectors");
         let _ = loadout::embed::spawn_dense_stage(
-            self.routing.router.clone(),
+            self.routing().router.clone(),
             move || match http {
                 Some(Ok(embedder)) => Ok(Arc::new(embedder) as Arc<dyn loadout::router::Embedder>),
                 Some(Err(e)) => Err(e),

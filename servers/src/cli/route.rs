@@ -37,7 +37,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         Some(configured) => Arc::new(assumed_settings(&app, configured)),
     };
     let routed = app
-        .routing
+        .routing()
         .route(
             app.store(),
             settings,
@@ -67,7 +67,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    app.routing.decisions.shutdown().await;
+    app.shutdown_routing().await;
     Ok(ExitCode::SUCCESS)
 }
 

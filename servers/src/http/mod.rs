@@ -93,7 +93,7 @@ impl HttpState {
             mcp.shutdown().await;
         }
         self.audit.shutdown().await;
-        self.app.routing.decisions.shutdown().await;
+        self.app.shutdown_routing().await;
     }
 }
 

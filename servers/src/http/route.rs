@@ -36,7 +36,7 @@ pub async fn route(
     let settings = state.app.settings.snapshot().await?;
     let routed = state
         .app
-        .routing
+        .routing()
         .route(
             state.app.store(),
             settings,

@@ -98,7 +98,7 @@ async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
     };
     let routed = state
         .app
-        .routing
+        .routing()
         .route(
             &store,
             settings,
@@ -112,7 +112,7 @@ async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
         .await?;
     let control = TurnControl::new(
         routed,
-        state.app.routing.clone(),
+        state.app.routing().clone(),
         store,
         session.clone(),
         body.message.clone(),

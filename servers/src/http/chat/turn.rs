@@ -272,12 +272,12 @@ impl Turn {
             state
                 .routed
                 .view
-                .record_calls(&self.state.app.routing.router, &[tool])
+                .record_calls(&self.state.app.routing().router, &[tool])
         };
         if let Err(e) = self
             .state
             .app
-            .routing
+            .routing()
             .persist(self.state.app.store(), &self.session, &changed)
             .await
         {
