@@ -134,3 +134,84 @@ async fn openapi_document_lists_the_paths() {
     assert_eq!(status, StatusCode::OK);
     assert!(body["paths"]["/api/settings/{key}"]["put"].is_object());
 }
+
+/// The session's logged selections, waiting for the background writer's flush.
+async fn logged_selections(app: &axum::Router, session: &str, at_least: usize) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, body) = send(app, "GET", &format!("/api/sessions/{session}"), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let rows = body["selections"].as_array().cloned().unwrap_or_default();
+        if rows.len() >= at_least || std::time::Instant::now() > deadline {
+            return rows;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn decision_log_setting_keeps_the_message_its_hash_or_nothing() {
+    let (_dir, app) = http_app(None).await;
+    let (_, created) = send(&app, "POST", "/api/sessions", None).await;
+    let session = created["id"].as_str().expect("session id").to_owned();
+    let route = |message: &'static str| {
+        let app = app.clone();
+        let session = session.clone();
+        async move {
+            let (status, body) = send(
+                &app,
+                "POST",
+                "/api/route",
+                Some(json!({"session": session, "message": message})),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+    };
+
+    route("remember that my parrot is called Polly").await;
+    let rows = logged_selections(&app, &session, 1).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        rows[0]["message"],
+        "remember that my parrot is called Polly"
+    );
+    assert!(rows[0]["reasons"]["domains"].is_array(), "{}", rows[0]);
+
+    send(
+        &app,
+        "PUT",
+        "/api/settings/decision_log",
+        Some(json!({"value": "hash"})),
+    )
+    .await;
+    route("what is my parrot called").await;
+    let rows = logged_selections(&app, &session, 2).await;
+    assert_eq!(rows.len(), 2);
+    let hashed = rows[1]["message"].as_str().unwrap_or_default();
+    assert!(
+        hashed.starts_with("sha256:") && !hashed.contains("parrot"),
+        "{hashed}"
+    );
+
+    send(
+        &app,
+        "PUT",
+        "/api/settings/decision_log",
+        Some(json!({"value": "off"})),
+    )
+    .await;
+    route("and my cat?").await;
+    send(
+        &app,
+        "PUT",
+        "/api/settings/decision_log",
+        Some(json!({"value": "plain"})),
+    )
+    .await;
+    route("thanks").await;
+    let rows = logged_selections(&app, &session, 3).await;
+    let messages: Vec<&str> = rows.iter().filter_map(|r| r["message"].as_str()).collect();
+    assert_eq!(messages.len(), 3, "{messages:?}");
+    assert_eq!(messages[2], "thanks", "the `off` turn left no row");
+}

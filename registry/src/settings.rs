@@ -5,8 +5,10 @@
 //! TTL (default 10 s) as the backstop.
 //!
 //! How "a write by anyone else" is noticed depends on the backend. SQLite: the
-//! store's [`settings_version`](Store::settings_version) is asked on every
-//! [`snapshot`](Settings::snapshot) (a pragma, in process). PostgreSQL: the store's
+//! store's [`settings_version`](Store::settings_version) (a pragma, in process) is
+//! asked by a [`snapshot`](Settings::snapshot) at most once per [`RECHECK`], so a
+//! write by another process (`loadout mcp`, the CLI) is seen within that interval
+//! while a busy server does not queue one storage call per request. PostgreSQL: the store's
 //! listener ([`Store::settings_changes`]) reports every write by any replica at once
 //! (`LISTEN/NOTIFY`), so a snapshot asks the database nothing while the listener is
 //! connected; a notification, a reconnect or a lost listener drops the cache, and
@@ -22,6 +24,10 @@ use crate::store::{SettingsChange, Store, StoreError};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
+/// How long a SQLite snapshot trusts the cache before asking the store whether
+/// another process wrote. Writes through this handle never wait for it.
+pub const RECHECK: Duration = Duration::from_millis(50);
+
 /// Cached view of the settings table; cheap to clone, clones share the cache.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -35,6 +41,8 @@ pub struct Settings {
 #[derive(Debug)]
 struct Cached {
     loaded: Instant,
+    /// When the store last confirmed `version` (SQLite).
+    checked: Instant,
     version: i64,
     /// The listener's generation when the map was loaded (0 without a listener).
     generation: u64,
@@ -69,11 +77,11 @@ impl Settings {
             guard
                 .as_ref()
                 .filter(|c| c.loaded.elapsed() < self.ttl && c.generation == change.generation)
-                .map(|c| (c.version, c.values.clone()))
+                .map(|c| (c.version, c.checked.elapsed() < RECHECK, c.values.clone()))
         };
         if change.listening {
             // Every write by anyone changes the generation: no need to ask the store.
-            if let Some((_, values)) = cached {
+            if let Some((_, _, values)) = cached {
                 return Ok(values);
             }
             let values = Arc::new(self.store.settings_all().await?);
@@ -81,10 +89,18 @@ impl Settings {
             self.store_cache(i64::MIN, change.generation, values.clone());
             return Ok(values);
         }
+        if let Some((_, true, values)) = &cached {
+            return Ok(values.clone());
+        }
         let version = self.store.settings_version().await?;
-        if let Some((cached_version, values)) = cached
+        if let Some((cached_version, _, values)) = cached
             && cached_version == version
         {
+            if let Some(c) = self.lock().as_mut()
+                && c.version == version
+            {
+                c.checked = Instant::now();
+            }
             return Ok(values);
         }
         let values = Arc::new(self.store.settings_all().await?);
@@ -101,8 +117,10 @@ impl Settings {
     }
 
     fn store_cache(&self, version: i64, generation: u64, values: Arc<BTreeMap<String, String>>) {
+        let now = Instant::now();
         *self.lock() = Some(Cached {
-            loaded: Instant::now(),
+            loaded: now,
+            checked: now,
             version,
             generation,
             values,

@@ -60,10 +60,11 @@ pub struct RoutedTurn {
 pub struct Routing {
     pub router: Arc<Router>,
     pub decisions: DecisionWriter,
-    pub logging: MessageLogging,
-    /// Each session's last carry-over list, so the next turn does not wait for the
-    /// decision log's background write. Other replicas read it from the log.
-    carry: Arc<Mutex<HashMap<String, Vec<String>>>>,
+    /// Each session's last carry-over list with the turn it was routed at, so the
+    /// next turn does not wait for the decision log's background write. Trusted only
+    /// when that turn is still the session's latest: if another replica routed a turn
+    /// since, the list comes from the log.
+    carry: Arc<Mutex<HashMap<String, (i64, Vec<String>)>>>,
 }
 
 /// Sessions whose carry-over list is kept in memory at most.
@@ -74,7 +75,6 @@ impl Routing {
         Routing {
             router,
             decisions: DecisionWriter::start(store),
-            logging: MessageLogging::Plain,
             carry: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -108,7 +108,7 @@ impl Routing {
 
         let (turn, mut view) = match request.session {
             Some(session) => {
-                store.session_ensure(session).await?;
+                // `message_append` below creates the session; reads of a new one are empty.
                 let previous_turn = store.session_turn(session).await?;
                 let domains = store.session_domains(session).await?;
                 let warm = store.domains_used_since(now_ms() - WARM_WINDOW_MS).await?;
@@ -117,7 +117,7 @@ impl Routing {
                     let changed = view.record_calls(&self.router, request.called);
                     self.persist(store, session, &changed).await?;
                 }
-                let carried = match self.cached_carry(session) {
+                let carried = match self.cached_carry(session, previous_turn) {
                     Some(carried) => carried,
                     None => last_carry(store, session).await?,
                 };
@@ -136,7 +136,7 @@ impl Routing {
         };
         view.turn = turn;
         let selection = self.select(&settings, &view, message, request.token_budget);
-        self.log(&selection, request.session, turn, message);
+        self.log(&settings, &selection, request.session, turn, message);
         Ok(RoutedTurn {
             turn,
             selection,
@@ -149,7 +149,13 @@ impl Routing {
     /// decision is logged as another row of the same turn.
     pub fn reselect(&self, routed: &mut RoutedTurn, session: Option<&str>, message: &str) {
         routed.selection = self.select(&routed.settings, &routed.view, message, None);
-        self.log(&routed.selection, session, routed.turn, message);
+        self.log(
+            &routed.settings,
+            &routed.selection,
+            session,
+            routed.turn,
+            message,
+        );
     }
 
     /// Records tool calls made during a turn (chat loop) and persists the state.
@@ -195,37 +201,81 @@ impl Routing {
         })
     }
 
-    fn log(&self, selection: &Selection, session: Option<&str>, turn: i64, message: &str) {
+    fn log(
+        &self,
+        settings: &BTreeMap<String, String>,
+        selection: &Selection,
+        session: Option<&str>,
+        turn: i64,
+        message: &str,
+    ) {
         tracing::info!("{}", selection.summary_line());
-        let mut row = selection.decision_row(session, turn, message, self.logging, now_ms());
-        // The next turn carries these over when its message has no evidence of its own.
-        let carried = carry_over(selection);
-        row.reasons["carry"] = serde_json::json!(carried);
-        self.decisions.record(row);
+        if let Some(logging) = decision_logging(settings) {
+            self.decisions.record(selection.decision_row(
+                session,
+                turn,
+                message,
+                logging,
+                now_ms(),
+            ));
+        }
         if let Some(session) = session {
+            // The next turn carries these over when its message has no evidence of its own.
+            let carried = carry_over(selection);
             let mut cache = self.carry.lock().unwrap_or_else(|p| p.into_inner());
             if cache.len() >= CARRY_CACHE_SESSIONS {
                 cache.clear();
             }
-            cache.insert(session.to_owned(), carried);
+            cache.insert(session.to_owned(), (turn, carried));
         }
     }
 
-    fn cached_carry(&self, session: &str) -> Option<Vec<String>> {
+    fn cached_carry(&self, session: &str, latest_turn: i64) -> Option<Vec<String>> {
         self.carry
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(session)
-            .cloned()
+            .filter(|(turn, _)| *turn == latest_turn)
+            .map(|(_, carried)| carried.clone())
+    }
+}
+
+/// The setting that says what the decision log keeps.
+pub const DECISION_LOG_SETTING: &str = "decision_log";
+
+/// `decision_log`: `plain` (default) keeps each message, `hash` only its SHA-256
+/// (repeats still group), `off` writes no rows. Anything else logs plain and warns
+/// once per value, so a typo never silently drops the log.
+fn decision_logging(settings: &BTreeMap<String, String>) -> Option<MessageLogging> {
+    match settings.get(DECISION_LOG_SETTING).map(|v| v.trim()) {
+        None | Some("") | Some("plain") | Some("on") => Some(MessageLogging::Plain),
+        Some("hash") | Some("sha256") => Some(MessageLogging::Sha256),
+        Some("off") => None,
+        Some(other) => {
+            static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+            let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+            if !warned.iter().any(|w| w == other) && warned.len() < 16 {
+                tracing::warn!(
+                    "setting {DECISION_LOG_SETTING} = {other:?} is not plain, hash or off: logging plain"
+                );
+                warned.push(other.to_owned());
+            }
+            Some(MessageLogging::Plain)
+        }
     }
 }
 
 /// The tools the session's last decision carries into the next turn.
 async fn last_carry(store: &Store, session: &str) -> Result<Vec<String>, StoreError> {
-    let decisions = store.decisions(session).await?;
-    Ok(decisions
-        .last()
-        .and_then(|row| row.reasons.get("carry"))
-        .and_then(|carry| serde_json::from_value(carry.clone()).ok())
+    #[derive(serde::Deserialize)]
+    struct Logged {
+        #[serde(default)]
+        carry: Vec<String>,
+    }
+    Ok(store
+        .last_decision(session)
+        .await?
+        .and_then(|row| serde_json::from_str::<Logged>(row.reasons.as_str()).ok())
+        .map(|logged| logged.carry)
         .unwrap_or_default())
 }

@@ -8,7 +8,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::Registry;
-use crate::store::DecisionRow;
+use crate::store::{DecisionRow, Reasons};
 
 /// Why a domain or tool is in or out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -306,7 +306,8 @@ impl Selection {
     }
 
     /// The decision-log row for this selection. `at_ms` is passed in so the router
-    /// stays free of clocks.
+    /// stays free of clocks. The reasons are serialized straight from the selection
+    /// (no JSON tree): this runs on every routed message.
     pub fn decision_row(
         &self,
         session: Option<&str>,
@@ -319,6 +320,7 @@ impl Selection {
             MessageLogging::Plain => message.to_owned(),
             MessageLogging::Sha256 => format!("sha256:{}", sha256_hex(message)),
         };
+        let carry = super::carry_over(self);
         DecisionRow {
             at_ms,
             session: session.map(str::to_owned),
@@ -326,16 +328,31 @@ impl Selection {
             message,
             n_tools: self.n_tools as i64,
             tokens: self.tokens as i64,
-            reasons: serde_json::json!({
-                "domains": self.domains,
-                "tools": self.tools.iter().map(|t| &t.name).collect::<Vec<_>>(),
-                "tool_decisions": self.tool_decisions,
-                "hint_tokens": self.hint_tokens,
-                "all_tools_tokens": self.all_tools_tokens,
-                "notes": self.notes,
+            reasons: Reasons::to_json(&LoggedReasons {
+                domains: &self.domains,
+                tools: self.tools.iter().map(|t| t.name.as_str()).collect(),
+                tool_decisions: &self.tool_decisions,
+                hint_tokens: self.hint_tokens,
+                all_tools_tokens: self.all_tools_tokens,
+                notes: &self.notes,
+                carry: &carry,
             }),
         }
     }
+}
+
+/// The decision log's `reasons` column.
+#[derive(Serialize)]
+struct LoggedReasons<'a> {
+    domains: &'a [DomainDecision],
+    tools: Vec<&'a str>,
+    tool_decisions: &'a [ToolDecision],
+    hint_tokens: usize,
+    all_tools_tokens: usize,
+    notes: &'a [String],
+    /// Tools the next turn carries over when its message has no evidence of its own;
+    /// another replica reads them from here.
+    carry: &'a [String],
 }
 
 fn sha256_hex(text: &str) -> String {

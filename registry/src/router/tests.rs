@@ -441,7 +441,7 @@ fn decision_row_hashes_the_message_when_asked() {
         (3, 42, selection.n_tools as i64)
     );
     assert!(
-        row.reasons["domains"]
+        row.reasons.value()["domains"]
             .as_array()
             .is_some_and(|d| d.len() == router.registry().domains().len())
     );

@@ -126,7 +126,61 @@ pub struct DecisionRow {
     pub n_tools: i64,
     pub tokens: i64,
     /// Domains with stage and score, as JSON.
-    pub reasons: serde_json::Value,
+    pub reasons: Reasons,
+}
+
+/// A decision's reasons as JSON text. The routing path serializes them once, straight
+/// from the selection (no JSON tree), and readers serve the text as it is.
+#[derive(Clone)]
+pub struct Reasons(Box<serde_json::value::RawValue>);
+
+impl Reasons {
+    /// Serializes `value`; a value that cannot be serialized logs as `null`.
+    pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Reasons {
+        serde_json::value::to_raw_value(value)
+            .map(Reasons)
+            .unwrap_or_else(|_| Reasons::null())
+    }
+
+    /// Reasons read back from storage; text that is not JSON reads as `null`.
+    pub fn from_text(text: String) -> Reasons {
+        serde_json::value::RawValue::from_string(text)
+            .map(Reasons)
+            .unwrap_or_else(|_| Reasons::null())
+    }
+
+    fn null() -> Reasons {
+        Reasons(
+            serde_json::value::RawValue::from_string("null".to_owned()).expect("`null` is JSON"),
+        )
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The reasons as a JSON tree (tests, tools that inspect the log).
+    pub fn value(&self) -> serde_json::Value {
+        serde_json::from_str(self.0.get()).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl std::fmt::Debug for Reasons {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.get())
+    }
+}
+
+impl PartialEq for Reasons {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl Serialize for Reasons {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
 }
 
 /// A message of a session.
@@ -313,6 +367,11 @@ impl Store {
 
     pub async fn decisions(&self, session: &str) -> Result<Vec<DecisionRow>, StoreError> {
         dispatch!(self, s => s.decisions(session).await)
+    }
+
+    /// The session's latest decision, without reading the whole log.
+    pub async fn last_decision(&self, session: &str) -> Result<Option<DecisionRow>, StoreError> {
+        dispatch!(self, s => s.last_decision(session).await)
     }
 
     pub async fn audit_insert(&self, rows: &[AuditRow]) -> Result<(), StoreError> {

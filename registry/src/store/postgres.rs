@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::{
-    AuditRow, DecisionRow, MessageRow, SessionDomainState, SettingsChange, StoreError,
+    AuditRow, DecisionRow, MessageRow, Reasons, SessionDomainState, SettingsChange, StoreError,
     mask_url_password, new_session_id, now_ms, validate_session_id,
 };
 
@@ -474,7 +474,7 @@ impl PostgresStore {
         let messages: Vec<Cow<'_, str>> = rows.iter().map(|r| without_nul(&r.message)).collect();
         let n_tools: Vec<i64> = rows.iter().map(|r| r.n_tools).collect();
         let tokens: Vec<i64> = rows.iter().map(|r| r.tokens).collect();
-        let reasons: Vec<String> = rows.iter().map(|r| r.reasons.to_string()).collect();
+        let reasons: Vec<&str> = rows.iter().map(|r| r.reasons.as_str()).collect();
         self.execute(
             "INSERT INTO tool_history(at_ms, session_id, turn, message, n_tools, tokens, reasons)
              SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::text[],
@@ -496,19 +496,22 @@ impl PostgresStore {
             )
             .await?;
         rows.iter()
-            .map(|r| {
-                let reasons: String = r.try_get(6)?;
-                Ok(DecisionRow {
-                    at_ms: r.try_get(0)?,
-                    session: r.try_get(1)?,
-                    turn: r.try_get(2)?,
-                    message: r.try_get(3)?,
-                    n_tools: r.try_get(4)?,
-                    tokens: r.try_get(5)?,
-                    reasons: serde_json::from_str(&reasons).unwrap_or(serde_json::Value::Null),
-                })
-            })
+            .map(decision_row)
             .collect::<Result<_, tokio_postgres::Error>>()
+            .map_err(|e| self.error(e))
+    }
+
+    pub async fn last_decision(&self, session: &str) -> Result<Option<DecisionRow>, StoreError> {
+        let row = self
+            .query_opt(
+                "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons
+                 FROM tool_history WHERE session_id = $1 ORDER BY id DESC LIMIT 1",
+                &[&session],
+            )
+            .await?;
+        row.as_ref()
+            .map(decision_row)
+            .transpose()
             .map_err(|e| self.error(e))
     }
 
@@ -844,4 +847,16 @@ fn describe_pool_error(e: &PoolError) -> String {
         PoolError::Timeout(kind) => format!("timed out ({kind:?}) waiting for a connection"),
         other => other.to_string(),
     }
+}
+
+fn decision_row(r: &tokio_postgres::Row) -> Result<DecisionRow, tokio_postgres::Error> {
+    Ok(DecisionRow {
+        at_ms: r.try_get(0)?,
+        session: r.try_get(1)?,
+        turn: r.try_get(2)?,
+        message: r.try_get(3)?,
+        n_tools: r.try_get(4)?,
+        tokens: r.try_get(5)?,
+        reasons: Reasons::from_text(r.try_get(6)?),
+    })
 }

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    AuditRow, DecisionRow, MessageRow, SessionDomainState, StoreError, new_session_id, now_ms,
-    validate_session_id,
+    AuditRow, DecisionRow, MessageRow, Reasons, SessionDomainState, StoreError, new_session_id,
+    now_ms, validate_session_id,
 };
 
 /// Versioned migrations, applied in order at open. Never edit a shipped one: add one.
@@ -362,7 +362,7 @@ impl SqliteStore {
                         row.message,
                         row.n_tools,
                         row.tokens,
-                        row.reasons.to_string()
+                        row.reasons.as_str()
                     ])?;
                 }
             }
@@ -379,19 +379,20 @@ impl SqliteStore {
                 "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons
                  FROM tool_history WHERE session_id = ?1 ORDER BY id",
             )?;
-            let rows = stmt.query_map([session], |r| {
-                let reasons: String = r.get(6)?;
-                Ok(DecisionRow {
-                    at_ms: r.get(0)?,
-                    session: r.get(1)?,
-                    turn: r.get(2)?,
-                    message: r.get(3)?,
-                    n_tools: r.get(4)?,
-                    tokens: r.get(5)?,
-                    reasons: serde_json::from_str(&reasons).unwrap_or(serde_json::Value::Null),
-                })
-            })?;
+            let rows = stmt.query_map([session], decision_row)?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn last_decision(&self, session: &str) -> Result<Option<DecisionRow>, StoreError> {
+        let session = session.to_owned();
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons
+                 FROM tool_history WHERE session_id = ?1 ORDER BY id DESC LIMIT 1",
+            )?;
+            Ok(stmt.query_row([session], decision_row).optional()?)
         })
         .await
     }
@@ -482,4 +483,16 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         tx.commit()?;
     }
     Ok(())
+}
+
+fn decision_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DecisionRow> {
+    Ok(DecisionRow {
+        at_ms: r.get(0)?,
+        session: r.get(1)?,
+        turn: r.get(2)?,
+        message: r.get(3)?,
+        n_tools: r.get(4)?,
+        tokens: r.get(5)?,
+        reasons: Reasons::from_text(r.get(6)?),
+    })
 }

@@ -225,7 +225,9 @@ async fn sessions_router_state_and_decisions() {
                 message: format!("message {turn} with 'quotes' and ünïcödé"),
                 n_tools: turn,
                 tokens: 100 * turn,
-                reasons: serde_json::json!({"weather": {"stage": "keyword", "score": 0.5}}),
+                reasons: Reasons::to_json(
+                    &serde_json::json!({"weather": {"stage": "keyword", "score": 0.5}}),
+                ),
             })
             .chain(std::iter::once(DecisionRow {
                 at_ms: 1,
@@ -234,7 +236,7 @@ async fn sessions_router_state_and_decisions() {
                 message: String::new(),
                 n_tools: 0,
                 tokens: 0,
-                reasons: serde_json::json!([]),
+                reasons: Reasons::to_json(&serde_json::json!([])),
             }))
             .collect();
         store.decisions_insert(&rows).await.expect("insert");
@@ -258,6 +260,22 @@ async fn sessions_router_state_and_decisions() {
         assert_eq!(
             store.decisions(&id).await.expect("decisions"),
             rows[..3],
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            store
+                .last_decision(&id)
+                .await
+                .expect("last decision")
+                .as_ref(),
+            Some(&rows[2]),
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            store.last_decision("nobody").await.expect("no decision"),
+            None,
             "{}",
             t.name
         );
