@@ -16,10 +16,12 @@ use serde::Deserialize;
 
 const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json] [--verbose]
        [--min-turn-recall X] [--config ROUTER_CONFIG.json] [--budget TOKENS]
-       [--embedder builtin|none] [--vector-cache DIR|none]
+       [--embedder builtin|none] [--vector-cache DIR|none] [--tool-ranks]
   --embedder      the dense stage: the built-in encoder (default when built with the
                   `dense` feature) or none (lexical only)
-  --vector-cache  where tool vectors are cached (default target/vector-cache)";
+  --vector-cache  where tool vectors are cached (default target/vector-cache)
+  --tool-ranks    also report how often every needed tool of a turn is among the k
+                  best of the message-only tool ranking (`search_tools`)";
 
 #[derive(Debug, Deserialize)]
 struct Case {
@@ -48,6 +50,7 @@ struct Options {
     cases: PathBuf,
     json: bool,
     verbose: bool,
+    tool_ranks: bool,
     min_turn_recall: Option<f64>,
     config: RouterConfig,
     budget: Option<usize>,
@@ -138,6 +141,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut cases = None;
     let mut json = false;
     let mut verbose = false;
+    let mut tool_ranks = false;
     let mut min_turn_recall = None;
     let mut config = RouterConfig::default();
     let mut budget = None;
@@ -155,6 +159,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             "--cases" => cases = Some(PathBuf::from(value("--cases")?)),
             "--json" => json = true,
             "--verbose" | "-v" => verbose = true,
+            "--tool-ranks" => tool_ranks = true,
             "--min-turn-recall" => {
                 let text = value("--min-turn-recall")?;
                 min_turn_recall = Some(
@@ -192,6 +197,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         cases: cases.with_context(|| format!("--cases is required\n{USAGE}"))?,
         json,
         verbose,
+        tool_ranks,
         min_turn_recall,
         config,
         budget,
@@ -219,7 +225,12 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         .build()
         .context("building the registry")?;
     let registry = Arc::new(registry);
-    let router = Router::new(registry.clone(), options.config.clone());
+    let mut config = options.config.clone();
+    if options.tool_ranks {
+        // `search` ranks every active tool for the diagnostic.
+        config.search_limit = registry.all_tools().len();
+    }
+    let router = Router::new(registry.clone(), config);
     let build_ms = started.elapsed().as_secs_f64() * 1e3;
     let embedder_line =
         attach_embedder(&router, options.embedder, options.vector_cache.as_deref())?;
@@ -251,6 +262,9 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let mut hint_tokens_total = 0usize;
     let mut misses = Vec::new();
     let mut route_time = std::time::Duration::ZERO;
+    // Per turn with needed tools: the worst rank of a needed tool in the message-only
+    // tool ranking (`search_tools`), `usize::MAX` when one is not ranked at all.
+    let mut worst_ranks: Vec<usize> = Vec::new();
 
     for case in &cases {
         let keys: &[String] = match &case.configured {
@@ -273,6 +287,21 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                 session: &view,
                 token_budget: options.budget,
             };
+            if options.tool_ranks && !turn.needed.is_empty() {
+                let ranking = router.search(&turn.user, &settings);
+                let worst = turn
+                    .needed
+                    .iter()
+                    .map(|needed| {
+                        ranking
+                            .iter()
+                            .position(|hint| hint.name == needed.as_str())
+                            .map_or(usize::MAX, |rank| rank + 1)
+                    })
+                    .max()
+                    .unwrap_or(0);
+                worst_ranks.push(worst);
+            }
             let routed_at = Instant::now();
             let selection = router.select(&input);
             route_time += routed_at.elapsed();
@@ -361,6 +390,21 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         p95(&tokens_per_turn),
         hint_tokens_total as f64 / n_turns.max(1) as f64,
     );
+    if options.tool_ranks {
+        let n = worst_ranks.len().max(1) as f64;
+        let at = |k: usize| worst_ranks.iter().filter(|&&r| r <= k).count() as f64 / n;
+        println!(
+            "tool ranking (message only, {} turns with needed tools): R@3 {:.3}  R@5 {:.3}  R@8 {:.3}  R@10 {:.3}  R@15 {:.3}  R@20 {:.3}  R@30 {:.3}",
+            worst_ranks.len(),
+            at(3),
+            at(5),
+            at(8),
+            at(10),
+            at(15),
+            at(20),
+            at(30)
+        );
+    }
     if options.json {
         let summary = serde_json::json!({
             "cases": options.cases.display().to_string(),
