@@ -581,3 +581,77 @@ async fn the_mcp_endpoint_is_mounted_at_mcp() {
     assert!(text.contains("\"loadout\""), "{text}");
     state.shutdown().await;
 }
+
+/// Three steps per turn (two `calculate` calls, then the answer): enough awaits for two
+/// concurrent turns of one session to interleave if nothing ordered them.
+fn counting_script() -> Script {
+    Arc::new(|request| {
+        let message = last_user_message(request);
+        match step_of(request) {
+            0 => call("k1", "calculate", json!({"expression": "1 + 1"})),
+            1 => call("k2", "calculate", json!({"expression": "2 + 2"})),
+            _ => answer(&format!("done: {message}")),
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_turns_of_one_session_run_one_after_the_other() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(counting_script()).await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let (_, created) = send(&state, "POST", "/api/sessions", None).await;
+    let session = created["id"].as_str().expect("id").to_owned();
+
+    let turns = (0..4).map(|i| {
+        let state = state.clone();
+        let session = session.clone();
+        tokio::spawn(async move {
+            send(
+                &state,
+                "POST",
+                "/api/chat",
+                Some(json!({"session": session, "message": format!("turn {i}")})),
+            )
+            .await
+        })
+    });
+    for turn in turns.collect::<Vec<_>>() {
+        let (status, body) = turn.await.expect("turn task");
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
+    let (_, stored) = send(&state, "GET", &format!("/api/sessions/{session}"), None).await;
+    let messages = stored["messages"].as_array().expect("messages");
+    // Each turn is one block: user, then its calls and results, then its answer; the
+    // turn number of every message is its block's.
+    let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+    assert_eq!(roles.len(), 4 * 6, "{roles:?}");
+    for (block, chunk) in messages.chunks(6).enumerate() {
+        let roles: Vec<&str> = chunk.iter().filter_map(|m| m["role"].as_str()).collect();
+        assert_eq!(
+            roles,
+            [
+                "user",
+                "assistant",
+                "tool",
+                "assistant",
+                "tool",
+                "assistant"
+            ],
+            "turn {block}: {roles:?}"
+        );
+        let turn = &chunk[0]["turn"];
+        assert!(chunk.iter().all(|m| &m["turn"] == turn), "{chunk:?}");
+        let asked = chunk[0]["content"].as_str().unwrap_or_default();
+        let answered = chunk[5]["content"]["content"]
+            .as_str()
+            .or_else(|| chunk[5]["content"].as_str())
+            .unwrap_or_default();
+        assert!(
+            answered.ends_with(asked),
+            "{asked:?} answered by {answered:?}"
+        );
+    }
+}

@@ -6,7 +6,7 @@
 //! writes its results back.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use loadout::router::{MessageLogging, RouteInput, Router, Selection, SessionView, carry_over};
 use loadout::store::{SessionDomainState, now_ms};
@@ -65,7 +65,13 @@ pub struct Routing {
     /// when that turn is still the session's latest: if another replica routed a turn
     /// since, the list comes from the log.
     carry: Arc<Mutex<HashMap<String, (i64, Vec<String>)>>>,
+    /// One lock per session with a turn in flight: concurrent turns of one session run
+    /// one after the other instead of interleaving their messages and state.
+    sessions: Arc<Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>>,
 }
+
+/// Held while a session's turn runs; see [`Routing::lock_session`].
+pub type SessionGuard = tokio::sync::OwnedMutexGuard<()>;
 
 /// Sessions whose carry-over list is kept in memory at most.
 const CARRY_CACHE_SESSIONS: usize = 10_000;
@@ -76,7 +82,30 @@ impl Routing {
             router,
             decisions: DecisionWriter::start(store),
             carry: Arc::new(Mutex::new(HashMap::new())),
+            sessions: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// Waits until no other turn of `session` runs in this process, and holds that
+    /// until the guard drops. (Across replicas turns are ordered by the store's row
+    /// lock on the session, message by message.)
+    pub async fn lock_session(&self, session: &str) -> SessionGuard {
+        let lock = {
+            let mut locks = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+            match locks.get(session).and_then(Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    // Forget sessions with no turn in flight before the map grows.
+                    if locks.len() >= 1024 {
+                        locks.retain(|_, lock| lock.strong_count() > 0);
+                    }
+                    let lock = Arc::new(tokio::sync::Mutex::new(()));
+                    locks.insert(session.to_owned(), Arc::downgrade(&lock));
+                    lock
+                }
+            }
+        };
+        lock.lock_owned().await
     }
 
     /// Routes one user turn. With a session: records `called`, appends the message
@@ -109,10 +138,12 @@ impl Routing {
         let (turn, mut view) = match request.session {
             Some(session) => {
                 // `message_append` below creates the session; reads of a new one are empty.
-                let previous_turn = store.session_turn(session).await?;
-                let domains = store.session_domains(session).await?;
-                let warm = store.domains_used_since(now_ms() - WARM_WINDOW_MS).await?;
-                let mut view = SessionView::from_store(previous_turn, domains, warm);
+                let snapshot = store
+                    .session_snapshot(session, now_ms() - WARM_WINDOW_MS)
+                    .await?;
+                let previous_turn = snapshot.turn;
+                let mut view =
+                    SessionView::from_store(previous_turn, snapshot.domains, snapshot.warm);
                 if !request.called.is_empty() {
                     let changed = view.record_calls(&self.router, request.called);
                     self.persist(store, session, &changed).await?;

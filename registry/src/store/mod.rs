@@ -192,6 +192,15 @@ pub struct MessageRow {
     pub at_ms: i64,
 }
 
+/// See [`Store::session_snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSnapshot {
+    /// User turns so far (0 for a session that does not exist yet).
+    pub turn: i64,
+    pub domains: Vec<SessionDomainState>,
+    pub warm: Vec<String>,
+}
+
 /// The router's memory of one domain in one session.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct SessionDomainState {
@@ -359,6 +368,31 @@ impl Store {
     /// Domains used by any session since `since_ms`.
     pub async fn domains_used_since(&self, since_ms: i64) -> Result<Vec<String>, StoreError> {
         dispatch!(self, s => s.domains_used_since(since_ms).await)
+    }
+
+    /// What routing a session's next turn reads, in one round trip where the backend
+    /// allows: its turn count, its domain states and the domains any session used
+    /// since `warm_since_ms`.
+    pub async fn session_snapshot(
+        &self,
+        session: &str,
+        warm_since_ms: i64,
+    ) -> Result<SessionSnapshot, StoreError> {
+        match &*self.backend {
+            StoreBackend::Sqlite(s) => s.session_snapshot(session, warm_since_ms).await,
+            StoreBackend::Postgres(s) => {
+                let (turn, domains, warm) = tokio::try_join!(
+                    s.session_turn(session),
+                    s.session_domains(session),
+                    s.domains_used_since(warm_since_ms)
+                )?;
+                Ok(SessionSnapshot {
+                    turn,
+                    domains,
+                    warm,
+                })
+            }
+        }
     }
 
     pub async fn decisions_insert(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{
-    AuditRow, DecisionRow, MessageRow, Reasons, SessionDomainState, StoreError, new_session_id,
-    now_ms, validate_session_id,
+    AuditRow, DecisionRow, MessageRow, Reasons, SessionDomainState, SessionSnapshot, StoreError,
+    new_session_id, now_ms, validate_session_id,
 };
 
 /// Versioned migrations, applied in order at open. Never edit a shipped one: add one.
@@ -266,6 +266,55 @@ impl SqliteStore {
                 })
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn session_snapshot(
+        &self,
+        session: &str,
+        warm_since_ms: i64,
+    ) -> Result<SessionSnapshot, StoreError> {
+        let session = session.to_owned();
+        self.call(move |c| {
+            // One read transaction: the three reads see the same commit.
+            let tx = c.transaction()?;
+            let turn = tx
+                .query_row(
+                    "SELECT n_turns FROM sessions WHERE id = ?1",
+                    [&session],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .unwrap_or(0);
+            let domains = {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT domain, last_used_turn, pinned, unloaded FROM session_domains
+                     WHERE session_id = ?1 ORDER BY domain",
+                )?;
+                let rows = stmt.query_map([&session], |r| {
+                    Ok(SessionDomainState {
+                        domain: r.get(0)?,
+                        last_used_turn: r.get(1)?,
+                        pinned: r.get(2)?,
+                        unloaded: r.get(3)?,
+                    })
+                })?;
+                rows.collect::<Result<Vec<_>, _>>()?
+            };
+            let warm = {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT domain FROM domain_use WHERE last_used_ms >= ?1 ORDER BY domain",
+                )?;
+                let rows = stmt.query_map([warm_since_ms], |r| r.get(0))?;
+                rows.collect::<Result<Vec<String>, _>>()?
+            };
+            tx.commit()?;
+            Ok(SessionSnapshot {
+                turn,
+                domains,
+                warm,
+            })
         })
         .await
     }

@@ -193,7 +193,7 @@ async fn sessions_router_state_and_decisions() {
         store.session_domain_put(&id, &updated).await.expect("put");
         assert_eq!(
             store.session_domains(&id).await.expect("domains"),
-            [updated],
+            [updated.clone()],
             "{}",
             t.name
         );
@@ -207,6 +207,23 @@ async fn sessions_router_state_and_decisions() {
         assert_eq!(
             store.domains_used_since(1_500).await.expect("since"),
             ["weather"],
+            "{}",
+            t.name
+        );
+        let snapshot = store.session_snapshot(&id, 1_500).await.expect("snapshot");
+        assert_eq!(
+            (snapshot.turn, snapshot.domains, snapshot.warm),
+            (0, vec![updated.clone()], vec!["weather".to_owned()]),
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            store
+                .session_snapshot("new-session", 0)
+                .await
+                .expect("empty")
+                .turn,
+            0,
             "{}",
             t.name
         );

@@ -34,6 +34,10 @@ pub async fn route(
         loadout::store::validate_session_id(session)?;
     }
     let settings = state.app.settings.snapshot().await?;
+    let _turn = match &body.session {
+        Some(session) => Some(state.app.routing().lock_session(session).await),
+        None => None,
+    };
     let routed = state
         .app
         .routing()

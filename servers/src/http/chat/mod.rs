@@ -96,6 +96,8 @@ async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
         Some(session) => session,
         None => store.session_create().await?,
     };
+    // Held until the turn ends (the model loop included).
+    let guard = state.app.routing().lock_session(&session).await;
     let routed = state
         .app
         .routing()
@@ -123,6 +125,7 @@ async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
         session,
         message: body.message,
         control,
+        _session_turn: guard,
     })
 }
 

@@ -76,6 +76,8 @@ pub struct Turn {
     pub session: String,
     pub message: String,
     pub control: TurnControl,
+    /// Other turns of this session wait until this one ends.
+    pub _session_turn: crate::routing::SessionGuard,
 }
 
 impl Turn {
