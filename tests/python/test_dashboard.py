@@ -159,3 +159,99 @@ def test_set_a_setting_send_a_message_see_the_trace(server, browser, tmp_path):
     screenshot = os.environ.get("LOADOUT_SCREENSHOT")
     if screenshot:
         browser.save_screenshot(screenshot)
+
+
+class FakeModel:
+    """An OpenAI-compatible chat endpoint on loopback: the first step asks for
+    `calculate`, the next answers after a pause (so the page shows the tool step
+    before the answer exists, which only a live stream can do)."""
+
+    def __init__(self, pause_seconds):
+        import http.server
+        import threading
+
+        pause = pause_seconds
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", "0"))
+                request = json.loads(self.rfile.read(length) or b"{}")
+                messages = request.get("messages", [])
+                if messages and messages[-1].get("role") == "tool":
+                    time.sleep(pause)
+                    message = {"role": "assistant", "content": "The answer is 42."}
+                    finish = "stop"
+                else:
+                    message = {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "call-1",
+                                "type": "function",
+                                "function": {"name": "calculate", "arguments": json.dumps({"expression": "6*7"})},
+                            }
+                        ],
+                    }
+                    finish = "tool_calls"
+                body = json.dumps(
+                    {"choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def api_put(url, value):
+    request = urllib.request.Request(
+        url,
+        data=json.dumps({"value": value}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="PUT",
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+
+
+def test_a_chat_turn_streams_its_steps_live(server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    model = FakeModel(pause_seconds=3)
+    try:
+        api_put(server + "/api/settings/llm_base_url", model.url)
+        api_put(server + "/api/settings/llm_model", "fake")
+        wait = WebDriverWait(browser, WAIT_SECONDS)
+        browser.get(server + "/")
+        wait.until(EC.text_to_be_present_in_element((By.ID, "model-status"), "model fake"))
+
+        browser.find_element(By.ID, "message").send_keys("what is 6 times 7")
+        browser.find_element(By.ID, "send").click()
+
+        # The tool step shows while the model is still thinking about its answer.
+        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#log .msg.tool")))
+        log = browser.find_element(By.ID, "log").text
+        assert "calculate" in log, log
+        assert "42" in log, log  # the tool's own result
+        assert "The answer is 42." not in log, "the answer arrived with the tool step: not streamed"
+        assert browser.find_elements(By.CSS_SELECTOR, "#trace .turn"), "the selection shows first"
+
+        # Then the answer arrives and the turn ends.
+        wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#log .msg.final")))
+        assert "The answer is 42." in browser.find_element(By.CSS_SELECTOR, "#log .msg.final").text
+        wait.until(lambda driver: driver.find_element(By.ID, "send").is_enabled())
+    finally:
+        model.close()
