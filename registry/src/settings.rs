@@ -6,9 +6,11 @@
 //!
 //! How "a write by anyone else" is noticed depends on the backend. SQLite: the
 //! store's [`settings_version`](Store::settings_version) (a pragma, in process) is
-//! asked by a [`snapshot`](Settings::snapshot) at most once per [`RECHECK`], so a
-//! write by another process (`loadout mcp`, the CLI) is seen within that interval
-//! while a busy server does not queue one storage call per request. PostgreSQL: the store's
+//! asked on every [`snapshot`](Settings::snapshot), so a tool call sees a setting
+//! another process (`loadout mcp`, the CLI) just wrote; the routing hot path uses
+//! [`snapshot_recent`](Settings::snapshot_recent), which asks at most once per
+//! [`RECHECK`] so a busy server does not queue one storage call per request.
+//! PostgreSQL: the store's
 //! listener ([`Store::settings_changes`]) reports every write by any replica at once
 //! (`LISTEN/NOTIFY`), so a snapshot asks the database nothing while the listener is
 //! connected; a notification, a reconnect or a lost listener drops the cache, and
@@ -24,8 +26,9 @@ use crate::store::{SettingsChange, Store, StoreError};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
-/// How long a SQLite snapshot trusts the cache before asking the store whether
-/// another process wrote. Writes through this handle never wait for it.
+/// How long [`Settings::snapshot_recent`] trusts the cache on SQLite before asking
+/// the store whether another process wrote. Writes through this handle never wait
+/// for it.
 pub const RECHECK: Duration = Duration::from_millis(50);
 
 /// Cached view of the settings table; cheap to clone, clones share the cache.
@@ -71,6 +74,20 @@ impl Settings {
     /// All settings. Served from the cache while it is fresh and nobody has written
     /// since it was loaded.
     pub async fn snapshot(&self) -> Result<Arc<BTreeMap<String, String>>, StoreError> {
+        self.snapshot_checked(false).await
+    }
+
+    /// Like [`snapshot`](Self::snapshot), but on SQLite a write by another process
+    /// may take up to [`RECHECK`] to be seen: for routing, where a setting that is a
+    /// few milliseconds late costs nothing and a storage call per message does.
+    pub async fn snapshot_recent(&self) -> Result<Arc<BTreeMap<String, String>>, StoreError> {
+        self.snapshot_checked(true).await
+    }
+
+    async fn snapshot_checked(
+        &self,
+        allow_recent: bool,
+    ) -> Result<Arc<BTreeMap<String, String>>, StoreError> {
         let change = self.change();
         let cached = {
             let guard = self.lock();
@@ -89,7 +106,7 @@ impl Settings {
             self.store_cache(i64::MIN, change.generation, values.clone());
             return Ok(values);
         }
-        if let Some((_, true, values)) = &cached {
+        if allow_recent && let Some((_, true, values)) = &cached {
             return Ok(values.clone());
         }
         let version = self.store.settings_version().await?;

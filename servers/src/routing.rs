@@ -64,11 +64,16 @@ pub struct Routing {
     /// next turn does not wait for the decision log's background write. Trusted only
     /// when that turn is still the session's latest: if another replica routed a turn
     /// since, the list comes from the log.
-    carry: Arc<Mutex<HashMap<String, (i64, Vec<String>)>>>,
+    carry: Arc<Mutex<HashMap<String, CarriedTools>>>,
     /// One lock per session with a turn in flight: concurrent turns of one session run
     /// one after the other instead of interleaving their messages and state.
-    sessions: Arc<Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>>,
+    sessions: Arc<Mutex<HashMap<String, Weak<SessionLock>>>>,
 }
+
+type SessionLock = tokio::sync::Mutex<()>;
+
+/// The turn a carry-over list was routed at, and the list.
+type CarriedTools = (i64, Vec<String>);
 
 /// Held while a session's turn runs; see [`Routing::lock_session`].
 pub type SessionGuard = tokio::sync::OwnedMutexGuard<()>;
@@ -99,7 +104,7 @@ impl Routing {
                     if locks.len() >= 1024 {
                         locks.retain(|_, lock| lock.strong_count() > 0);
                     }
-                    let lock = Arc::new(tokio::sync::Mutex::new(()));
+                    let lock = Arc::new(SessionLock::new(()));
                     locks.insert(session.to_owned(), Arc::downgrade(&lock));
                     lock
                 }

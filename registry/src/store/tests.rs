@@ -193,7 +193,7 @@ async fn sessions_router_state_and_decisions() {
         store.session_domain_put(&id, &updated).await.expect("put");
         assert_eq!(
             store.session_domains(&id).await.expect("domains"),
-            [updated.clone()],
+            std::slice::from_ref(&updated),
             "{}",
             t.name
         );

@@ -33,7 +33,7 @@ pub async fn route(
     if let Some(session) = &body.session {
         loadout::store::validate_session_id(session)?;
     }
-    let settings = state.app.settings.snapshot().await?;
+    let settings = state.app.settings.snapshot_recent().await?;
     let _turn = match &body.session {
         Some(session) => Some(state.app.routing().lock_session(session).await),
         None => None,
