@@ -1,16 +1,29 @@
 //! `loadout mcp` driven by rmcp's client, the way an MCP client runs it: a child
 //! process speaking MCP over stdio, with its own data dir.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::response::IntoResponse as _;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, Implementation,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
+    ContentBlock, Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities,
+    ServerConfig, Tool,
 };
-use rmcp::service::{NotificationContext, RunningService};
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
+use rmcp::service::{NotificationContext, RequestContext, RunningService};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{
+    ConfigureCommandExt, StreamableHttpServerConfig, StreamableHttpService, TokioChildProcess,
+};
+use rmcp::{
+    ClientHandler, ErrorData, RoleClient, RoleServer, ServerHandler, ServiceError, ServiceExt,
+};
 use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 
 const CLIENT_NAME: &str = "loadout-tests";
@@ -48,6 +61,39 @@ async fn start(data_dir: &Path, extra_args: &[&str]) -> Mcp {
             .env_remove("LOADOUT_DATABASE_URL");
     });
     let transport = TokioChildProcess::new(command).expect("spawn loadout mcp");
+    connect(transport).await
+}
+
+/// `start`, with the server's stderr collected (and passed on to the test's).
+async fn start_capturing_stderr(data_dir: &Path) -> (Mcp, Arc<Mutex<String>>) {
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadout")).configure(|c| {
+        c.arg("mcp")
+            .env("LOADOUT_DATA_DIR", data_dir)
+            .env_remove("LOADOUT_DATABASE_URL");
+    });
+    let (transport, stderr) = TokioChildProcess::builder(command)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn loadout mcp");
+    let collected = Arc::new(Mutex::new(String::new()));
+    if let Some(mut stderr) = stderr {
+        let collected = collected.clone();
+        tokio::spawn(async move {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut buffer).await {
+                if n == 0 {
+                    break;
+                }
+                let text = String::from_utf8_lossy(&buffer[..n]);
+                eprint!("{text}");
+                collected.lock().expect("stderr buffer").push_str(&text);
+            }
+        });
+    }
+    (connect(transport).await, collected)
+}
+
+async fn connect(transport: TokioChildProcess) -> Mcp {
     let (tx, list_changed) = mpsc::unbounded_channel();
     let service = tokio::time::timeout(WAIT, Client { list_changed: tx }.serve(transport))
         .await
@@ -83,6 +129,33 @@ impl Mcp {
         let text = text_of(&result);
         assert_ne!(result.is_error, Some(true), "{name} failed: {text}");
         text
+    }
+
+    /// Waits for the next `tools/list_changed` after dropping those already received.
+    async fn next_list_change(&mut self) {
+        while self.list_changed.try_recv().is_ok() {}
+        tokio::time::timeout(WAIT, self.list_changed.recv())
+            .await
+            .expect("tools/list_changed in time")
+            .expect("notification");
+    }
+
+    /// Calls until the call succeeds (an upstream reconnecting), or panics at `WAIT`.
+    async fn call_until_ok(&self, name: &str, args: Value) -> String {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let result = self.call(name, args.clone()).await;
+            if let Ok(result) = &result
+                && result.is_error != Some(true)
+            {
+                return text_of(result);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} never succeeded: {result:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Ends the session the way a client does (closing stdin) and waits for the
@@ -431,4 +504,402 @@ async fn a_bad_upstream_config_is_a_clear_error() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("servers.Bad Name"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_http_upstream_config_names_the_server_and_hides_header_values() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let config = data.path().join("custom.toml");
+    std::fs::write(
+        &config,
+        "[servers.noscheme]\nurl = \"localhost:8080/mcp\"\n\
+         [servers.nohost]\nurl = \"http://\"\n\
+         [servers.reserved]\nurl = \"http://127.0.0.1:9/mcp\"\nheaders = { Mcp-Session-Id = \"s3cret-session\" }\n\
+         [servers.badvalue]\nurl = \"http://127.0.0.1:9/mcp\"\nheaders = { Authorization = \"Bearer s3\\u0001cret\" }\n",
+    )
+    .expect("write");
+    let output = loadout(
+        data.path(),
+        &["mcp", "--config", &config.display().to_string()],
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for server in [
+        "servers.noscheme",
+        "servers.nohost",
+        "servers.reserved",
+        "servers.badvalue",
+    ] {
+        assert!(stderr.contains(server), "{server} not named: {stderr}");
+    }
+    assert!(
+        !stderr.contains("s3cret"),
+        "a header value leaked: {stderr}"
+    );
+}
+
+const UPSTREAM_TOKEN: &str = "t0ken-for-the-http-upstream";
+
+/// An MCP server over streamable HTTP, built with rmcp in the test: `echo` (tagged
+/// with the run's generation, so a restart shows), `grow` (adds `extra` and says
+/// tools/list_changed), and `generation_<n>` (so a re-listing shows).
+#[derive(Clone)]
+struct HttpUpstream {
+    generation: u32,
+    grown: Arc<AtomicBool>,
+}
+
+impl ServerHandler for HttpUpstream {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("http-upstream", "1.0.0"))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let schema = |value: Value| match value {
+            Value::Object(map) => Arc::new(map),
+            _ => Arc::default(),
+        };
+        let mut tools = vec![
+            Tool::new(
+                "echo",
+                "Echoes the text.",
+                schema(json!({
+                    "type": "object",
+                    "properties": {"text": {"type": "string"}},
+                    "required": ["text"],
+                })),
+            ),
+            Tool::new(
+                "grow",
+                "Adds the tool `extra`.",
+                schema(json!({"type": "object"})),
+            ),
+            Tool::new(
+                format!("generation_{}", self.generation),
+                "Names the server's run.",
+                schema(json!({"type": "object"})),
+            ),
+        ];
+        if self.grown.load(Ordering::SeqCst) {
+            tools.push(Tool::new(
+                "extra",
+                "Appears after `grow`.",
+                schema(json!({"type": "object"})),
+            ));
+        }
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let text = match request.name.as_ref() {
+            "echo" => {
+                let text = request
+                    .arguments
+                    .as_ref()
+                    .and_then(|args| args.get("text"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                format!("echo {}: {text}", self.generation)
+            }
+            "grow" => {
+                self.grown.store(true, Ordering::SeqCst);
+                let _ = context.peer.notify_tool_list_changed().await;
+                "grown".to_owned()
+            }
+            "extra" => "extra works".to_owned(),
+            other => {
+                return Err(ErrorData::invalid_params(
+                    format!("unknown tool `{other}`"),
+                    None,
+                ));
+            }
+        };
+        Ok(CallToolResult::success(vec![ContentBlock::text(text)]).into())
+    }
+}
+
+/// One run of [`HttpUpstream`] in a runtime of its own, so that dropping it
+/// ends every connection at once, the way a crashed server does.
+struct ServedUpstream {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl ServedUpstream {
+    /// Serves `/mcp` on `listener`, answering only requests with the bearer token.
+    fn start(listener: std::net::TcpListener, generation: u32) -> ServedUpstream {
+        listener.set_nonblocking(true).expect("nonblocking");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let handler = HttpUpstream {
+            generation,
+            grown: Arc::new(AtomicBool::new(false)),
+        };
+        runtime.spawn(async move {
+            let service = StreamableHttpService::new(
+                move || Ok(handler.clone()),
+                Arc::new(LocalSessionManager::default()),
+                StreamableHttpServerConfig::default(),
+            );
+            let router =
+                axum::Router::new()
+                    .nest_service("/mcp", service)
+                    .layer(axum::middleware::from_fn(
+                        |request: axum::extract::Request, next: axum::middleware::Next| async move {
+                            let expected = format!("Bearer {UPSTREAM_TOKEN}");
+                            let authorized = request
+                                .headers()
+                                .get("authorization")
+                                .is_some_and(|value| value.as_bytes() == expected.as_bytes());
+                            if authorized {
+                                next.run(request).await
+                            } else {
+                                axum::http::StatusCode::UNAUTHORIZED.into_response()
+                            }
+                        },
+                    ));
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            let _ = axum::serve(listener, router).await;
+        });
+        ServedUpstream {
+            runtime: Some(runtime),
+        }
+    }
+}
+
+impl Drop for ServedUpstream {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+fn bind(addr: SocketAddr) -> std::net::TcpListener {
+    // A restarted server binds the port its predecessor had (std sets SO_REUSEADDR),
+    // but `shutdown_background` returns before the old listener is closed.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(listener) => return listener,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("bind {addr}: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("bind {addr}: {e}"),
+        }
+    }
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_upstreams_are_imported_forwarded_followed_and_reconnected() {
+    let listener = bind("127.0.0.1:0".parse().expect("addr"));
+    let addr = listener.local_addr().expect("addr");
+    let upstream = ServedUpstream::start(listener, 1);
+    let data = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        data.path().join("loadout.toml"),
+        format!(
+            "[servers.web]\nurl = \"http://{addr}/mcp\"\nheaders = {{ Authorization = \"Bearer {UPSTREAM_TOKEN}\" }}\nkeywords = [\"echo over http\"]\n\
+             [servers.down]\nurl = \"http://127.0.0.1:{}/mcp\"\n",
+            closed_port()
+        ),
+    )
+    .expect("write config");
+    let (mut mcp, stderr) = start_capturing_stderr(data.path()).await;
+
+    // Imported with the token sent (the upstream refuses requests without it);
+    // the unreachable server is reported by name and costs nothing else.
+    let names = mcp.tool_names().await;
+    for name in ["web__echo", "web__grow", "web__generation_1", "calculate"] {
+        assert!(
+            names.contains(&name.to_owned()),
+            "{name} missing from {names:?}"
+        );
+    }
+    assert!(
+        stderr
+            .lock()
+            .expect("stderr")
+            .contains("upstream MCP server `down`"),
+        "the unreachable server is not reported"
+    );
+    assert_eq!(
+        mcp.call_ok("web__echo", json!({"text": "hi"})).await,
+        "echo 1: hi"
+    );
+    let error = protocol_error(mcp.call("web__echo", json!({})).await);
+    assert_eq!(error.code.0, -32602);
+
+    // The upstream's tools/list_changed (on its HTTP stream) reaches our client.
+    mcp.call_ok("web__grow", json!({})).await;
+    mcp.next_list_change().await;
+    assert!(mcp.tool_names().await.contains(&"web__extra".to_owned()));
+    assert_eq!(mcp.call_ok("web__extra", json!({})).await, "extra works");
+
+    // Restarted between two calls: the next call finds its session unknown, and
+    // goes through on a new session (it never ran, so sending it again is safe);
+    // the new run's tools are listed.
+    drop(upstream);
+    let upstream = ServedUpstream::start(bind(addr), 2);
+    assert_eq!(
+        mcp.call_ok("web__echo", json!({"text": "again"})).await,
+        "echo 2: again"
+    );
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let names = mcp.tool_names().await;
+        if names.contains(&"web__generation_2".to_owned()) {
+            assert!(
+                !names.contains(&"web__generation_1".to_owned()),
+                "{names:?}"
+            );
+            assert!(!names.contains(&"web__extra".to_owned()), "{names:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not re-listed: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Gone: a call is a clear tool error naming the server; once it is back the
+    // calls work again.
+    drop(upstream);
+    let result = mcp
+        .call("web__echo", json!({"text": "nobody"}))
+        .await
+        .expect("tools/call");
+    assert_eq!(result.is_error, Some(true), "{}", text_of(&result));
+    assert!(text_of(&result).contains("`web`"), "{}", text_of(&result));
+    let _upstream = ServedUpstream::start(bind(addr), 3);
+    assert_eq!(
+        mcp.call_until_ok("web__echo", json!({"text": "back"}))
+            .await,
+        "echo 3: back"
+    );
+    mcp.close().await;
+    let stderr = stderr.lock().expect("stderr").clone();
+    assert!(
+        !stderr.contains(UPSTREAM_TOKEN),
+        "the token was logged: {stderr}"
+    );
+}
+
+/// Where `.ci/run` installed `@modelcontextprotocol/server-everything`.
+fn server_everything() -> Option<PathBuf> {
+    let prefix = std::env::var_os("LOADOUT_TEST_NPM_PREFIX")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/ci-npm"));
+    let bin = prefix.join("node_modules/.bin/mcp-server-everything");
+    let node = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    (node && bin.exists()).then_some(bin)
+}
+
+/// Starts server-everything's streamable HTTP mode on `port` and waits until it
+/// accepts connections.
+async fn start_server_everything(bin: &Path, port: u16) -> tokio::process::Child {
+    let child = tokio::process::Command::new(bin)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start server-everything");
+    let deadline = std::time::Instant::now() + WAIT;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server-everything did not listen on {port}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_http_upstream_from_npm() {
+    let Some(bin) = server_everything() else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI: node or @modelcontextprotocol/server-everything is missing (LOADOUT_TEST_NPM_PREFIX, see .ci/run)"
+        );
+        eprintln!(
+            "skipped: @modelcontextprotocol/server-everything is not installed (.ci/run installs it)"
+        );
+        return;
+    };
+    let port = closed_port();
+    let mut everything = start_server_everything(&bin, port).await;
+    let data = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        data.path().join("loadout.toml"),
+        format!(
+            "[servers.everything]\nurl = \"http://127.0.0.1:{port}/mcp\"\nkeywords = [\"echo\", \"sum\"]\n"
+        ),
+    )
+    .expect("write config");
+    let mcp = start(data.path(), &[]).await;
+    let names = mcp.tool_names().await;
+    for name in ["everything__echo", "everything__get-sum"] {
+        assert!(
+            names.contains(&name.to_owned()),
+            "{name} missing from {names:?}"
+        );
+    }
+    assert_eq!(
+        mcp.call_ok("everything__echo", json!({"message": "hi"}))
+            .await,
+        "Echo: hi"
+    );
+    let sum = mcp
+        .call_ok("everything__get-sum", json!({"a": 2, "b": 3}))
+        .await;
+    assert!(sum.contains('5'), "{sum}");
+    // The upstream's schema is enforced before forwarding.
+    let error = protocol_error(
+        mcp.call("everything__get-sum", json!({"a": "x", "b": 1}))
+            .await,
+    );
+    assert_eq!(error.code.0, -32602);
+
+    // A restart loses our session (this server answers 400 to an unknown one);
+    // the calls work again on a new session.
+    let _ = everything.kill().await;
+    let _everything = start_server_everything(&bin, port).await;
+    assert_eq!(
+        mcp.call_until_ok("everything__echo", json!({"message": "again"}))
+            .await,
+        "Echo: again"
+    );
+    mcp.close().await;
 }

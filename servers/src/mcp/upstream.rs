@@ -1,6 +1,7 @@
 //! Upstream MCP servers as domains.
 //!
-//! `loadout.toml` (in the data dir, or `--config PATH`) lists servers:
+//! `loadout.toml` (in the data dir, or `--config PATH`) lists servers, run as a
+//! child process over stdio or reached over streamable HTTP:
 //!
 //! ```toml
 //! [servers.time]
@@ -9,18 +10,24 @@
 //! env = { TZ = "UTC" }
 //! keywords = ["time zone", "convert time"]
 //! description = "Current time and time-zone conversion."   # optional
+//!
+//! [servers.search]
+//! url = "https://mcp.example.com/mcp"
+//! headers = { Authorization = "Bearer <token>" }
+//! keywords = ["web search"]
 //! ```
 //!
 //! Each server's tools become domain `mcp_<server>` with tool names
 //! `<server>__<tool>` (kept to `[a-z0-9_-]{1,64}`), descriptions and schemas from
 //! the server, keywords from the config. Calls are forwarded with rmcp's client. A
-//! server that exits is restarted with backoff; a `tools/list_changed` from it
-//! re-lists its tools, and the catalog is rebuilt.
+//! server that exits, or an HTTP server that stops answering on our session, is
+//! reconnected with backoff (a fresh session, its tools listed again); a
+//! `tools/list_changed` from it re-lists its tools, and the catalog is rebuilt.
 //!
-//! Only stdio servers are supported in this build: an entry with `url` is reported
-//! and skipped (HTTP needs rmcp's `transport-streamable-http-client-reqwest`).
+//! Header values are never logged or quoted in an error: credentials belong there,
+//! not in the URL, which logs may show.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -28,20 +35,47 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use loadout::{Annotations, Backend, CallFuture, Domain, ExternalCall, Tier, Tool, ToolError};
+use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, Implementation,
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientJsonRpcMessage,
+    ClientRequest, ErrorCode, Implementation, JsonRpcMessage, PingRequest, RequestId,
 };
-use rmcp::service::{NotificationContext, RunningService, RunningServiceCancellationToken};
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-use rmcp::{ClientHandler, Peer, RoleClient, ServiceExt};
+use rmcp::service::{
+    ClientInitializeError, NotificationContext, RunningService, RunningServiceCancellationToken,
+};
+use rmcp::transport::common::client_side_sse::BoxedSseResponse;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
+};
+use rmcp::transport::{
+    ConfigureCommandExt, DynamicTransportError, StreamableHttpClientTransport, TokioChildProcess,
+};
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 /// Time to start a server and list its tools before it is reported as failing.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// An unreachable HTTP host fails within this instead of the OS's minutes.
+const HTTP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// An idle HTTP upstream is pinged this often: a server that restarted has
+/// forgotten our session, so without a check we would miss its `list_changed`
+/// until the next call failed.
+const HEALTH_INTERVAL: Duration = Duration::from_secs(30);
+const PING_TIMEOUT: Duration = Duration::from_secs(15);
+/// Headers the streamable HTTP transport sets itself; a configured one would clash.
+const TRANSPORT_HEADERS: &[&str] = &[
+    "accept",
+    "content-type",
+    "last-event-id",
+    "mcp-protocol-version",
+    "mcp-session-id",
+];
 
 /// The config file's name in the data dir.
 pub const CONFIG_FILE: &str = "loadout.toml";
@@ -54,7 +88,7 @@ struct ConfigFile {
 }
 
 /// One `[servers.<name>]` entry.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     /// stdio: the program to run.
@@ -64,13 +98,10 @@ pub struct ServerConfig {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
-    /// Streamable HTTP: the endpoint (not supported in this build).
+    /// Streamable HTTP: the endpoint.
     pub url: Option<String>,
+    /// Streamable HTTP: headers sent with every request (e.g. `Authorization`).
     #[serde(default)]
-    #[expect(
-        dead_code,
-        reason = "HTTP upstreams are parsed but not connected in this build"
-    )]
     pub headers: BTreeMap<String, String>,
     /// Routing keywords for the domain.
     #[serde(default)]
@@ -88,6 +119,22 @@ pub struct ServerConfig {
 
 fn enabled_by_default() -> bool {
     true
+}
+
+/// Names only for `env` and `headers`: their values are often credentials.
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("cwd", &self.cwd)
+            .field("url", &self.url)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("keywords", &self.keywords)
+            .field("enabled", &self.enabled)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Servers from the config file. A missing default file means none; a missing
@@ -124,10 +171,38 @@ pub fn load_config(path: &Path, explicit: bool) -> anyhow::Result<Vec<(String, S
             (None, None) => problems.push(format!(
                 "{key}: give `command` (a stdio server) or `url` (an HTTP server)"
             )),
-            (Some(command), None) if command.trim().is_empty() => {
-                problems.push(format!("{key}: `command` is empty"))
+            (Some(command), None) => {
+                if command.trim().is_empty() {
+                    problems.push(format!("{key}: `command` is empty"));
+                }
+                if !config.headers.is_empty() {
+                    problems.push(format!(
+                        "{key}: `headers` are for HTTP servers (`url`), not `command`"
+                    ));
+                }
             }
-            _ => {}
+            (None, Some(url)) => {
+                if let Err(why) = check_url(url) {
+                    problems.push(format!("{key}: `url` {why}"));
+                }
+                if let Err(header_problems) = http_headers(&config.headers) {
+                    problems.extend(header_problems.into_iter().map(|p| format!("{key}: {p}")));
+                }
+                let stdio_only: Vec<&str> = [
+                    (!config.args.is_empty()).then_some("`args`"),
+                    (!config.env.is_empty()).then_some("`env`"),
+                    config.cwd.is_some().then_some("`cwd`"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                if !stdio_only.is_empty() {
+                    problems.push(format!(
+                        "{key}: {} only apply to stdio servers (`command`), not `url`",
+                        stdio_only.join(", ")
+                    ));
+                }
+            }
         }
         if config.enabled {
             servers.push((slug, config));
@@ -137,6 +212,58 @@ pub fn load_config(path: &Path, explicit: bool) -> anyhow::Result<Vec<(String, S
         anyhow::bail!("{}:\n  {}", path.display(), problems.join("\n  "));
     }
     Ok(servers)
+}
+
+/// Why `url` cannot be an MCP endpoint, if it cannot. The URL itself is not
+/// quoted back: it may carry a credential.
+fn check_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url.trim()).map_err(|e| format!("is not a URL ({e})"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!(
+            "must be http:// or https://, not `{}:`",
+            parsed.scheme()
+        ));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err("has no host".into());
+    }
+    Ok(())
+}
+
+/// The configured headers as the transport takes them, or every problem with
+/// them. A problem names the header, never its value.
+fn http_headers(
+    headers: &BTreeMap<String, String>,
+) -> Result<HashMap<HeaderName, HeaderValue>, Vec<String>> {
+    let mut parsed = HashMap::new();
+    let mut problems = Vec::new();
+    for (name, value) in headers {
+        let Ok(header) = HeaderName::from_bytes(name.trim().as_bytes()) else {
+            problems.push(format!("`headers.{name}` is not a valid header name"));
+            continue;
+        };
+        if TRANSPORT_HEADERS.contains(&header.as_str()) {
+            problems.push(format!(
+                "`headers.{name}` is set by the MCP transport and cannot be configured"
+            ));
+            continue;
+        }
+        match HeaderValue::from_str(value.trim()) {
+            Ok(mut value) => {
+                // Keeps the value out of any `Debug` output of the request.
+                value.set_sensitive(true);
+                parsed.insert(header, value);
+            }
+            Err(_) => problems.push(format!(
+                "`headers.{name}` has a value that is not a valid header value (control characters?)"
+            )),
+        }
+    }
+    if problems.is_empty() {
+        Ok(parsed)
+    } else {
+        Err(problems)
+    }
 }
 
 /// `my-server` → `my_server`; `None` if the name has other characters.
@@ -176,14 +303,48 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// How an upstream is reached.
+enum Endpoint {
+    Stdio,
+    Http {
+        url: Arc<str>,
+        headers: HashMap<HeaderName, HeaderValue>,
+    },
+}
+
+/// What a call waiting for a reconnection watches: a new connection, or one more
+/// failed attempt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Status {
+    generation: u64,
+    failures: u64,
+}
+
+/// Messages to an upstream's supervisor.
+#[derive(Debug)]
+enum Wake {
+    /// The server said its tools changed.
+    Relist,
+    /// A call is waiting: connect now if not connected (cuts a backoff short).
+    Connect,
+    /// The connection of this generation is dead though its transport is open
+    /// (an HTTP server that restarted or dropped our session): replace it.
+    Reconnect(u64),
+}
+
 /// A connection to one upstream server, reconnected when it drops.
 pub struct Upstream {
     slug: String,
     config: ServerConfig,
+    endpoint: Endpoint,
     origin: String,
-    /// The live client, or `None` while (re)connecting.
-    peer: Mutex<Option<Peer<RoleClient>>>,
-    /// The running client service; dropping it stops the child process.
+    /// The live client and its connection's generation, or `None` while
+    /// (re)connecting.
+    peer: Mutex<Option<(Peer<RoleClient>, u64)>>,
+    /// Bumped on every connection and every failed attempt.
+    status: watch::Sender<Status>,
+    /// The running client service; dropping it stops the child process or ends
+    /// the HTTP session.
     service: tokio::sync::Mutex<Option<RunningService<RoleClient, UpstreamClient>>>,
     /// Cancels the running service while the supervisor waits on it.
     stop: Mutex<Option<RunningServiceCancellationToken>>,
@@ -192,8 +353,7 @@ pub struct Upstream {
     tools: Mutex<Vec<Tool>>,
     description: Mutex<String>,
     last_error: Mutex<Option<String>>,
-    /// Wakes the supervisor: re-list tools (`false`) or reconnect (`true`).
-    wake: mpsc::UnboundedSender<bool>,
+    wake: mpsc::UnboundedSender<Wake>,
     /// Tells the owner the tool list changed.
     changed: mpsc::UnboundedSender<()>,
 }
@@ -209,6 +369,10 @@ impl std::fmt::Debug for Upstream {
 impl Upstream {
     pub fn domain_name(&self) -> String {
         format!("mcp_{}", self.slug)
+    }
+
+    fn is_http(&self) -> bool {
+        matches!(self.endpoint, Endpoint::Http { .. })
     }
 
     /// The domain and its tools as they are now (no tools while disconnected).
@@ -228,29 +392,43 @@ impl Upstream {
         (domain, tools)
     }
 
-    /// Starts the server, lists its tools, and keeps watching it.
+    /// One connection attempt; a failure is recorded for waiting calls.
+    async fn attempt(self: &Arc<Self>) -> anyhow::Result<()> {
+        let result = self.connect().await;
+        if let Err(e) = &result {
+            *lock(&self.last_error) = Some(format!("{e:#}"));
+            self.status.send_modify(|s| s.failures += 1);
+        }
+        result
+    }
+
+    /// Starts (stdio) or reaches (HTTP) the server and lists its tools.
     async fn connect(self: &Arc<Self>) -> anyhow::Result<()> {
-        let command = self
-            .config
-            .command
-            .clone()
-            .context("HTTP upstream servers are not supported in this build")?;
-        let config = self.config.clone();
-        let transport =
-            TokioChildProcess::new(tokio::process::Command::new(&command).configure(|cmd| {
-                cmd.args(&config.args).envs(&config.env).kill_on_drop(true);
-                if let Some(cwd) = &config.cwd {
-                    cmd.current_dir(cwd);
-                }
-            }))
-            .with_context(|| format!("cannot start `{command}`"))?;
         let client = UpstreamClient {
             upstream: Arc::downgrade(self),
         };
-        let service = tokio::time::timeout(CONNECT_TIMEOUT, client.serve(transport))
-            .await
-            .context("no answer to initialize")?
-            .context("initialize failed")?;
+        let service = match &self.endpoint {
+            Endpoint::Stdio => {
+                let command = self.config.command.clone().unwrap_or_default();
+                let config = self.config.clone();
+                let transport = TokioChildProcess::new(
+                    tokio::process::Command::new(&command).configure(|cmd| {
+                        cmd.args(&config.args).envs(&config.env).kill_on_drop(true);
+                        if let Some(cwd) = &config.cwd {
+                            cmd.current_dir(cwd);
+                        }
+                    }),
+                )
+                .with_context(|| format!("cannot start `{command}`"))?;
+                tokio::time::timeout(CONNECT_TIMEOUT, client.serve(transport)).await
+            }
+            Endpoint::Http { url, headers } => {
+                let transport = http_transport(url, headers)?;
+                tokio::time::timeout(CONNECT_TIMEOUT, client.serve(transport)).await
+            }
+        }
+        .context("no answer to initialize")?
+        .map_err(|e| anyhow::anyhow!("initialize failed: {}", initialize_failure(&e)))?;
         if let Some(info) = service.peer().peer_info() {
             let description = self.config.description.clone().unwrap_or_else(|| {
                 info.instructions
@@ -270,11 +448,13 @@ impl Upstream {
         let tools = tokio::time::timeout(CONNECT_TIMEOUT, peer.list_all_tools())
             .await
             .context("no answer to tools/list")?
-            .context("tools/list failed")?;
+            .map_err(|e| anyhow::anyhow!("tools/list failed: {}", service_failure(&e)))?;
         *lock(&self.tools) = self.import_tools(tools);
-        *lock(&self.peer) = Some(peer);
+        let generation = self.status.borrow().generation + 1;
+        *lock(&self.peer) = Some((peer, generation));
         *lock(&self.last_error) = None;
         *self.service.lock().await = Some(service);
+        self.status.send_modify(|s| s.generation = generation);
         let _ = self.changed.send(());
         Ok(())
     }
@@ -338,28 +518,60 @@ impl Upstream {
 
     /// Re-lists the tools of a connected server.
     async fn refresh_tools(self: &Arc<Self>) -> anyhow::Result<()> {
-        let peer = lock(&self.peer).clone().context("not connected")?;
+        let (peer, _) = lock(&self.peer).clone().context("not connected")?;
         let tools = tokio::time::timeout(CONNECT_TIMEOUT, peer.list_all_tools())
             .await
-            .context("no answer to tools/list")??;
+            .context("no answer to tools/list")?
+            .map_err(|e| anyhow::anyhow!("{}", service_failure(&e)))?;
         *lock(&self.tools) = self.import_tools(tools);
         let _ = self.changed.send(());
         Ok(())
     }
 
+    /// The current connection, if its transport is still open.
+    fn live_peer(&self) -> Option<(Peer<RoleClient>, u64)> {
+        lock(&self.peer)
+            .clone()
+            .filter(|(peer, _)| !peer.is_transport_closed())
+    }
+
+    fn not_connected(&self) -> ToolError {
+        let why = lock(&self.last_error)
+            .clone()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        ToolError::Execution(format!(
+            "upstream MCP server `{}` is not connected{why}; reconnecting, try again shortly",
+            self.slug
+        ))
+    }
+
+    /// Asks the supervisor for a connection (a new one if `dead` names the
+    /// current one) and waits, until `deadline` at most, for its next attempt.
+    async fn reconnect_now(
+        &self,
+        dead: Option<u64>,
+        deadline: Instant,
+    ) -> Result<(Peer<RoleClient>, u64), ToolError> {
+        let usable = |live: &(Peer<RoleClient>, u64)| dead != Some(live.1);
+        let mut status = self.status.subscribe();
+        let before = *status.borrow_and_update();
+        // Another call may have replaced the connection already.
+        if let Some(live) = self.live_peer().filter(usable) {
+            return Ok(live);
+        }
+        let _ = self.wake.send(match dead {
+            Some(generation) => Wake::Reconnect(generation),
+            None => Wake::Connect,
+        });
+        let until = deadline.min(Instant::now() + CONNECT_TIMEOUT);
+        let _ = tokio::time::timeout_at(until, status.wait_for(|now| *now != before)).await;
+        self.live_peer()
+            .filter(usable)
+            .ok_or_else(|| self.not_connected())
+    }
+
     async fn call(&self, tool: &str, args: Value) -> Result<Value, ToolError> {
-        let peer = lock(&self.peer).clone();
-        let Some(peer) = peer.filter(|p| !p.is_transport_closed()) else {
-            let _ = self.wake.send(true);
-            let why = lock(&self.last_error)
-                .clone()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default();
-            return Err(ToolError::Execution(format!(
-                "upstream MCP server `{}` is not connected{why}; reconnecting, try again shortly",
-                self.slug
-            )));
-        };
         let arguments = match args {
             Value::Object(map) => Some(map),
             Value::Null => None,
@@ -378,37 +590,55 @@ impl Upstream {
             .timeout_secs
             .map(Duration::from_secs)
             .unwrap_or(DEFAULT_CALL_TIMEOUT);
-        let result = match tokio::time::timeout(timeout, peer.call_tool(request)).await {
-            Err(_) => {
-                return Err(ToolError::Execution(format!(
-                    "upstream MCP server `{}` did not answer within {}s",
-                    self.slug,
-                    timeout.as_secs()
-                )));
-            }
-            Ok(Err(e)) => {
-                if peer.is_transport_closed() {
-                    let _ = self.wake.send(true);
-                }
-                return Err(match e {
-                    rmcp::ServiceError::McpError(e) => ToolError::Execution(format!(
-                        "upstream MCP server `{}`: {} (code {})",
-                        self.slug, e.message, e.code.0
-                    )),
-                    other => ToolError::Execution(format!(
-                        "upstream MCP server `{}`: {other}",
-                        self.slug
-                    )),
-                });
-            }
-            Ok(Ok(result)) => result,
+        let deadline = Instant::now() + timeout;
+        // A call made while disconnected was never sent: it may wait for the
+        // reconnection.
+        let (peer, generation) = match self.live_peer() {
+            Some(live) => live,
+            None => self.reconnect_now(None, deadline).await?,
         };
-        result_value(result)
+        let failure = match send_call(&peer, request.clone(), deadline, timeout).await {
+            Ok(result) => return result_value(result),
+            Err(failure) => failure,
+        };
+        if !self.is_http() {
+            if peer.is_transport_closed() {
+                let _ = self.wake.send(Wake::Connect);
+            }
+            return Err(failure.tool_error(&self.slug));
+        }
+        // A call out of time has no time left for a check; the periodic one will
+        // notice a dead session.
+        if matches!(failure, CallFailure::TimedOut(_)) {
+            return Err(failure.tool_error(&self.slug));
+        }
+        // An HTTP transport stays open when the server goes away; whether our
+        // session still works is for a ping to tell.
+        let Err(lost) = check_session(&peer).await else {
+            return Err(failure.tool_error(&self.slug));
+        };
+        tracing::warn!(
+            "upstream `{}`: the session stopped working ({lost}); reconnecting",
+            self.slug
+        );
+        let never_ran = failure.never_processed(&lost);
+        let (peer, _) = self.reconnect_now(Some(generation), deadline).await?;
+        if !never_ran {
+            return Err(ToolError::Execution(format!(
+                "{}; the upstream's session was lost and has been re-established, the call may not have run",
+                failure.message(&self.slug)
+            )));
+        }
+        match send_call(&peer, request, deadline, timeout).await {
+            Ok(result) => result_value(result),
+            Err(failure) => Err(failure.tool_error(&self.slug)),
+        }
     }
 
-    /// Keeps the server running: waits for it to exit, then reconnects with backoff;
-    /// also serves re-list requests.
-    async fn supervise(self: Arc<Self>, mut wake: mpsc::UnboundedReceiver<bool>) {
+    /// Keeps the server connected: waits for the connection to end (or, over HTTP,
+    /// to stop answering), then reconnects with backoff; also serves re-list
+    /// requests.
+    async fn supervise(self: Arc<Self>, mut wake: mpsc::UnboundedReceiver<Wake>) {
         let mut backoff = Duration::from_millis(500);
         loop {
             if self.stopping.load(Ordering::Acquire) {
@@ -416,19 +646,17 @@ impl Upstream {
             }
             let connected = lock(&self.peer).is_some();
             if !connected {
-                match self.connect().await {
+                match self.attempt().await {
                     Ok(()) => {
                         tracing::info!("upstream `{}` connected", self.slug);
                         backoff = Duration::from_millis(500);
                     }
                     Err(e) => {
-                        let message = format!("{e:#}");
                         tracing::warn!(
-                            "upstream `{}`: {message}; retrying in {:.1}s",
+                            "upstream `{}`: {e:#}; retrying in {:.1}s",
                             self.slug,
                             backoff.as_secs_f64()
                         );
-                        *lock(&self.last_error) = Some(message);
                         tokio::select! {
                             _ = tokio::time::sleep(backoff) => {}
                             woke = wake.recv() => if woke.is_none() { return },
@@ -438,7 +666,8 @@ impl Upstream {
                     }
                 }
             }
-            // Connected: wait for the service to end or for a request.
+            // Connected: wait for the service to end, for a request, or (HTTP) for
+            // the next health check.
             let service = self.service.lock().await.take();
             let Some(service) = service else {
                 if self.stopping.load(Ordering::Acquire) {
@@ -447,35 +676,390 @@ impl Upstream {
                 *lock(&self.peer) = None;
                 continue;
             };
+            let generation = lock(&self.peer).as_ref().map_or(0, |(_, g)| *g);
             *lock(&self.stop) = Some(service.cancellation_token());
             let mut ended = Box::pin(service.waiting());
-            loop {
+            let mut health =
+                tokio::time::interval_at(Instant::now() + HEALTH_INTERVAL, HEALTH_INTERVAL);
+            health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let (reason, running) = loop {
                 tokio::select! {
                     quit = &mut ended => {
-                        *lock(&self.stop) = None;
-                        *lock(&self.peer) = None;
-                        if self.stopping.load(Ordering::Acquire) {
-                            return;
+                        if !self.stopping.load(Ordering::Acquire) {
+                            tracing::warn!("upstream `{}` stopped ({quit:?}); reconnecting", self.slug);
                         }
-                        // The last tool list stays: calls meanwhile answer "not
-                        // connected" rather than "unknown tool".
-                        tracing::warn!("upstream `{}` stopped ({quit:?}); reconnecting", self.slug);
-                        *lock(&self.last_error) = Some("the server exited".into());
-                        break;
+                        let reason = if self.is_http() { "the connection ended" } else { "the server exited" };
+                        break (reason.to_owned(), false);
+                    }
+                    _ = health.tick(), if self.is_http() => {
+                        let peer = lock(&self.peer).as_ref().map(|(peer, _)| peer.clone());
+                        if let Some(peer) = peer
+                            && let Err(lost) = check_session(&peer).await
+                        {
+                            tracing::warn!("upstream `{}` stopped answering ({lost}); reconnecting", self.slug);
+                            break (format!("the server stopped answering: {lost}"), true);
+                        }
                     }
                     woke = wake.recv() => match woke {
                         None => return,
                         // A call found the connection closed: `ended` completes soon.
-                        Some(true) => {}
-                        Some(false) => {
+                        Some(Wake::Connect) => {}
+                        Some(Wake::Reconnect(dead)) if dead == generation => {
+                            break ("the session was lost".to_owned(), true);
+                        }
+                        // About a connection already replaced.
+                        Some(Wake::Reconnect(_)) => {}
+                        Some(Wake::Relist) => {
                             if let Err(e) = self.refresh_tools().await {
                                 tracing::warn!("upstream `{}`: re-listing tools failed: {e:#}", self.slug);
                             }
                         }
                     },
                 }
+            };
+            if running {
+                if let Some(stop) = lock(&self.stop).take() {
+                    stop.cancel();
+                }
+                // Ending the old session tells the server (HTTP DELETE); a dead
+                // server must not hold up the new connection.
+                let _ = tokio::time::timeout(Duration::from_secs(5), &mut ended).await;
+            }
+            *lock(&self.stop) = None;
+            *lock(&self.peer) = None;
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            // The last tool list stays: calls meanwhile answer "not connected" (or
+            // wait for the reconnection) rather than "unknown tool".
+            *lock(&self.last_error) = Some(reason);
+        }
+    }
+}
+
+/// The streamable HTTP client for one upstream.
+fn http_transport(
+    url: &Arc<str>,
+    headers: &HashMap<HeaderName, HeaderValue>,
+) -> anyhow::Result<StreamableHttpClientTransport<HttpClient>> {
+    // reqwest is built without a TLS provider of its own (see Cargo.toml).
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .connect_timeout(HTTP_CONNECT_TIMEOUT)
+        // As in rmcp's own client: reusing an idle connection whose last body was
+        // not drained stalls ~40 ms on delayed ACKs.
+        .pool_max_idle_per_host(0)
+        .redirect(same_origin_redirects())
+        .build()
+        .context("cannot build the HTTP client")?;
+    let config = StreamableHttpClientTransportConfig::with_uri(url.clone())
+        .custom_headers(headers.clone())
+        // A lost session is replaced by a full reconnection instead, which also
+        // lists the tools again: a restarted server may have others.
+        .reinit_on_expired_session(false);
+    Ok(StreamableHttpClientTransport::with_client(
+        HttpClient(client),
+        config,
+    ))
+}
+
+/// rmcp's reqwest client with one repair: an error answering a request's POST
+/// that carries no `id` gets the request's. Some servers answer an unknown session
+/// that way (HTTP 400, as the TypeScript SDK's examples do, so a restarted one),
+/// and rmcp drops an error it cannot match, leaving the call to hang until its
+/// timeout instead of failing at once.
+#[derive(Clone)]
+struct HttpClient(reqwest::Client);
+
+type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
+
+fn request_id(message: &ClientJsonRpcMessage) -> Option<RequestId> {
+    match message {
+        JsonRpcMessage::Request(request) => Some(request.id.clone()),
+        _ => None,
+    }
+}
+
+fn with_request_id(response: PostResult, id: Option<RequestId>) -> PostResult {
+    match (response, id) {
+        (
+            Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(mut error), session)),
+            Some(id),
+        ) if error.id.is_none() => {
+            error.id = Some(id);
+            Ok(StreamableHttpPostResponse::Json(
+                JsonRpcMessage::Error(error),
+                session,
+            ))
+        }
+        (response, _) => response,
+    }
+}
+
+impl StreamableHttpClient for HttpClient {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> PostResult {
+        let id = request_id(&message);
+        let response = self
+            .0
+            .post_message(uri, message, session_id, auth_header, custom_headers)
+            .await;
+        with_request_id(response, id)
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> PostResult {
+        let id = request_id(&message);
+        let response = self
+            .0
+            .post_message_with_max_sse_event_size(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await;
+        with_request_id(response, id)
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> PostResult {
+        let id = request_id(&message);
+        let response = self
+            .0
+            .post_message_with_response_limits(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                custom_headers,
+                limits,
+            )
+            .await;
+        with_request_id(response, id)
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<reqwest::Error>> {
+        self.0
+            .delete_session(uri, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<BoxedSseResponse, StreamableHttpError<reqwest::Error>> {
+        self.0
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<BoxedSseResponse, StreamableHttpError<reqwest::Error>> {
+        self.0
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+}
+
+/// Follows 307/308 within the same origin only: those keep the POST body, and the
+/// configured headers (credentials) must not go to another host.
+fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        let keeps_body = matches!(attempt.status().as_u16(), 307 | 308);
+        if same_origin && keeps_body && attempt.previous().len() <= 10 {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    })
+}
+
+/// Why a forwarded call failed.
+enum CallFailure {
+    TimedOut(Duration),
+    Service(ServiceError),
+}
+
+impl CallFailure {
+    fn message(&self, slug: &str) -> String {
+        match self {
+            CallFailure::TimedOut(timeout) => format!(
+                "upstream MCP server `{slug}` did not answer within {}s",
+                timeout.as_secs()
+            ),
+            CallFailure::Service(e) => {
+                format!("upstream MCP server `{slug}`: {}", service_failure(e))
             }
         }
+    }
+
+    fn tool_error(&self, slug: &str) -> ToolError {
+        ToolError::Execution(self.message(slug))
+    }
+
+    /// Whether the server certainly did not run the call, so that sending it again
+    /// on a new session cannot run it twice: the connection was refused, the
+    /// session was unknown (404), or a bare ping got the very same rejection.
+    fn never_processed(&self, lost: &SessionLost) -> bool {
+        let CallFailure::Service(call) = self else {
+            return false;
+        };
+        match call {
+            ServiceError::TransportSend(e) => match http_error(e) {
+                Some(StreamableHttpError::SessionExpired) => true,
+                Some(StreamableHttpError::Client(e)) => e.is_connect(),
+                // A 4xx that is not JSON-RPC.
+                Some(StreamableHttpError::UnexpectedServerResponse(_)) => {
+                    same_rejection(call, lost)
+                }
+                _ => false,
+            },
+            ServiceError::McpError(_) => same_rejection(call, lost),
+            _ => false,
+        }
+    }
+}
+
+/// Whether a ping, which runs nothing, was refused just as the call was: then the
+/// refusal was about the session, not the call.
+fn same_rejection(call: &ServiceError, lost: &SessionLost) -> bool {
+    matches!(lost, SessionLost::Failed(ping) if service_failure(ping) == service_failure(call))
+}
+
+fn http_error(error: &DynamicTransportError) -> Option<&StreamableHttpError<reqwest::Error>> {
+    error.error.downcast_ref()
+}
+
+async fn send_call(
+    peer: &Peer<RoleClient>,
+    request: CallToolRequestParams,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<CallToolResult, CallFailure> {
+    match tokio::time::timeout_at(deadline, peer.call_tool(request)).await {
+        Err(_) => Err(CallFailure::TimedOut(timeout)),
+        Ok(result) => result.map_err(CallFailure::Service),
+    }
+}
+
+/// Why a session is considered gone.
+enum SessionLost {
+    Silent,
+    Failed(ServiceError),
+}
+
+impl std::fmt::Display for SessionLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionLost::Silent => write!(f, "no answer to ping in {}s", PING_TIMEOUT.as_secs()),
+            SessionLost::Failed(e) => write!(f, "ping failed: {}", service_failure(e)),
+        }
+    }
+}
+
+fn initialize_failure(error: &ClientInitializeError) -> String {
+    match error {
+        ClientInitializeError::TransportError { error, .. } => transport_failure(error),
+        ClientInitializeError::JsonRpcError(e) => format!("{} (code {})", e.message, e.code.0),
+        other => other.to_string(),
+    }
+}
+
+fn service_failure(error: &ServiceError) -> String {
+    match error {
+        ServiceError::McpError(e) => format!("{} (code {})", e.message, e.code.0),
+        ServiceError::TransportSend(e) => transport_failure(e),
+        other => other.to_string(),
+    }
+}
+
+/// A transport failure in words to act on: rmcp's own text names the transport's
+/// Rust type and leaves out the cause (a refused connection, an unknown host).
+fn transport_failure(error: &DynamicTransportError) -> String {
+    match http_error(error) {
+        Some(StreamableHttpError::Client(e)) if e.is_connect() => {
+            format!("cannot connect ({})", root_cause(e))
+        }
+        Some(StreamableHttpError::Client(e)) if e.is_timeout() => "the request timed out".into(),
+        Some(StreamableHttpError::Client(e)) => format!("HTTP request failed ({})", root_cause(e)),
+        Some(StreamableHttpError::AuthRequired(_) | StreamableHttpError::InsufficientScope(_)) => {
+            "the server refused the credentials (HTTP 401/403); check `headers`".into()
+        }
+        Some(other) => other.to_string(),
+        None => root_cause(error.error.as_ref()),
+    }
+}
+
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut error = error;
+    while let Some(source) = error.source() {
+        error = source;
+    }
+    error.to_string()
+}
+
+/// Whether the server still answers on this session. One that does not know
+/// `ping` did answer.
+async fn check_session(peer: &Peer<RoleClient>) -> Result<(), SessionLost> {
+    let ping = peer.send_request(ClientRequest::PingRequest(PingRequest::default()));
+    match tokio::time::timeout(PING_TIMEOUT, ping).await {
+        Err(_) => Err(SessionLost::Silent),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(ServiceError::McpError(e))) if e.code == ErrorCode::METHOD_NOT_FOUND => Ok(()),
+        Ok(Err(e)) => Err(SessionLost::Failed(e)),
     }
 }
 
@@ -494,7 +1078,7 @@ impl ClientHandler for UpstreamClient {
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         if let Some(upstream) = self.upstream.upgrade() {
-            let _ = upstream.wake.send(false);
+            let _ = upstream.wake.send(Wake::Relist);
         }
     }
 }
@@ -590,13 +1174,25 @@ impl Upstreams {
         let mut wake_receivers = Vec::new();
         let mut first_connects = tokio::task::JoinSet::new();
         for (slug, config) in servers {
-            if config.url.is_some() {
-                eprintln!(
-                    "loadout: {}: servers.{slug}: HTTP upstream servers are not supported in this build; skipped",
-                    config_path.display()
-                );
-                continue;
-            }
+            let endpoint = match &config.url {
+                None => Endpoint::Stdio,
+                Some(url) => match http_headers(&config.headers) {
+                    Ok(headers) => Endpoint::Http {
+                        url: Arc::from(url.trim()),
+                        headers,
+                    },
+                    // `load_config` reports these; a caller that skipped it gets
+                    // the server left out rather than half-configured.
+                    Err(problems) => {
+                        eprintln!(
+                            "loadout: {}: servers.{slug}: {}; skipped",
+                            config_path.display(),
+                            problems.join("; ")
+                        );
+                        continue;
+                    }
+                },
+            };
             let (wake, wake_rx) = mpsc::unbounded_channel();
             let upstream = Arc::new(Upstream {
                 origin: format!("{}: servers.{slug}", config_path.display()),
@@ -608,7 +1204,9 @@ impl Upstreams {
                 ),
                 slug,
                 config,
+                endpoint,
                 peer: Mutex::new(None),
+                status: watch::Sender::new(Status::default()),
                 service: tokio::sync::Mutex::new(None),
                 stop: Mutex::new(None),
                 stopping: AtomicBool::new(false),
@@ -619,13 +1217,11 @@ impl Upstreams {
             });
             let first = upstream.clone();
             first_connects.spawn(async move {
-                if let Err(e) = first.connect().await {
-                    let message = format!("{e:#}");
+                if let Err(e) = first.attempt().await {
                     eprintln!(
-                        "loadout: upstream MCP server `{}`: {message}; retrying in the background",
+                        "loadout: upstream MCP server `{}`: {e:#}; retrying in the background",
                         first.slug
                     );
-                    *lock(&first.last_error) = Some(message);
                 }
             });
             upstreams.servers.push(upstream);
@@ -651,7 +1247,8 @@ impl Upstreams {
         self.servers.is_empty()
     }
 
-    /// Stops every server process (gracefully: stdin closed, then SIGTERM, then kill).
+    /// Stops every server process (gracefully: stdin closed, then SIGTERM, then
+    /// kill) and ends every HTTP session.
     pub async fn shutdown(&self) {
         for upstream in &self.servers {
             upstream.stopping.store(true, Ordering::Release);
@@ -734,5 +1331,102 @@ mod tests {
                 .is_empty()
         );
         assert!(load_config(&dir.path().join("missing.toml"), true).is_err());
+
+        std::fs::write(
+            &path,
+            r#"
+            [servers.web]
+            url = "https://mcp.example.com/mcp"
+            headers = { Authorization = "Bearer secret-1" }
+            [servers.ftp]
+            url = "ftp://example.com/mcp"
+            [servers.relative]
+            url = "/mcp"
+            [servers.mixed]
+            url = "http://localhost/mcp"
+            args = ["x"]
+            [servers.stdio-headers]
+            command = "x"
+            headers = { Authorization = "Bearer secret-2" }
+            [servers.session]
+            url = "http://localhost/mcp"
+            headers = { "Mcp-Session-Id" = "secret-3", "Bad Name" = "secret-4", X-Ok = "secret\u0001-5" }
+            "#,
+        )
+        .expect("write");
+        let error = format!("{:#}", load_config(&path, true).expect_err("error"));
+        for expected in [
+            "servers.ftp: `url` must be http:// or https://",
+            "servers.relative: `url` is not a URL",
+            "servers.mixed: `args` only apply to stdio servers",
+            "servers.stdio-headers: `headers` are for HTTP servers",
+            "servers.session: `headers.Mcp-Session-Id` is set by the MCP transport",
+            "servers.session: `headers.Bad Name` is not a valid header name",
+            "servers.session: `headers.X-Ok` has a value that is not a valid header value",
+        ] {
+            assert!(
+                error.contains(expected),
+                "{expected:?} missing from {error}"
+            );
+        }
+        assert!(!error.contains("servers.web"), "{error}");
+        assert!(!error.contains("secret"), "a header value leaked: {error}");
+    }
+
+    #[test]
+    fn debug_output_hides_header_and_env_values() {
+        let config: ServerConfig = toml::from_str(
+            r#"
+            url = "http://localhost/mcp"
+            headers = { Authorization = "Bearer hidden-token" }
+            env = { API_KEY = "hidden-key" }
+            "#,
+        )
+        .expect("config");
+        let debug = format!("{config:?}");
+        assert!(
+            debug.contains("Authorization") && debug.contains("API_KEY"),
+            "{debug}"
+        );
+        assert!(!debug.contains("hidden"), "{debug}");
+        let headers = http_headers(&config.headers).expect("headers");
+        assert!(!format!("{headers:?}").contains("hidden"));
+    }
+
+    #[test]
+    fn an_id_less_error_answering_a_request_gets_its_id() {
+        let request: ClientJsonRpcMessage = serde_json::from_value(serde_json::json!(
+            {"jsonrpc": "2.0", "id": 7, "method": "ping"}
+        ))
+        .expect("request");
+        let id = request_id(&request);
+        assert!(id.is_some());
+        let answer = |body: Value| -> PostResult {
+            Ok(StreamableHttpPostResponse::Json(
+                serde_json::from_value(body).expect("message"),
+                None,
+            ))
+        };
+        let id_of = |response: PostResult| match response {
+            Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(error), _)) => error.id,
+            other => panic!("not an error: {other:?}"),
+        };
+        let orphan = serde_json::json!(
+            {"jsonrpc": "2.0", "error": {"code": -32000, "message": "Bad Request: No valid session ID provided"}}
+        );
+        assert_eq!(
+            id_of(with_request_id(answer(orphan.clone()), id.clone())),
+            id
+        );
+        // A notification's POST awaits no answer: nothing to match.
+        assert_eq!(id_of(with_request_id(answer(orphan), None)), None);
+        // An error with its own id keeps it.
+        let own = serde_json::json!(
+            {"jsonrpc": "2.0", "id": 3, "error": {"code": -32601, "message": "no"}}
+        );
+        assert_eq!(
+            id_of(with_request_id(answer(own), id)),
+            Some(RequestId::Number(3))
+        );
     }
 }
