@@ -7,7 +7,8 @@
 # named `loadout` on a free loopback port with UTF-8 encoding, starts it, creates a
 # role and a database with a password, and prints `export` lines on stdout:
 #   LOADOUT_TEST_POSTGRES_URL   the database URL (the role may create databases:
-#                               each test makes its own and drops it)
+#                               each test makes its own and drops it; and roles:
+#                               the scratchpad's query role)
 #   LOADOUT_TEST_PG_STOP_CMD    stops the cluster (the reconnect test runs it)
 #   LOADOUT_TEST_PG_START_CMD   starts it again
 # Everything else goes to stderr. Idempotent: a second run finds the cluster, starts
@@ -93,11 +94,14 @@ fi
 psql_admin() {
     runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -p "$PORT" -d postgres "$@"
 }
-# The role may create databases: each test makes its own and drops it.
+# The role may create databases: each test makes its own and drops it. It may create
+# roles: the scratchpad's `query_data` runs caller-written SQL as a NOLOGIN role of
+# its own (`<role>_query`) that can read only the session's tables, and the role
+# that runs loadout creates that role the first time it is needed.
 psql_admin -v role="$ROLE" -v password="$PASSWORD" >&2 <<'SQL'
 SELECT format('CREATE ROLE %I LOGIN', :'role')
     WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'role') \gexec
-SELECT format('ALTER ROLE %I LOGIN CREATEDB NOCREATEROLE PASSWORD %L', :'role', :'password') \gexec
+SELECT format('ALTER ROLE %I LOGIN CREATEDB CREATEROLE PASSWORD %L', :'role', :'password') \gexec
 SQL
 psql_admin -v role="$ROLE" -v db="$DATABASE" >&2 <<'SQL'
 SELECT format('CREATE DATABASE %I OWNER %I ENCODING %L TEMPLATE template0', :'db', :'role', 'UTF8')

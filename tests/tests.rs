@@ -5,4 +5,5 @@ mod cli;
 mod http;
 mod mcp;
 mod registry;
+mod replicas;
 mod support;

@@ -1,8 +1,9 @@
-//! Project tasks: `cargo xtask lint | eval | bench | ci`.
+//! Project tasks: `cargo xtask lint | eval | bench | bench-route`.
 //!
 //! Each task lives in its own module; this file only dispatches.
 
 mod bench;
+mod bench_route;
 mod eval;
 mod lint;
 
@@ -11,7 +12,8 @@ use anyhow::bail;
 const USAGE: &str = "usage: cargo xtask <lint | eval | bench> [options]
   lint                      check domains and tools (keywords, names, descriptions, schemas, linking)
   eval  --catalog DIR --cases FILE [--json]   replay labeled conversations through the router
-  bench [--quick]           routing time per message against a naive baseline";
+  bench [--quick]           routing time per message against a naive baseline
+  bench-route [--postgres URL]   /api/route under wrk: SQLite vs PostgreSQL, decision log on/off";
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -22,6 +24,7 @@ fn main() -> anyhow::Result<()> {
         "lint" => lint::run(rest),
         "eval" => eval::run(rest),
         "bench" => bench::run(rest),
+        "bench-route" => bench_route::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

@@ -7,14 +7,24 @@
 //! - Types: TEXT → `text`, INTEGER → `bigint` (a single INTEGER primary key is an
 //!   identity column, numbered like SQLite's rowid), REAL → `double precision`,
 //!   BOOLEAN → `boolean`, DATE → `date` (values must be text `YYYY-MM-DD`).
-//! - `query_data` runs in a `READ ONLY` transaction with `SET LOCAL
-//!   statement_timeout` and `search_path` set to the namespace's schema, through the
-//!   extended protocol (one statement only), fetching at most `limit + 1` rows from a
-//!   portal. The transaction is always rolled back and the connection is closed
+//! - `query_data` runs caller SQL as a NOLOGIN role of its own
+//!   (`<user>_loadout_query`, created on first use) that owns nothing but the
+//!   function the SQL runs in and holds no privilege of its own. Its transaction
+//!   grants it USAGE on the namespace's schema and SELECT on that schema's tables,
+//!   turns `READ ONLY`, sets `statement_timeout` and `search_path`, enters the role,
+//!   parses the statement (extended protocol: one statement only) and runs it inside
+//!   `loadout_scratchpad.run_query`, a SECURITY DEFINER function owned by the role,
+//!   where PostgreSQL refuses any change of role. So the SQL can read the
+//!   namespace's tables and nothing else: not loadout's own tables (settings, audit
+//!   log, memories), not another namespace's schema. The transaction is always
+//!   rolled back, which takes the grants with it, and the connection is closed
 //!   afterwards, so no session state the query may have set survives. The database
-//!   itself refuses writes; the SQL text is never inspected.
+//!   itself refuses writes and reads; the SQL text is never inspected. Two queries
+//!   of one namespace wait for each other (the grants lock the schema's catalog
+//!   rows); queries of different namespaces do not.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use loadout::ToolError;
@@ -308,51 +318,119 @@ pub async fn query_data(
     if sql.trim().is_empty() {
         return Err(ToolError::execution("the query is empty"));
     }
+    let role = query_role(store).await?;
     let schema = schema_name(namespace);
     let mut client = store.client().await?;
-    let result = run_query(&mut client, &schema, &sql, limit, timeout).await;
+    let result = run_query(&mut client, &role, &schema, &sql, limit, timeout).await;
     // The connection ran caller-written SQL: whatever session state that left
     // behind (advisory locks, prepared statements, settings) goes with it.
     drop(Object::take(client));
-    result.map_err(|e| query_error(store, e, timeout))
+    result.map_err(|e| match e {
+        QueryFailure::NoRows => ToolError::execution(
+            "query_data is read-only: it runs one statement that returns rows (SELECT, VALUES, TABLE, WITH … SELECT, EXPLAIN, SHOW); use insert_data, create_table or drop_table to change data",
+        ),
+        QueryFailure::Pg(e) => query_error(store, e, timeout),
+    })
+}
+
+enum QueryFailure {
+    /// The statement returns no rows: it could only be run outside the function
+    /// that confines the query role, so it is not run at all.
+    NoRows,
+    Pg(tokio_postgres::Error),
+}
+
+impl From<tokio_postgres::Error> for QueryFailure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        QueryFailure::Pg(e)
+    }
 }
 
 async fn run_query(
     client: &mut Object,
+    role: &str,
     schema: &str,
     sql: &str,
     limit: usize,
     timeout: Duration,
-) -> Result<QueryResult, tokio_postgres::Error> {
-    let tx = client.build_transaction().read_only(true).start().await?;
-    set_search_path(&tx, schema).await?;
+) -> Result<QueryResult, QueryFailure> {
+    let tx = client.transaction().await?;
+    // First, so that waiting for another query's grants (below) is bounded too.
     tx.batch_execute(&format!(
         "SET LOCAL statement_timeout = {}",
         timeout.as_millis().max(1)
     ))
     .await?;
+    set_search_path(&tx, schema).await?;
+    let role = quote_ident(role);
+    let mut enter = String::new();
+    let schema_exists = tx
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1",
+            &[&schema],
+        )
+        .await?
+        .is_some();
+    if schema_exists {
+        // Granted inside this transaction, which is always rolled back: the role
+        // never holds a privilege outside a query of this namespace, and a
+        // concurrent query of another namespace cannot see these grants.
+        enter.push_str(&format!(
+            "GRANT USAGE ON SCHEMA {schema} TO {role}; \
+             GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}; ",
+            schema = quoted(schema)
+        ));
+    }
+    // Read-only from here on: a transaction may drop to read-only after writing,
+    // and nothing may make it read-write again once a query has run.
+    enter.push_str(&format!("SET TRANSACTION READ ONLY; SET LOCAL ROLE {role}"));
+    tx.batch_execute(&enter).await?;
     // The extended protocol: the server refuses a second statement in the text.
+    // Parsed (never run) as the query role, to learn the result's columns.
     let stmt = tx.prepare(sql).await?;
+    if stmt.columns().is_empty() {
+        return Err(QueryFailure::NoRows);
+    }
     let columns: Vec<String> = stmt.columns().iter().map(|c| c.name().to_owned()).collect();
-    let needs_text = stmt.columns().iter().any(|c| !decodes_natively(c.type_()));
-    let portal = if needs_text {
-        // Some column has a type without a JSON mapping here: read the same query
-        // with every column cast to text.
-        let casts: Vec<String> = (1..=columns.len())
-            .map(|i| format!("q.c{i}::text"))
-            .collect();
-        let aliases: Vec<String> = (1..=columns.len()).map(|i| format!("c{i}")).collect();
-        let wrapped = format!(
-            "SELECT {} FROM (\n{}\n) AS q({})",
-            casts.join(", "),
-            sql.trim_end().trim_end_matches(';'),
-            aliases.join(", ")
-        );
-        let stmt = tx.prepare(&wrapped).await?;
-        tx.bind(&stmt, &[]).await?
-    } else {
-        tx.bind(&stmt, &[]).await?
+    let native: Option<Vec<&'static str>> = stmt
+        .columns()
+        .iter()
+        .map(|c| native_type(c.type_()))
+        .collect();
+    let (inner, types) = match native {
+        Some(types) => (sql.to_owned(), types),
+        None => {
+            // Some column has a type without a JSON mapping here: read the same
+            // query with every column cast to text.
+            let casts: Vec<String> = (1..=columns.len())
+                .map(|i| format!("q.c{i}::text"))
+                .collect();
+            let aliases: Vec<String> = (1..=columns.len()).map(|i| format!("c{i}")).collect();
+            let wrapped = format!(
+                "SELECT {} FROM (\n{}\n) AS q({})",
+                casts.join(", "),
+                sql.trim_end().trim_end_matches(';'),
+                aliases.join(", ")
+            );
+            (wrapped, vec!["pg_catalog.text"; columns.len()])
+        }
     };
+    // The caller's SQL runs only inside `run_query`, a SECURITY DEFINER function
+    // owned by the query role: there PostgreSQL refuses `SET ROLE`, `RESET ROLE`
+    // and `set_config('role', …)`, which would otherwise take the session back to
+    // the role loadout logged in as.
+    let definitions: Vec<String> = types
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| format!("c{} {ty}", i + 1))
+        .collect();
+    let outer = format!(
+        "SELECT * FROM {QUERY_SCHEMA}.run_query($1::text, $2::bigint) AS t({})",
+        definitions.join(", ")
+    );
+    let stmt = tx.prepare(&outer).await?;
+    let max_rows = i64::try_from(limit + 1).unwrap_or(i64::MAX);
+    let portal = tx.bind(&stmt, &[&inner, &max_rows]).await?;
     let fetched = tx
         .query_portal(&portal, i32::try_from(limit + 1).unwrap_or(i32::MAX))
         .await?;
@@ -375,24 +453,217 @@ async fn run_query(
     })
 }
 
-fn decodes_natively(ty: &Type) -> bool {
-    matches!(
-        *ty,
-        Type::BOOL
-            | Type::INT2
-            | Type::INT4
-            | Type::INT8
-            | Type::OID
-            | Type::FLOAT4
-            | Type::FLOAT8
-            | Type::NUMERIC
-            | Type::TEXT
-            | Type::VARCHAR
-            | Type::BPCHAR
-            | Type::NAME
-            | Type::UNKNOWN
-            | Type::DATE
+/// The schema of `run_query`. No namespace maps to it: theirs start with
+/// `scratchpad_` or `scratchpadh_`.
+const QUERY_SCHEMA: &str = "loadout_scratchpad";
+
+/// Query roles already set up by this process, by store URL (password masked).
+static QUERY_ROLES: LazyLock<Mutex<HashMap<String, String>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The NOLOGIN role `query_data` runs as, set up on first use: it owns
+/// `run_query` and nothing else, and is granted read access to one namespace's
+/// schema only inside the query's own transaction. Creating it needs CREATEROLE
+/// once; an administrator may create it instead (see [`missing_role_error`]).
+async fn query_role(store: &PostgresStore) -> Result<String, ToolError> {
+    let key = store.url_masked().to_owned();
+    if let Some(role) = lock_roles().get(&key) {
+        return Ok(role.clone());
+    }
+    let client = store.client().await?;
+    let me = client
+        .query_one(
+            "SELECT current_user::text, rolsuper OR rolcreaterole
+             FROM pg_catalog.pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    let user: String = me.try_get(0).map_err(|e| pg_error(store, e))?;
+    let may_create_roles: bool = me.try_get(1).map_err(|e| pg_error(store, e))?;
+    let role = query_role_name(&user);
+    let existing = client
+        .query_opt(
+            "SELECT r.rolcanlogin OR r.rolsuper OR r.rolcreaterole OR r.rolcreatedb
+                    OR r.rolreplication OR r.rolbypassrls
+                    OR EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m WHERE m.member = r.oid),
+                    pg_catalog.pg_has_role(current_user, r.oid, 'USAGE')
+             FROM pg_catalog.pg_roles r WHERE r.rolname = $1",
+            &[&role],
+        )
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    match existing {
+        None if !may_create_roles => return Err(missing_role_error(&user, &role, true)),
+        Some(row) => {
+            let privileged: bool = row.try_get(0).map_err(|e| pg_error(store, e))?;
+            let member: bool = row.try_get(1).map_err(|e| pg_error(store, e))?;
+            if privileged {
+                return Err(ToolError::execution(format!(
+                    "query_data refuses to run as role `{role}`: it exists but is not a bare NOLOGIN role (it can log in, has a role attribute, or is a member of another role); drop it and let loadout create it, or recreate it with `CREATE ROLE {} NOLOGIN`",
+                    quote_ident(&role)
+                )));
+            }
+            if !member && !may_create_roles {
+                return Err(missing_role_error(&user, &role, false));
+            }
+        }
+        None => {}
+    }
+    drop(client);
+    store
+        .ensure_schema("scratchpad/query-role/1", &query_role_setup_sql(&role))
+        .await
+        .map_err(|e| match e {
+            StoreError::Database(message) => ToolError::execution(format!(
+                "cannot set up the role query_data runs as (`{role}`): {message}"
+            )),
+            other => other.into(),
+        })?;
+    check_reads_nothing(store, &role).await?;
+    lock_roles().insert(key, role.clone());
+    Ok(role)
+}
+
+fn lock_roles() -> std::sync::MutexGuard<'static, HashMap<String, String>> {
+    QUERY_ROLES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `<user>_loadout_query`; roles are shared by the whole server, so one query role
+/// serves every database the same user runs loadout on.
+fn query_role_name(user: &str) -> String {
+    const SUFFIX: &str = "_loadout_query";
+    if user.len() + SUFFIX.len() <= 63 {
+        format!("{user}{SUFFIX}")
+    } else {
+        format!("loadout_query_{:016x}", fnv1a(user.as_bytes()))
+    }
+}
+
+fn missing_role_error(user: &str, role: &str, create: bool) -> ToolError {
+    let (role_q, user_q) = (quote_ident(role), quote_ident(user));
+    let steps = if create {
+        format!("CREATE ROLE {role_q} NOLOGIN; GRANT {role_q} TO {user_q};")
+    } else {
+        format!("GRANT {role_q} TO {user_q};")
+    };
+    ToolError::execution(format!(
+        "query_data on PostgreSQL runs caller SQL as role `{role}`, which can read only the session's scratchpad tables, and role `{user}` may not {} it (it lacks CREATEROLE). Either `ALTER ROLE {user_q} CREATEROLE`, or as an administrator run: {steps}",
+        if create { "create" } else { "join" }
+    ))
+}
+
+/// Idempotent; run under the store's schema lock so that replicas on one database
+/// do not race. Replicas on other databases of the same server may create the role
+/// at the same moment: a duplicate is ignored.
+fn query_role_setup_sql(role: &str) -> String {
+    let ident = quote_ident(role);
+    let lit = literal(role);
+    format!(
+        r#"
+DO $setup$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = {lit}) THEN
+        BEGIN
+            CREATE ROLE {ident} NOLOGIN;
+            COMMENT ON ROLE {ident} IS 'loadout: runs scratchpad query_data; owns only {QUERY_SCHEMA}.run_query and must be granted nothing';
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;
+        END;
+    END IF;
+    -- Needed to make the role own run_query (ALTER FUNCTION … OWNER).
+    IF NOT pg_catalog.pg_has_role(current_user, {lit}, 'USAGE') THEN
+        BEGIN
+            GRANT {ident} TO CURRENT_USER;
+        EXCEPTION WHEN unique_violation THEN
+            NULL;
+        END;
+    END IF;
+END
+$setup$;
+CREATE SCHEMA IF NOT EXISTS {QUERY_SCHEMA};
+CREATE OR REPLACE FUNCTION {QUERY_SCHEMA}.run_query(query text, max_rows bigint)
+RETURNS SETOF record LANGUAGE plpgsql SECURITY DEFINER AS $fn$
+DECLARE
+    r record;
+    n bigint := 0;
+BEGIN
+    IF max_rows < 1 THEN
+        RETURN;
+    END IF;
+    -- A cursor underneath: stops reading after max_rows rows.
+    FOR r IN EXECUTE query LOOP
+        RETURN NEXT r;
+        n := n + 1;
+        EXIT WHEN n >= max_rows;
+    END LOOP;
+END
+$fn$;
+GRANT USAGE, CREATE ON SCHEMA {QUERY_SCHEMA} TO {ident};
+ALTER FUNCTION {QUERY_SCHEMA}.run_query(text, bigint) OWNER TO {ident};
+REVOKE CREATE ON SCHEMA {QUERY_SCHEMA} FROM {ident};
+REVOKE ALL ON FUNCTION {QUERY_SCHEMA}.run_query(text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {QUERY_SCHEMA}.run_query(text, bigint) TO {ident};
+"#
     )
+}
+
+/// Refuses to use a query role that can read any table on its own, whether the
+/// grant names it or PUBLIC (PostgreSQL grants PUBLIC no table access by default,
+/// but an operator may have): query_data would expose that table.
+async fn check_reads_nothing(store: &PostgresStore, role: &str) -> Result<(), ToolError> {
+    let client = store.client().await?;
+    let readable = client
+        .query(
+            "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname)
+             FROM pg_catalog.pg_class c
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.relkind IN ('r', 'v', 'm', 'p', 'f')
+               AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+               AND pg_catalog.has_table_privilege($1, c.oid, 'SELECT')
+             ORDER BY 1 LIMIT 5",
+            &[&role],
+        )
+        .await
+        .map_err(|e| pg_error(store, e))?;
+    if readable.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = readable
+        .iter()
+        .filter_map(|row| row.try_get::<_, String>(0).ok())
+        .collect();
+    Err(ToolError::execution(format!(
+        "query_data is disabled: its role `{role}` can read {} (granted to it or to PUBLIC); revoke that (e.g. `REVOKE SELECT ON {} FROM PUBLIC`) so that caller SQL reads only the session's tables",
+        names.join(", "),
+        names.first().map_or("…", String::as_str)
+    )))
+}
+
+/// Quotes any identifier (role names come from the server, not from checked input).
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// The type to declare for a column `cell_to_json` decodes natively; `None` for
+/// the rest, which are read as text.
+fn native_type(ty: &Type) -> Option<&'static str> {
+    Some(match *ty {
+        Type::BOOL => "pg_catalog.bool",
+        Type::INT2 => "pg_catalog.int2",
+        Type::INT4 => "pg_catalog.int4",
+        Type::INT8 => "pg_catalog.int8",
+        Type::OID => "pg_catalog.oid",
+        Type::FLOAT4 => "pg_catalog.float4",
+        Type::FLOAT8 => "pg_catalog.float8",
+        Type::NUMERIC => "pg_catalog.numeric",
+        Type::TEXT => "pg_catalog.text",
+        Type::VARCHAR => "pg_catalog.varchar",
+        Type::BPCHAR => "pg_catalog.bpchar",
+        Type::NAME => "pg_catalog.name",
+        Type::DATE => "pg_catalog.date",
+        _ => return None,
+    })
 }
 
 fn cell_to_json(row: &Row, idx: usize) -> Result<Value, tokio_postgres::Error> {
@@ -592,9 +863,10 @@ fn query_error(store: &PostgresStore, e: tokio_postgres::Error, timeout: Duratio
             "42601" if message.contains("multiple commands") => ToolError::execution(
                 "query_data runs exactly one statement; send one SELECT without a second statement after `;`",
             ),
-            // insufficient_privilege
+            // insufficient_privilege: the query role may only read this session's
+            // tables (and write nothing).
             "42501" => ToolError::execution(format!(
-                "query_data is read-only and the database refused ({message})"
+                "query_data is read-only and reads only this session's scratchpad tables; the database refused: {message}"
             )),
             _ => ToolError::execution(format!("query failed: {message}")),
         };

@@ -452,3 +452,358 @@ async fn each_session_has_its_own_database() {
     }
     drop(dir);
 }
+
+/// A value no error message or result may ever contain: it lives only in loadout's
+/// own settings table.
+const CANARY: &str = "sk-canary-7f3a9c";
+
+impl Harness {
+    async fn call_as(&self, session: &str, tool: &str, args: Value) -> Result<Value, ToolError> {
+        let ctx = self.ctx.clone().with_session(session);
+        self.registry.call(tool, args, ctx).await
+    }
+
+    /// `query_data` in `session` must fail; returns the message, which must not
+    /// leak the canary.
+    async fn query_refused(&self, session: &str, sql: &str) -> String {
+        match self
+            .call_as(session, "query_data", json!({ "sql": sql }))
+            .await
+        {
+            Ok(value) => panic!("{}: `{sql}` should be refused, returned {value}", self.name),
+            Err(e) => {
+                let message = e.to_string();
+                assert!(!message.contains(CANARY), "{}: {sql}: {message}", self.name);
+                message
+            }
+        }
+    }
+}
+
+/// `query_data` reads the session's own tables and nothing else: not loadout's
+/// tables (settings, audit log, sessions), not another session's tables, whatever
+/// the SQL tries (qualified names, attaching files, changing role).
+#[tokio::test]
+async fn query_data_reads_only_the_sessions_own_tables() {
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        eprintln!("backend: {}", h.name);
+        h.store
+            .store
+            .setting_set("llm_api_key", CANARY)
+            .await
+            .expect("set");
+        for (session, table, value) in [("alice", "notes", "alice's"), ("bob", "secrets", "bob's")]
+        {
+            h.call_as(
+                session,
+                "create_table",
+                json!({"table": table, "columns": [{"name": "t", "type": "TEXT"}]}),
+            )
+            .await
+            .expect("create");
+            h.call_as(
+                session,
+                "insert_data",
+                json!({"table": table, "rows": [{"t": value}]}),
+            )
+            .await
+            .expect("insert");
+        }
+        let own = h
+            .call_as("alice", "query_data", json!({"sql": "SELECT t FROM notes"}))
+            .await
+            .expect("own table");
+        assert_eq!(own["rows"], json!([["alice's"]]), "{}", h.name);
+
+        if h.store.is_postgres() {
+            for table in [
+                "settings",
+                "audit_log",
+                "sessions",
+                "messages",
+                "schema_version",
+            ] {
+                let message = h
+                    .query_refused("alice", &format!("SELECT * FROM public.{table}"))
+                    .await;
+                assert!(
+                    message.contains("reads only this session's scratchpad tables")
+                        && message.contains(&format!("permission denied for table {table}")),
+                    "{table}: {message}"
+                );
+            }
+            // Unqualified names resolve in the session's schema only.
+            let message = h.query_refused("alice", "SELECT * FROM settings").await;
+            assert!(message.contains("does not exist"), "{message}");
+            for sql in [
+                "SELECT * FROM scratchpad_bob.secrets",
+                "SELECT * FROM \"scratchpad_bob\".secrets",
+            ] {
+                let message = h.query_refused("alice", sql).await;
+                assert!(
+                    message.contains("permission denied for schema scratchpad_bob"),
+                    "{sql}: {message}"
+                );
+            }
+            // Ways back to the role loadout logged in as, then a read at run time.
+            let message = h
+                .query_refused(
+                    "alice",
+                    "SELECT set_config('role', 'none', true) AS r, \
+                     query_to_xml('SELECT * FROM public.settings', true, false, '')::text AS x",
+                )
+                .await;
+            assert!(
+                message.contains("cannot set parameter \"role\""),
+                "{message}"
+            );
+            let message = h
+                .query_refused(
+                    "alice",
+                    "SELECT query_to_xml('SELECT * FROM public.settings', true, false, '')::text",
+                )
+                .await;
+            assert!(
+                message.contains("permission denied for table settings"),
+                "{message}"
+            );
+            for sql in [
+                "RESET ROLE",
+                "SET ROLE NONE",
+                "DO $$ BEGIN PERFORM set_config('role', 'none', true); \
+                 RAISE EXCEPTION '%', (SELECT string_agg(value, ',') FROM public.settings); END $$",
+            ] {
+                let message = h.query_refused("alice", sql).await;
+                assert!(message.contains("returns rows"), "{sql}: {message}");
+            }
+            let message = h
+                .query_refused(
+                    "alice",
+                    "SELECT set_config('transaction_read_only', 'off', true)",
+                )
+                .await;
+            assert!(message.contains("read-write"), "{message}");
+            let StoreBackend::Postgres(pg) = h.store.store.backend() else {
+                unreachable!("a PostgreSQL test store");
+            };
+            // The grants lived only inside each query's transaction.
+            let client = pg.client().await.expect("client");
+            let row = client
+                .query_one(
+                    "SELECT current_user::text || '_loadout_query',
+                            has_schema_privilege(current_user::text || '_loadout_query', 'scratchpad_alice', 'USAGE'),
+                            has_table_privilege(current_user::text || '_loadout_query', 'scratchpad_alice.notes', 'SELECT')",
+                    &[],
+                )
+                .await
+                .expect("privileges");
+            let role: String = row.get(0);
+            assert!(!row.get::<_, bool>(1), "{role} kept USAGE on the schema");
+            assert!(!row.get::<_, bool>(2), "{role} kept SELECT on the table");
+            // Columns declared with type modifiers, then a type read as text (which
+            // casts every column to text), pass through the function that confines
+            // the query role.
+            for (sql, expected) in [
+                (
+                    "SELECT 'ab'::varchar(3) AS v, 2.5::numeric(5,2) AS n, 'x'::char(2) AS c, \
+                     DATE '2001-12-31' AS d",
+                    json!([["ab", 2.5, "x ", "2001-12-31"]]),
+                ),
+                (
+                    "SELECT 'ab'::varchar(3) AS v, 2.5::numeric(5,2) AS n, ROW(1, 'a') AS r",
+                    json!([["ab", "2.50", "(1,a)"]]),
+                ),
+            ] {
+                let typed = h
+                    .call_as("alice", "query_data", json!({"sql": sql}))
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                assert_eq!(typed["rows"], expected, "{sql}");
+            }
+            // Queries of two sessions at once each see their own table.
+            let (a, b) = tokio::join!(
+                h.call_as("alice", "query_data", json!({"sql": "SELECT t FROM notes"})),
+                h.call_as("bob", "query_data", json!({"sql": "SELECT t FROM secrets"})),
+            );
+            assert_eq!(a.expect("alice")["rows"], json!([["alice's"]]));
+            assert_eq!(b.expect("bob")["rows"], json!([["bob's"]]));
+        } else {
+            let scratch = h.store.data_dir.join("scratchpad");
+            for file in [h.store.data_dir.join("loadout.db"), scratch.join("bob.db")] {
+                assert!(file.exists(), "{}", file.display());
+                let sql = format!("ATTACH DATABASE '{}' AS other", file.display());
+                let message = h.query_refused("alice", &sql).await;
+                assert!(message.contains("cannot attach"), "{sql}: {message}");
+            }
+            let message = h
+                .query_refused("alice", "SELECT * FROM other.settings")
+                .await;
+            assert!(message.contains("no such table"), "{message}");
+            let message = h.query_refused("alice", "SELECT * FROM settings").await;
+            assert!(message.contains("no such table"), "{message}");
+            let message = h.query_refused("alice", "SELECT * FROM secrets").await;
+            assert!(message.contains("no such table"), "{message}");
+        }
+    }
+    drop(dir);
+}
+
+/// A grant an operator made to PUBLIC on a table in the database would let caller
+/// SQL read it: query_data refuses to run at all, naming the table.
+#[tokio::test]
+async fn query_data_refuses_a_query_role_that_can_read_other_tables() {
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        let StoreBackend::Postgres(pg) = h.store.store.backend() else {
+            continue;
+        };
+        let client = pg.client().await.expect("client");
+        client
+            .batch_execute("GRANT SELECT ON public.audit_log TO PUBLIC")
+            .await
+            .expect("grant");
+        let message = h.query_refused("alice", "SELECT 1").await;
+        assert!(
+            message.contains("query_data is disabled") && message.contains("public.audit_log"),
+            "{message}"
+        );
+    }
+    drop(dir);
+}
+
+/// Without CREATEROLE, and with no query role made by an administrator, query_data
+/// says what to run instead of failing obscurely; nothing else is affected.
+#[tokio::test]
+async fn query_data_without_createrole_is_a_clear_error() {
+    let Some(admin_url) = loadout::store::testing::postgres_url() else {
+        eprintln!(
+            "note: {} unset; PostgreSQL CREATEROLE test skipped",
+            loadout::store::testing::POSTGRES_URL_VAR
+        );
+        return;
+    };
+    let pid = std::process::id();
+    let user = format!("loadout_t_nocr_{pid}");
+    let database = format!("loadout_t_{pid}_nocr");
+    let admin = connect(&admin_url).await;
+    drop_stale_nocr_roles(&admin).await;
+    // One statement per call: DROP/CREATE DATABASE refuse to run in the implicit
+    // transaction of a multi-statement query.
+    for sql in [
+        format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"),
+        format!("DROP ROLE IF EXISTS \"{user}\""),
+        format!("CREATE ROLE \"{user}\" LOGIN PASSWORD 'nocr' NOCREATEROLE"),
+        format!("GRANT \"{user}\" TO CURRENT_USER"),
+        format!(
+            "CREATE DATABASE \"{database}\" OWNER \"{user}\" TEMPLATE template0 ENCODING 'UTF8'"
+        ),
+    ] {
+        admin
+            .batch_execute(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let url = with_user_and_database(&admin_url, &user, "nocr", &database)
+        .expect("a postgres://user:password@host/database URL");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let result = async {
+        let store = loadout::Store::connect(Some(&url), dir.path())
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let registry = Arc::new(Registry::from_inventory().expect("registry"));
+        let ctx =
+            ToolContext::new(registry.clone(), Settings::new(store.clone())).with_session("alice");
+        registry
+            .call(
+                "create_table",
+                json!({"table": "t", "columns": [{"name": "a", "type": "TEXT"}]}),
+                ctx.clone(),
+            )
+            .await
+            .map_err(|e| format!("create_table: {e}"))?;
+        let error = registry
+            .call("query_data", json!({"sql": "SELECT * FROM t"}), ctx.clone())
+            .await
+            .err()
+            .ok_or("query_data ran without a query role")?;
+        let listed = registry
+            .call("list_tables", json!({}), ctx)
+            .await
+            .map_err(|e| format!("list_tables: {e}"))?;
+        Ok::<_, String>((error.to_string(), listed))
+    }
+    .await;
+    for sql in [
+        format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"),
+        format!("DROP ROLE IF EXISTS \"{user}\""),
+    ] {
+        let _ = admin.batch_execute(&sql).await;
+    }
+    let (message, listed) = result.expect("the store works without CREATEROLE");
+    assert!(
+        message.contains("lacks CREATEROLE")
+            && message.contains(&format!("ALTER ROLE \"{user}\" CREATEROLE"))
+            && message.contains(&format!("CREATE ROLE \"{user}_loadout_query\" NOLOGIN")),
+        "{message}"
+    );
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    drop(dir);
+}
+
+async fn connect(url: &str) -> loadout::store::tokio_postgres::Client {
+    let (client, connection) =
+        loadout::store::tokio_postgres::connect(url, loadout::store::tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test server");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// Roles of this test left behind by killed runs (their process is gone).
+async fn drop_stale_nocr_roles(admin: &loadout::store::tokio_postgres::Client) {
+    let Ok(rows) = admin
+        .query(
+            "SELECT rolname::text FROM pg_roles WHERE starts_with(rolname, 'loadout_t_nocr_')",
+            &[],
+        )
+        .await
+    else {
+        return;
+    };
+    for row in rows {
+        let name: String = row.get(0);
+        let alive = name
+            .trim_start_matches("loadout_t_nocr_")
+            .parse::<u32>()
+            .is_ok_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            let _ = admin
+                .batch_execute(&format!("DROP ROLE IF EXISTS \"{name}\""))
+                .await;
+        }
+    }
+}
+
+/// `postgres://USER:PASSWORD@HOST/DATABASE?QUERY` from the test server's URL.
+fn with_user_and_database(url: &str, user: &str, password: &str, database: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query)),
+        None => (rest, None),
+    };
+    let authority = rest
+        .split_once('/')
+        .map_or(rest, |(authority, _)| authority);
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let mut out = format!("{scheme}://{user}:{password}@{host}/{database}");
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    Some(out)
+}

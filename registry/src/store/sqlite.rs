@@ -79,6 +79,10 @@ pub const SCHEMA_VERSION: i64 = 1;
 pub struct SqliteStore {
     path: PathBuf,
     conn: Arc<Mutex<Connection>>,
+    /// The background log writers' own connection: a batch of decision or audit rows
+    /// being written never holds the lock that routing and tool calls wait on (WAL
+    /// lets the main connection read meanwhile).
+    log_conn: Arc<Mutex<Connection>>,
 }
 
 impl SqliteStore {
@@ -86,26 +90,30 @@ impl SqliteStore {
     pub async fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         let path = path.to_path_buf();
         let opened = path.clone();
-        let conn = tokio::task::spawn_blocking(move || -> Result<Connection, StoreError> {
-            let open_err = |e: &dyn std::fmt::Display| StoreError::Open {
-                url: format!("sqlite:{}", opened.display()),
-                message: e.to_string(),
-            };
-            if let Some(parent) = opened.parent()
-                && !parent.as_os_str().is_empty()
-            {
-                std::fs::create_dir_all(parent).map_err(|e| open_err(&e))?;
-            }
-            let mut conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
-            configure(&conn).map_err(|e| open_err(&e))?;
-            migrate(&mut conn)?;
-            Ok(conn)
-        })
-        .await
-        .map_err(|e| StoreError::Database(e.to_string()))??;
+        let (conn, log_conn) =
+            tokio::task::spawn_blocking(move || -> Result<(Connection, Connection), StoreError> {
+                let open_err = |e: &dyn std::fmt::Display| StoreError::Open {
+                    url: format!("sqlite:{}", opened.display()),
+                    message: e.to_string(),
+                };
+                if let Some(parent) = opened.parent()
+                    && !parent.as_os_str().is_empty()
+                {
+                    std::fs::create_dir_all(parent).map_err(|e| open_err(&e))?;
+                }
+                let mut conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
+                configure(&conn).map_err(|e| open_err(&e))?;
+                migrate(&mut conn)?;
+                let log_conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
+                configure(&log_conn).map_err(|e| open_err(&e))?;
+                Ok((conn, log_conn))
+            })
+            .await
+            .map_err(|e| StoreError::Database(e.to_string()))??;
         Ok(SqliteStore {
             path,
             conn: Arc::new(Mutex::new(conn)),
+            log_conn: Arc::new(Mutex::new(log_conn)),
         })
     }
 
@@ -124,6 +132,21 @@ impl SqliteStore {
         tokio::task::spawn_blocking(move || {
             // A panic while holding the lock poisons it; the connection itself is
             // still consistent (SQLite rolls back), so keep using it.
+            let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::Database(format!("storage task failed: {e}")))?
+    }
+
+    /// Like [`call`](Self::call), on the log writers' connection.
+    async fn call_log<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+        R: Send + 'static,
+    {
+        let conn = self.log_conn.clone();
+        tokio::task::spawn_blocking(move || {
             let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             f(&mut guard)
         })
@@ -396,7 +419,7 @@ impl SqliteStore {
 
     pub async fn decisions_insert(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {
         let rows = rows.to_vec();
-        self.call(move |c| {
+        self.call_log(move |c| {
             let tx = c.transaction()?;
             {
                 let mut stmt = tx.prepare_cached(
@@ -448,7 +471,7 @@ impl SqliteStore {
 
     pub async fn audit_insert(&self, rows: &[AuditRow]) -> Result<(), StoreError> {
         let rows = rows.to_vec();
-        self.call(move |c| {
+        self.call_log(move |c| {
             let tx = c.transaction()?;
             {
                 let mut stmt = tx.prepare_cached(

@@ -1,0 +1,677 @@
+//! Several replicas on one PostgreSQL database (issue 7): two `loadout serve`
+//! processes and a `loadout mcp` process, each with its own data dir, share
+//! sessions, the router's session state, settings and memories through the
+//! database alone. Also what the binary does with a database it must not use.
+//!
+//! Tests that need PostgreSQL run when `LOADOUT_TEST_POSTGRES_URL` names a server
+//! (`scripts/ci-postgres.sh` prints one) and are skipped with a note otherwise, as
+//! every PostgreSQL test is.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use loadout::store::testing::{self, TestStore};
+use loadout::store::{StoreBackend, StoreError};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+/// How soon a setting written through one process must reach another's router.
+const SETTINGS_DEADLINE: Duration = Duration::from_secs(1);
+
+/// A fresh PostgreSQL database (dropped with the returned store), or `None`, with
+/// a note, when no server is configured.
+async fn postgres_database(dir: &Path, test: &str) -> Option<TestStore> {
+    if testing::postgres_url().is_none() {
+        eprintln!("note: {} unset; {test} skipped", testing::POSTGRES_URL_VAR);
+        return None;
+    }
+    testing::test_stores(dir)
+        .await
+        .into_iter()
+        .find(TestStore::is_postgres)
+}
+
+fn loadout() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_loadout"));
+    command
+        .env_remove("LOADOUT_DATABASE_URL")
+        .env_remove("LOADOUT_TOKEN")
+        .env("LOADOUT_LOG", "warn")
+        .stdin(Stdio::null());
+    command
+}
+
+/// One `loadout serve` on a free loopback port; killed when dropped.
+struct Replica {
+    name: &'static str,
+    child: Child,
+    base: String,
+    stderr: Arc<Mutex<String>>,
+    http: reqwest::Client,
+    _data_dir: tempfile::TempDir,
+}
+
+impl Replica {
+    async fn start(name: &'static str, database_url: &str) -> Replica {
+        let data_dir = tempfile::tempdir().expect("tempdir");
+        let mut child = loadout()
+            .args([
+                "serve",
+                "--addr",
+                "127.0.0.1:0",
+                "--database-url",
+                database_url,
+            ])
+            .env("LOADOUT_DATA_DIR", data_dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn loadout serve");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<String>();
+        let pipe = child.stderr.take().expect("stderr");
+        let log = stderr.clone();
+        // Reads the address the server prints, then keeps draining the pipe so that
+        // the server never blocks on a full one.
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("serving on http://").nth(1)
+                    && let Some(addr) = rest.split_whitespace().next()
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(addr.to_owned());
+                }
+                let mut log = log.lock().unwrap_or_else(|p| p.into_inner());
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut replica = Replica {
+            name,
+            child,
+            base: String::new(),
+            stderr,
+            http: http_client(),
+            _data_dir: data_dir,
+        };
+        match tokio::time::timeout(WAIT, rx).await {
+            Ok(Ok(addr)) => replica.base = format!("http://{addr}"),
+            _ => panic!(
+                "replica {name} did not start serving: {}",
+                replica.stderr_text()
+            ),
+        }
+        replica
+    }
+
+    fn stderr_text(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// One API request: status and JSON body.
+    async fn api(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = self.http.request(method, &url);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(e) => panic!("{} {url}: {e}\n{}", self.name, self.stderr_text()),
+        };
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, value)
+    }
+
+    async fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (status, value) = self.api(method, path, body).await;
+        assert!(
+            (200..300).contains(&status),
+            "replica {}: {method} {path} → {status} {value}",
+            self.name
+        );
+        value
+    }
+
+    /// `POST /api/route` for a session.
+    async fn route(&self, session: &str, message: &str, called: &[&str]) -> Value {
+        self.ok(
+            "POST",
+            "/api/route",
+            Some(json!({"session": session, "message": message, "called": called})),
+        )
+        .await
+    }
+
+    async fn domain_active(&self, domain: &str) -> bool {
+        let listing = self.ok("GET", "/api/domains", None).await;
+        listing["domains"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["name"] == domain)
+            .and_then(|d| d["active"].as_bool())
+            .unwrap_or_else(|| panic!("no domain `{domain}` in {listing}"))
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_client() -> reqwest::Client {
+    // reqwest is built without a default TLS provider; building a client needs
+    // one even for plain HTTP.
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(WAIT)
+        .build()
+        .expect("HTTP client")
+}
+
+/// The per-domain decision of a routed turn.
+fn domain_decision<'a>(routed: &'a Value, domain: &str) -> &'a Value {
+    routed["selection"]["domains"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["domain"] == domain)
+        .unwrap_or_else(|| panic!("no decision for `{domain}` in {}", routed["summary"]))
+}
+
+/// A client of a replica's `/mcp` endpoint (streamable HTTP, one MCP session),
+/// written against the wire format so that it needs no HTTP client transport.
+struct McpHttp {
+    http: reqwest::Client,
+    url: String,
+    session: String,
+    next_id: Mutex<u64>,
+}
+
+impl McpHttp {
+    const PROTOCOL: &'static str = "2025-06-18";
+
+    async fn connect(replica: &Replica) -> McpHttp {
+        let url = format!("{}/mcp", replica.base);
+        let http = http_client();
+        let response = http
+            .post(&url)
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({
+                "jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {
+                    "protocolVersion": Self::PROTOCOL,
+                    "capabilities": {},
+                    "clientInfo": {"name": "loadout-replicas-test", "version": "1.0.0"}
+                }
+            }))
+            .send()
+            .await
+            .expect("initialize");
+        assert_eq!(response.status().as_u16(), 200, "initialize");
+        let session = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .expect("an MCP session id")
+            .to_owned();
+        let initialized = response.text().await.expect("initialize body");
+        assert!(
+            initialized.contains("\"serverInfo\""),
+            "initialize: {initialized}"
+        );
+        let client = McpHttp {
+            http,
+            url,
+            session,
+            next_id: Mutex::new(1),
+        };
+        let response = client
+            .post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        assert_eq!(response.status().as_u16(), 202, "notifications/initialized");
+        client
+    }
+
+    async fn post(&self, body: Value) -> reqwest::Response {
+        self.http
+            .post(&self.url)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &self.session)
+            .header("mcp-protocol-version", Self::PROTOCOL)
+            .json(&body)
+            .send()
+            .await
+            .expect("MCP request")
+    }
+
+    /// `tools/call`; the result's structured content. Panics on a tool error.
+    async fn call(&self, tool: &str, arguments: Value) -> Value {
+        let id = {
+            let mut next = self.next_id.lock().unwrap_or_else(|p| p.into_inner());
+            *next += 1;
+            *next
+        };
+        let response = self
+            .post(json!({
+                "jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": tool, "arguments": arguments}
+            }))
+            .await;
+        // An event stream that ends after the response.
+        let text = response.text().await.expect("tools/call body");
+        let reply = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+            .find(|message| message["id"] == id)
+            .unwrap_or_else(|| panic!("no reply to {tool} in {text}"));
+        let result = &reply["result"];
+        assert_eq!(result["isError"], false, "{tool}: {reply}");
+        let text = result["content"][0]["text"].as_str().unwrap_or_default();
+        tool_value(result.get("structuredContent"), text)
+    }
+}
+
+/// `loadout mcp` on stdio, driven by rmcp's client.
+async fn start_stdio_mcp(database_url: &str, data_dir: &Path) -> RunningService<RoleClient, ()> {
+    let url = database_url.to_owned();
+    let data_dir = data_dir.to_path_buf();
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadout")).configure(|c| {
+        c.args(["mcp", "--database-url", &url])
+            .env("LOADOUT_DATA_DIR", &data_dir)
+            .env_remove("LOADOUT_DATABASE_URL")
+            .env("LOADOUT_LOG", "warn")
+            .kill_on_drop(true);
+    });
+    let transport = TokioChildProcess::new(command).expect("spawn loadout mcp");
+    tokio::time::timeout(WAIT, ().serve(transport))
+        .await
+        .expect("initialize in time")
+        .expect("initialize")
+}
+
+async fn stdio_call(mcp: &RunningService<RoleClient, ()>, tool: &str, args: Value) -> Value {
+    let mut request = CallToolRequestParams::new(tool.to_owned());
+    if let Value::Object(map) = args {
+        request = request.with_arguments(map);
+    }
+    let result: CallToolResult = tokio::time::timeout(WAIT, mcp.peer().call_tool(request))
+        .await
+        .expect("tools/call in time")
+        .expect("tools/call");
+    assert_ne!(result.is_error, Some(true), "{tool}: {result:?}");
+    let text = result
+        .content
+        .first()
+        .and_then(|c| c.as_text())
+        .map(|t| t.text.clone())
+        .unwrap_or_default();
+    tool_value(result.structured_content.as_ref(), &text)
+}
+
+/// A tool's JSON result: objects come as structured content, anything else (lists)
+/// only as text.
+fn tool_value(structured: Option<&Value>, text: &str) -> Value {
+    match structured {
+        Some(value) if !value.is_null() => value.clone(),
+        _ => serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned())),
+    }
+}
+
+/// Polls `check` until it holds, failing after `deadline`.
+async fn within<F, Fut>(deadline: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(
+            started.elapsed() < deadline,
+            "{what}: not seen within {deadline:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_and_an_mcp_process_share_one_database() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(db) = postgres_database(dir.path(), "replicas test").await else {
+        return;
+    };
+    // Each replica would otherwise build tool vectors with the built-in encoder
+    // in its own data dir: CPU this test does not need (routing stays lexical).
+    db.store
+        .setting_set("router_dense", "off")
+        .await
+        .expect("set router_dense");
+    let a = Replica::start("a", &db.url).await;
+    let b = Replica::start("b", &db.url).await;
+    let mcp_data = tempfile::tempdir().expect("tempdir");
+    let stdio = start_stdio_mcp(&db.url, mcp_data.path()).await;
+
+    // A session routed through A continues through B, stickiness included.
+    let created = a.ok("POST", "/api/sessions", None).await;
+    let session = created["id"].as_str().expect("session id").to_owned();
+    let first = a
+        .route(&session, "make a table of my monthly expenses", &[])
+        .await;
+    assert_eq!(first["turn"], 1);
+    assert_eq!(domain_decision(&first, "scratchpad")["included"], true);
+    // `create_table`, called by the client's model since turn 1, pins scratchpad.
+    let second = a.route(&session, "add the rent", &["create_table"]).await;
+    assert_eq!(second["turn"], 2);
+    assert_eq!(domain_decision(&second, "scratchpad")["stage"], "pinned");
+    let third = b.route(&session, "what time is it in Seoul?", &[]).await;
+    assert_eq!(third["turn"], 3, "B continues A's turn count");
+    let pinned = domain_decision(&third, "scratchpad");
+    assert_eq!(pinned["stage"], "pinned", "{}", third["summary"]);
+    assert_eq!(pinned["included"], true);
+    let shown = b.ok("GET", &format!("/api/sessions/{session}"), None).await;
+    assert_eq!(shown["turn"], 3);
+    let users: Vec<&Value> = shown["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .collect();
+    assert_eq!(users.len(), 3, "{shown}");
+    assert!(
+        shown["domains"]
+            .as_array()
+            .expect("domains")
+            .iter()
+            .any(|d| d["domain"] == "scratchpad" && d["pinned"] == true),
+        "{shown}"
+    );
+    // Back on A, whose in-process memory of the session stops at turn 2.
+    let fourth = a.route(&session, "and in Paris?", &[]).await;
+    assert_eq!(fourth["turn"], 4);
+    assert_eq!(domain_decision(&fourth, "scratchpad")["stage"], "pinned");
+
+    // A setting written through A reaches B's router and the MCP process. Both read
+    // (and cache) the settings first, so this is invalidation, not a first load.
+    assert!(!b.domain_active("filesystem").await);
+    let before = stdio_call(&stdio, "get_setting", json!({"key": "filesystem_roots"})).await;
+    assert_eq!(before["is_set"], false, "{before}");
+    let files = tempfile::tempdir().expect("tempdir");
+    std::fs::write(files.path().join("notes.txt"), "replicated").expect("write");
+    let roots = json!([files.path().display().to_string()]).to_string();
+    a.ok(
+        "PUT",
+        "/api/settings/filesystem_roots",
+        Some(json!({"value": roots})),
+    )
+    .await;
+    within(SETTINGS_DEADLINE, "filesystem active on B", || {
+        b.domain_active("filesystem")
+    })
+    .await;
+    let routed = b
+        .ok(
+            "POST",
+            "/api/route",
+            Some(json!({"message": "read the file notes.txt"})),
+        )
+        .await;
+    assert_eq!(
+        domain_decision(&routed, "filesystem")["included"],
+        true,
+        "{}",
+        routed["summary"]
+    );
+    let (stdio_ref, roots_ref) = (&stdio, roots.as_str());
+    within(
+        SETTINGS_DEADLINE,
+        "filesystem_roots in loadout mcp",
+        move || async move {
+            stdio_call(stdio_ref, "get_setting", json!({"key": "filesystem_roots"})).await["value"]
+                == roots_ref
+        },
+    )
+    .await;
+
+    // A setting written through the MCP process reaches A.
+    stdio_call(
+        &stdio,
+        "set_setting",
+        json!({"key": "decision_log", "value": "hash"}),
+    )
+    .await;
+    let a_ref = &a;
+    within(SETTINGS_DEADLINE, "decision_log on A", move || async move {
+        let (status, body) = a_ref.api("GET", "/api/settings/decision_log", None).await;
+        status == 200 && body["value"] == "hash"
+    })
+    .await;
+
+    // `remember` through A's /mcp is found by `recall` through B's, and by the
+    // MCP process.
+    let mcp_a = McpHttp::connect(&a).await;
+    let remembered = mcp_a
+        .call(
+            "remember",
+            json!({"content": "the replicas share one PostgreSQL database", "tags": ["replicas"]}),
+        )
+        .await;
+    assert_eq!(remembered["duplicate"], false, "{remembered}");
+    let mcp_b = McpHttp::connect(&b).await;
+    for recalled in [
+        mcp_b
+            .call("recall", json!({"query": "replicas PostgreSQL database"}))
+            .await,
+        stdio_call(&stdio, "recall", json!({"query": "replicas PostgreSQL"})).await,
+    ] {
+        assert!(
+            recalled.as_array().is_some_and(|memories| memories
+                .iter()
+                .any(|m| m["content"] == "the replicas share one PostgreSQL database")),
+            "{recalled}"
+        );
+    }
+
+    let _ = stdio.cancel().await;
+    drop((a, b));
+    drop(db);
+}
+
+/// Runs the binary to completion, failing (and killing it) if it is still running
+/// after `WAIT`: a bad database must stop it, not leave it serving.
+fn run_to_exit(mut command: Command) -> (std::process::ExitStatus, String) {
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn loadout");
+    let mut pipe = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > WAIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "loadout kept running: {}",
+                reader.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status, reader.join().unwrap_or_default())
+}
+
+fn assert_clean_failure(status: std::process::ExitStatus, stderr: &str, expected: &str) {
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains(expected),
+        "expected `{expected}` in: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "password shown: {stderr}");
+}
+
+/// Bad URLs stop `serve`, `mcp` and the CLI with one clear line, the password
+/// masked, and create no database.
+#[test]
+fn bad_database_urls_stop_the_binary_with_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases = [
+        ("mysql://u:hunter2@db/loadout", "unknown scheme `mysql`"),
+        ("no-scheme", "expected sqlite:PATH or postgres://"),
+        ("sqlite:", "no file path after `sqlite:`"),
+        (
+            "postgres://u:hunter2@127.0.0.1:notaport/loadout",
+            "unsupported database URL `postgres://u:***@127.0.0.1:notaport/loadout`",
+        ),
+    ];
+    for (url, expected) in cases {
+        for args in [
+            &["serve", "--addr", "127.0.0.1:0"][..],
+            &["mcp"][..],
+            &["settings", "list"][..],
+        ] {
+            let mut command = loadout();
+            command
+                .args(args)
+                .env("LOADOUT_DATA_DIR", dir.path())
+                .env("LOADOUT_DATABASE_URL", url);
+            let (status, stderr) = run_to_exit(command);
+            assert_clean_failure(status, &stderr, expected);
+        }
+    }
+    assert!(
+        !dir.path().join("loadout.db").exists(),
+        "a bad URL must not fall back to the default SQLite database"
+    );
+}
+
+/// A database written by a newer loadout stops every command before it changes
+/// anything: SQLite (always) and PostgreSQL (when configured).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_stops_the_binary_and_is_left_untouched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut stores = testing::test_stores(dir.path()).await;
+    if !stores.iter().any(TestStore::is_postgres) {
+        eprintln!(
+            "note: {} unset; newer-schema test runs on SQLite only",
+            testing::POSTGRES_URL_VAR
+        );
+    }
+    for t in &stores {
+        t.store.setting_set("kept", "yes").await.expect("set");
+        bump_schema_version(t, 999).await;
+    }
+    // SQLite: the file must be byte for byte the same afterwards, so close it first.
+    let sqlite = stores.remove(0);
+    let sqlite_file = sqlite.data_dir.join("loadout.db");
+    let sqlite_url = sqlite.url.clone();
+    drop(sqlite);
+    let before = std::fs::read(&sqlite_file).expect("read the SQLite file");
+    let mut urls = vec![sqlite_url];
+    urls.extend(stores.iter().map(|t| t.url.clone()));
+    for url in &urls {
+        for args in [
+            &["serve", "--addr", "127.0.0.1:0"][..],
+            &["mcp"][..],
+            &["settings", "set", "kept", "no"][..],
+        ] {
+            let data_dir = tempfile::tempdir().expect("tempdir");
+            let mut command = loadout();
+            command
+                .args(args)
+                .args(["--database-url", url])
+                .env("LOADOUT_DATA_DIR", data_dir.path());
+            let (status, stderr) = tokio::task::spawn_blocking(move || run_to_exit(command))
+                .await
+                .expect("join");
+            assert_clean_failure(
+                status,
+                &stderr,
+                &format!(
+                    "database schema version 999 is newer than this binary knows ({})",
+                    loadout::store::SCHEMA_VERSION
+                ),
+            );
+        }
+    }
+    assert!(
+        std::fs::read(&sqlite_file).expect("read") == before,
+        "the SQLite database changed"
+    );
+    for t in &stores {
+        let StoreBackend::Postgres(pg) = t.store.backend() else {
+            continue;
+        };
+        let client = pg.client().await.expect("client");
+        let versions: Vec<i64> = client
+            .query("SELECT version FROM schema_version ORDER BY version", &[])
+            .await
+            .expect("versions")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(versions, [loadout::store::SCHEMA_VERSION, 999]);
+        let kept: String = client
+            .query_one("SELECT value FROM settings WHERE key = 'kept'", &[])
+            .await
+            .expect("kept")
+            .get(0);
+        assert_eq!(kept, "yes");
+    }
+}
+
+/// Writes a row into `schema_version` behind the store's back, as a newer loadout
+/// would have.
+async fn bump_schema_version(t: &TestStore, version: i64) {
+    let bumped: Result<(), StoreError> = match t.store.backend() {
+        StoreBackend::Sqlite(s) => {
+            s.call(move |c| {
+                c.execute(
+                    "INSERT INTO schema_version(version, applied_ms) VALUES (?1, 0)",
+                    [version],
+                )?;
+                Ok(())
+            })
+            .await
+        }
+        StoreBackend::Postgres(s) => match s.client().await {
+            Ok(client) => client
+                .execute(
+                    "INSERT INTO schema_version(version, applied_ms) VALUES ($1, 0)",
+                    &[&version],
+                )
+                .await
+                .map(drop)
+                .map_err(|e| s.error(e)),
+            Err(e) => Err(e),
+        },
+        _ => panic!("a backend this test does not know"),
+    };
+    bumped.expect("bump schema_version");
+}

@@ -1,0 +1,294 @@
+//! `cargo xtask bench-route`: `POST /api/route` under load from a second process on
+//! loopback (issues 5 and 7).
+//!
+//! For each backend (SQLite in a fresh data dir; PostgreSQL when `--postgres URL` is
+//! given) and each decision-log setting (`plain`, `off`), starts `loadout serve` with
+//! lexical routing (`router_dense = off`, the path the 20k req/s target is for), warms
+//! it up and runs `wrk` (Debian package `wrk`) twice: one-off messages, and messages
+//! spread over 64 sessions (state read, message append, decision log). Prints
+//! requests/s and p50/p99 per run, and what the decision log costs at p99 as a ratio
+//! from the same run. Nothing here asserts on time.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL] [--duration SECONDS] [--connections N]
+  --bin          the loadout binary (default target/release/loadout; build it with
+                 `cargo build --release -p loadout-server`)
+  --postgres     also run against this PostgreSQL database (its tables are created
+                 if missing; rows are added)
+  --duration     seconds per wrk run (default 10)
+  --connections  wrk connections (default 32)";
+
+const MESSAGES: &[&str] = &[
+    "what time is it in Seoul",
+    "remember that my parrot is called Polly",
+    "read the file notes.txt in my documents folder",
+    "create a table of my expenses with date and amount",
+    "calculate 17% of 2,340",
+    "what do you remember about my trip to Busan",
+];
+
+struct Options {
+    bin: PathBuf,
+    postgres: Option<String>,
+    duration: u64,
+    connections: u32,
+}
+
+fn parse_args(args: &[String]) -> anyhow::Result<Options> {
+    let mut options = Options {
+        bin: PathBuf::from("target/release/loadout"),
+        postgres: None,
+        duration: 10,
+        connections: 32,
+    };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| {
+            args.next()
+                .cloned()
+                .with_context(|| format!("{name} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--bin" => options.bin = PathBuf::from(value("--bin")?),
+            "--postgres" => options.postgres = Some(value("--postgres")?),
+            "--duration" => {
+                let text = value("--duration")?;
+                options.duration = text
+                    .parse()
+                    .with_context(|| format!("--duration {text}: not a number"))?;
+            }
+            "--connections" => {
+                let text = value("--connections")?;
+                options.connections = text
+                    .parse()
+                    .with_context(|| format!("--connections {text}: not a number"))?;
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument `{other}`\n{USAGE}"),
+        }
+    }
+    Ok(options)
+}
+
+/// One wrk run's figures.
+struct Load {
+    requests_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+}
+
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    let options = parse_args(args)?;
+    if !options.bin.exists() {
+        bail!(
+            "{} does not exist: cargo build --release -p loadout-server",
+            options.bin.display()
+        );
+    }
+    if Command::new("wrk").arg("--version").output().is_err() {
+        bail!("wrk is missing: apt-get install -y wrk");
+    }
+    let scratch = std::env::temp_dir().join(format!("loadout-bench-route-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let scripts = write_scripts(&scratch)?;
+
+    println!(
+        "# /api/route, lexical routing; {} cores; wrk 1 thread, {} connections, {} s per run; {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        options.connections,
+        options.duration,
+        options.bin.display()
+    );
+    println!(
+        "{:<11} {:<13} {:<11} {:>10} {:>9} {:>9} {:>7}",
+        "backend", "decision_log", "requests", "req/s", "p50 ms", "p99 ms", "errors"
+    );
+    let mut backends: Vec<(&str, Option<&str>)> = vec![("sqlite", None)];
+    if let Some(url) = &options.postgres {
+        backends.push(("postgresql", Some(url.as_str())));
+    }
+    for (backend, url) in backends {
+        let mut p99 = Vec::new();
+        for log in ["plain", "off"] {
+            let data_dir = scratch.join(format!("{backend}-{log}"));
+            std::fs::create_dir_all(&data_dir)?;
+            for (key, value) in [("router_dense", "off"), ("decision_log", log)] {
+                let status = loadout(&options.bin, &data_dir, url)
+                    .args(["settings", "set", key, value])
+                    .stdout(Stdio::null())
+                    .status()
+                    .context("running loadout settings set")?;
+                if !status.success() {
+                    bail!("loadout settings set {key} {value} failed ({backend})");
+                }
+            }
+            let server = Server::start(&options.bin, &data_dir, url)?;
+            let endpoint = format!("http://{}/api/route", server.addr);
+            wrk(&scripts.plain, &endpoint, 4, 2)?;
+            for (requests, script) in [("one-off", &scripts.plain), ("session", &scripts.session)] {
+                let load = wrk(script, &endpoint, options.connections, options.duration)?;
+                println!(
+                    "{backend:<11} {log:<13} {requests:<11} {:>10.0} {:>9.2} {:>9.2} {:>7}",
+                    load.requests_per_s, load.p50_ms, load.p99_ms, load.errors
+                );
+                p99.push((log, requests, load.p99_ms));
+            }
+            drop(server);
+        }
+        for requests in ["one-off", "session"] {
+            let of = |log: &str| {
+                p99.iter()
+                    .find(|(l, r, _)| *l == log && *r == requests)
+                    .map(|(_, _, ms)| *ms)
+            };
+            if let (Some(on), Some(off)) = (of("plain"), of("off")) {
+                println!(
+                    "{backend}: decision log on/off at p99, {requests}: {:.2}x ({on:.2} ms vs {off:.2} ms)",
+                    on / off.max(1e-6)
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+fn loadout(bin: &Path, data_dir: &Path, url: Option<&str>) -> Command {
+    let mut command = Command::new(bin);
+    command.env("LOADOUT_DATA_DIR", data_dir);
+    command.env("LOADOUT_LOG", "warn");
+    match url {
+        Some(url) => command.env("LOADOUT_DATABASE_URL", url),
+        None => command.env_remove("LOADOUT_DATABASE_URL"),
+    };
+    command
+}
+
+/// A `loadout serve` child on a free loopback port, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(bin: &Path, data_dir: &Path, url: Option<&str>) -> anyhow::Result<Server> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let child = loadout(bin, data_dir, url)
+            .args(["serve", "--addr", &addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting loadout serve")?;
+        let server = Server { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&server.addr).is_err() {
+            if Instant::now() > deadline {
+                bail!(
+                    "loadout serve did not listen on {} within 30 s",
+                    server.addr
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(server)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Scripts {
+    plain: PathBuf,
+    session: PathBuf,
+}
+
+fn write_scripts(dir: &Path) -> anyhow::Result<Scripts> {
+    let messages = MESSAGES
+        .iter()
+        .map(|m| format!("{m:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let common = format!(
+        r#"local messages = {{ {messages} }}
+local counter = 0
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+function done(summary, latency, requests)
+  local errors = summary.errors.status + summary.errors.connect + summary.errors.read
+    + summary.errors.write + summary.errors.timeout
+  io.write(string.format("RESULT %.1f %.3f %.3f %d\n",
+    summary.requests / (summary.duration / 1e6),
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000, errors))
+end
+"#
+    );
+    let plain = dir.join("plain.lua");
+    let mut file = std::fs::File::create(&plain)?;
+    write!(
+        file,
+        r#"{common}
+function request()
+  counter = counter + 1
+  return wrk.format(nil, nil, nil, string.format('{{"message": "%s"}}', messages[counter % #messages + 1]))
+end
+"#
+    )?;
+    let session = dir.join("session.lua");
+    let mut file = std::fs::File::create(&session)?;
+    write!(
+        file,
+        r#"{common}
+function request()
+  counter = counter + 1
+  return wrk.format(nil, nil, nil, string.format('{{"session": "bench-%d", "message": "%s"}}',
+    counter % 64, messages[counter % #messages + 1]))
+end
+"#
+    )?;
+    Ok(Scripts { plain, session })
+}
+
+fn wrk(script: &Path, url: &str, connections: u32, seconds: u64) -> anyhow::Result<Load> {
+    let output = Command::new("wrk")
+        .args(["-t1", &format!("-c{connections}"), &format!("-d{seconds}s")])
+        .arg("-s")
+        .arg(script)
+        .arg(url)
+        .output()
+        .context("running wrk")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .with_context(|| format!("wrk printed no result: {stdout}"))?;
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let number = |i: usize| -> anyhow::Result<f64> {
+        fields
+            .get(i)
+            .and_then(|f| f.parse().ok())
+            .with_context(|| format!("wrk result `{line}`"))
+    };
+    Ok(Load {
+        requests_per_s: number(0)?,
+        p50_ms: number(1)?,
+        p99_ms: number(2)?,
+        errors: number(3)? as u64,
+    })
+}
