@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -103,6 +105,10 @@ impl SqliteStore {
                 }
                 let mut conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
                 configure(&conn).map_err(|e| open_err(&e))?;
+                // Checkpoints run on the log connection (below), not inside a
+                // request's commit, where copying the WAL back stalled it.
+                conn.pragma_update(None, "wal_autocheckpoint", 0)
+                    .map_err(|e| open_err(&e))?;
                 migrate(&mut conn)?;
                 let log_conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
                 configure(&log_conn).map_err(|e| open_err(&e))?;
@@ -110,10 +116,12 @@ impl SqliteStore {
             })
             .await
             .map_err(|e| StoreError::Database(e.to_string()))??;
+        let log_conn = Arc::new(Mutex::new(log_conn));
+        spawn_checkpoints(Arc::downgrade(&log_conn));
         Ok(SqliteStore {
             path,
             conn: Arc::new(Mutex::new(conn)),
-            log_conn: Arc::new(Mutex::new(log_conn)),
+            log_conn,
         })
     }
 
@@ -128,15 +136,7 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
         R: Send + 'static,
     {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            // A panic while holding the lock poisons it; the connection itself is
-            // still consistent (SQLite rolls back), so keep using it.
-            let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            f(&mut guard)
-        })
-        .await
-        .map_err(|e| StoreError::Database(format!("storage task failed: {e}")))?
+        run_on(&self.conn, f).await
     }
 
     /// Like [`call`](Self::call), on the log writers' connection.
@@ -145,13 +145,7 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
         R: Send + 'static,
     {
-        let conn = self.log_conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            f(&mut guard)
-        })
-        .await
-        .map_err(|e| StoreError::Database(format!("storage task failed: {e}")))?
+        run_on(&self.log_conn, f).await
     }
 
     pub async fn settings_all(&self) -> Result<BTreeMap<String, String>, StoreError> {
@@ -567,4 +561,53 @@ fn decision_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DecisionRow> {
         tokens: r.get(5)?,
         reasons: Reasons::from_text(r.get(6)?),
     })
+}
+
+/// Takes the connection's lock in arrival order (tokio's mutex is fair), then runs
+/// `f` on a blocking thread with it. Waiting on the async side keeps a burst of
+/// requests from parking one blocking thread each on the lock, and a fair queue keeps
+/// the slowest request's wait near the queue length instead of unbounded.
+async fn run_on<R, F>(conn: &Arc<Mutex<Connection>>, f: F) -> Result<R, StoreError>
+where
+    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    R: Send + 'static,
+{
+    let mut guard = conn.clone().lock_owned().await;
+    // A panic in `f` leaves the connection consistent (an open transaction rolls
+    // back when dropped), so the next caller keeps using it.
+    tokio::task::spawn_blocking(move || f(&mut guard))
+        .await
+        .map_err(|e| StoreError::Database(format!("storage task failed: {e}")))?
+}
+
+/// How often the WAL is copied back into the database file.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A passive checkpoint every [`CHECKPOINT_EVERY`] on the log connection, while the
+/// store lives: it never waits for readers or writers, and no request pays for it.
+/// The log connection also checkpoints on its own commits (SQLite's default, every
+/// 1,000 pages). The last connection to close checkpoints what is left.
+fn spawn_checkpoints(log_conn: std::sync::Weak<Mutex<Connection>>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut every = tokio::time::interval(CHECKPOINT_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            let Some(conn) = log_conn.upgrade() else {
+                return;
+            };
+            let result = run_on(&conn, |c| {
+                c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+                Ok(())
+            })
+            .await;
+            if let Err(e) = result {
+                tracing::debug!("WAL checkpoint: {e}");
+            }
+        }
+    });
 }
