@@ -81,10 +81,11 @@ pub const SCHEMA_VERSION: i64 = 1;
 pub struct SqliteStore {
     path: PathBuf,
     conn: Arc<Mutex<Connection>>,
-    /// The background log writers' own connection: a batch of decision or audit rows
-    /// being written never holds the lock that routing and tool calls wait on (WAL
-    /// lets the main connection read meanwhile).
-    log_conn: Arc<Mutex<Connection>>,
+    /// The background log writers' own connection, on a thread of its own at a lower
+    /// CPU priority: a batch of decision or audit rows being written never holds the
+    /// lock that routing and tool calls wait on (WAL lets the main connection read
+    /// meanwhile), and on a saturated machine requests get the CPU first.
+    log_conn: LogConnection,
 }
 
 impl SqliteStore {
@@ -116,8 +117,8 @@ impl SqliteStore {
             })
             .await
             .map_err(|e| StoreError::Database(e.to_string()))??;
-        let log_conn = Arc::new(Mutex::new(log_conn));
-        spawn_checkpoints(Arc::downgrade(&log_conn));
+        let log_conn = LogConnection::start(log_conn)?;
+        spawn_checkpoints(log_conn.downgrade());
         Ok(SqliteStore {
             path,
             conn: Arc::new(Mutex::new(conn)),
@@ -145,7 +146,7 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
         R: Send + 'static,
     {
-        run_on(&self.log_conn, f).await
+        self.log_conn.run(f).await
     }
 
     pub async fn settings_all(&self) -> Result<BTreeMap<String, String>, StoreError> {
@@ -583,11 +584,77 @@ where
 /// How often the WAL is copied back into the database file.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Niceness of the log connection's thread (0 is normal, 19 the lowest).
+const LOG_THREAD_NICE: i32 = 10;
+
+type LogJob = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// A connection owned by one OS thread that runs the jobs sent to it in order.
+#[derive(Clone)]
+struct LogConnection {
+    jobs: Arc<std::sync::Mutex<std::sync::mpsc::Sender<LogJob>>>,
+}
+
+impl LogConnection {
+    fn start(mut conn: Connection) -> Result<LogConnection, StoreError> {
+        let (jobs, queue) = std::sync::mpsc::channel::<LogJob>();
+        std::thread::Builder::new()
+            .name("loadout-sqlite-log".into())
+            .spawn(move || {
+                lower_priority();
+                // Ends when every sender is gone: the store was dropped.
+                for job in queue {
+                    job(&mut conn);
+                }
+            })
+            .map_err(|e| StoreError::Database(format!("starting the log writer thread: {e}")))?;
+        Ok(LogConnection {
+            jobs: Arc::new(std::sync::Mutex::new(jobs)),
+        })
+    }
+
+    async fn run<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+        R: Send + 'static,
+    {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job: LogJob = Box::new(move |conn| {
+            // A panic in `f` is reported like a failed storage task; the thread and
+            // its connection carry on (an open transaction rolls back when dropped).
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn)))
+                .unwrap_or_else(|_| Err(StoreError::Database("log write panicked".into())));
+            let _ = reply.send(result);
+        });
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(job)
+            .map_err(|_| StoreError::Database("the log writer thread has stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Database("the log writer thread has stopped".into()))?
+    }
+
+    fn downgrade(&self) -> std::sync::Weak<std::sync::Mutex<std::sync::mpsc::Sender<LogJob>>> {
+        Arc::downgrade(&self.jobs)
+    }
+}
+
+/// Lowers the calling thread's CPU priority (Linux: niceness is per thread). Best
+/// effort: elsewhere, or when refused, the thread keeps the normal priority.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::process::setpriority_process(None, LOG_THREAD_NICE) {
+        tracing::debug!("log writer thread keeps its priority: {e}");
+    }
+}
+
 /// A passive checkpoint every [`CHECKPOINT_EVERY`] on the log connection, while the
 /// store lives: it never waits for readers or writers, and no request pays for it.
 /// The log connection also checkpoints on its own commits (SQLite's default, every
 /// 1,000 pages). The last connection to close checkpoints what is left.
-fn spawn_checkpoints(log_conn: std::sync::Weak<Mutex<Connection>>) {
+fn spawn_checkpoints(jobs: std::sync::Weak<std::sync::Mutex<std::sync::mpsc::Sender<LogJob>>>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -597,14 +664,16 @@ fn spawn_checkpoints(log_conn: std::sync::Weak<Mutex<Connection>>) {
         every.tick().await;
         loop {
             every.tick().await;
-            let Some(conn) = log_conn.upgrade() else {
+            let Some(jobs) = jobs.upgrade() else {
                 return;
             };
-            let result = run_on(&conn, |c| {
-                c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
-                Ok(())
-            })
-            .await;
+            let log_conn = LogConnection { jobs };
+            let result = log_conn
+                .run(|c| {
+                    c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+                    Ok(())
+                })
+                .await;
             if let Err(e) = result {
                 tracing::debug!("WAL checkpoint: {e}");
             }
