@@ -591,7 +591,15 @@ async fn a_newer_schema_stops_the_binary_and_is_left_untouched() {
     let sqlite = stores.remove(0);
     let sqlite_file = sqlite.data_dir.join("loadout.db");
     let sqlite_url = sqlite.url.clone();
+    let wal = sqlite.data_dir.join("loadout.db-wal");
     drop(sqlite);
+    // The store's log connection closes on its own thread; the last connection to
+    // close checkpoints the WAL into the file and deletes it. Read after that.
+    let deadline = std::time::Instant::now() + WAIT;
+    while wal.exists() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!wal.exists(), "the SQLite store did not close");
     let before = std::fs::read(&sqlite_file).expect("read the SQLite file");
     let mut urls = vec![sqlite_url];
     urls.extend(stores.iter().map(|t| t.url.clone()));
