@@ -221,16 +221,7 @@ impl SqliteStore {
 
     pub async fn session_turn(&self, id: &str) -> Result<i64, StoreError> {
         let id = id.to_owned();
-        self.call(move |c| {
-            Ok(
-                c.query_row("SELECT n_turns FROM sessions WHERE id = ?1", [id], |r| {
-                    r.get(0)
-                })
-                .optional()?
-                .unwrap_or(0),
-            )
-        })
-        .await
+        self.call(move |c| Ok(read_session_turn(c, &id)?)).await
     }
 
     pub async fn message_append(
@@ -297,42 +288,13 @@ impl SqliteStore {
         self.call(move |c| {
             // One read transaction: the three reads see the same commit.
             let tx = c.transaction()?;
-            let turn = tx
-                .query_row(
-                    "SELECT n_turns FROM sessions WHERE id = ?1",
-                    [&session],
-                    |r| r.get(0),
-                )
-                .optional()?
-                .unwrap_or(0);
-            let domains = {
-                let mut stmt = tx.prepare_cached(
-                    "SELECT domain, last_used_turn, pinned, unloaded FROM session_domains
-                     WHERE session_id = ?1 ORDER BY domain",
-                )?;
-                let rows = stmt.query_map([&session], |r| {
-                    Ok(SessionDomainState {
-                        domain: r.get(0)?,
-                        last_used_turn: r.get(1)?,
-                        pinned: r.get(2)?,
-                        unloaded: r.get(3)?,
-                    })
-                })?;
-                rows.collect::<Result<Vec<_>, _>>()?
-            };
-            let warm = {
-                let mut stmt = tx.prepare_cached(
-                    "SELECT domain FROM domain_use WHERE last_used_ms >= ?1 ORDER BY domain",
-                )?;
-                let rows = stmt.query_map([warm_since_ms], |r| r.get(0))?;
-                rows.collect::<Result<Vec<String>, _>>()?
+            let snapshot = SessionSnapshot {
+                turn: read_session_turn(&tx, &session)?,
+                domains: read_session_domains(&tx, &session)?,
+                warm: read_domains_used_since(&tx, warm_since_ms)?,
             };
             tx.commit()?;
-            Ok(SessionSnapshot {
-                turn,
-                domains,
-                warm,
-            })
+            Ok(snapshot)
         })
         .await
     }
@@ -342,22 +304,8 @@ impl SqliteStore {
         session: &str,
     ) -> Result<Vec<SessionDomainState>, StoreError> {
         let session = session.to_owned();
-        self.call(move |c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT domain, last_used_turn, pinned, unloaded FROM session_domains
-                 WHERE session_id = ?1 ORDER BY domain",
-            )?;
-            let rows = stmt.query_map([session], |r| {
-                Ok(SessionDomainState {
-                    domain: r.get(0)?,
-                    last_used_turn: r.get(1)?,
-                    pinned: r.get(2)?,
-                    unloaded: r.get(3)?,
-                })
-            })?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
-        })
-        .await
+        self.call(move |c| Ok(read_session_domains(c, &session)?))
+            .await
     }
 
     pub async fn session_domain_put(
@@ -402,14 +350,8 @@ impl SqliteStore {
     }
 
     pub async fn domains_used_since(&self, since_ms: i64) -> Result<Vec<String>, StoreError> {
-        self.call(move |c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT domain FROM domain_use WHERE last_used_ms >= ?1 ORDER BY domain",
-            )?;
-            let rows = stmt.query_map([since_ms], |r| r.get(0))?;
-            Ok(rows.collect::<Result<Vec<String>, _>>()?)
-        })
-        .await
+        self.call(move |c| Ok(read_domains_used_since(c, since_ms)?))
+            .await
     }
 
     pub async fn decisions_insert(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {
@@ -552,6 +494,43 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// User turns of a session so far (0 for one that does not exist yet).
+fn read_session_turn(c: &Connection, session: &str) -> rusqlite::Result<i64> {
+    Ok(c.query_row(
+        "SELECT n_turns FROM sessions WHERE id = ?1",
+        [session],
+        |r| r.get(0),
+    )
+    .optional()?
+    .unwrap_or(0))
+}
+
+fn read_session_domains(
+    c: &Connection,
+    session: &str,
+) -> rusqlite::Result<Vec<SessionDomainState>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT domain, last_used_turn, pinned, unloaded FROM session_domains
+         WHERE session_id = ?1 ORDER BY domain",
+    )?;
+    let rows = stmt.query_map([session], |r| {
+        Ok(SessionDomainState {
+            domain: r.get(0)?,
+            last_used_turn: r.get(1)?,
+            pinned: r.get(2)?,
+            unloaded: r.get(3)?,
+        })
+    })?;
+    rows.collect()
+}
+
+fn read_domains_used_since(c: &Connection, since_ms: i64) -> rusqlite::Result<Vec<String>> {
+    let mut stmt =
+        c.prepare_cached("SELECT domain FROM domain_use WHERE last_used_ms >= ?1 ORDER BY domain")?;
+    let rows = stmt.query_map([since_ms], |r| r.get(0))?;
+    rows.collect()
+}
+
 fn decision_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DecisionRow> {
     Ok(DecisionRow {
         at_ms: r.get(0)?,
@@ -590,9 +569,12 @@ const LOG_THREAD_NICE: i32 = 10;
 type LogJob = Box<dyn FnOnce(&mut Connection) + Send>;
 
 /// A connection owned by one OS thread that runs the jobs sent to it in order.
+/// Senders of the log connection's jobs; the thread ends when the last one is gone.
+type LogJobs = std::sync::mpsc::Sender<LogJob>;
+
 #[derive(Clone)]
 struct LogConnection {
-    jobs: Arc<std::sync::Mutex<std::sync::mpsc::Sender<LogJob>>>,
+    jobs: Arc<LogJobs>,
 }
 
 impl LogConnection {
@@ -609,7 +591,7 @@ impl LogConnection {
             })
             .map_err(|e| StoreError::Database(format!("starting the log writer thread: {e}")))?;
         Ok(LogConnection {
-            jobs: Arc::new(std::sync::Mutex::new(jobs)),
+            jobs: Arc::new(jobs),
         })
     }
 
@@ -627,8 +609,6 @@ impl LogConnection {
             let _ = reply.send(result);
         });
         self.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .send(job)
             .map_err(|_| StoreError::Database("the log writer thread has stopped".into()))?;
         answer
@@ -636,7 +616,7 @@ impl LogConnection {
             .map_err(|_| StoreError::Database("the log writer thread has stopped".into()))?
     }
 
-    fn downgrade(&self) -> std::sync::Weak<std::sync::Mutex<std::sync::mpsc::Sender<LogJob>>> {
+    fn downgrade(&self) -> std::sync::Weak<LogJobs> {
         Arc::downgrade(&self.jobs)
     }
 }
@@ -654,7 +634,7 @@ fn lower_priority() {
 /// store lives: it never waits for readers or writers, and no request pays for it.
 /// The log connection also checkpoints on its own commits (SQLite's default, every
 /// 1,000 pages). The last connection to close checkpoints what is left.
-fn spawn_checkpoints(jobs: std::sync::Weak<std::sync::Mutex<std::sync::mpsc::Sender<LogJob>>>) {
+fn spawn_checkpoints(jobs: std::sync::Weak<LogJobs>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
