@@ -246,6 +246,8 @@ impl Routing {
         message: &str,
     ) {
         tracing::info!("{}", selection.summary_line());
+        // The next turn carries these over when its message has no evidence of its own.
+        let carried = carry_over(selection);
         if let Some(logging) = decision_logging(settings) {
             self.decisions.record(selection.decision_row(
                 session,
@@ -253,11 +255,10 @@ impl Routing {
                 message,
                 logging,
                 now_ms(),
+                &carried,
             ));
         }
         if let Some(session) = session {
-            // The next turn carries these over when its message has no evidence of its own.
-            let carried = carry_over(selection);
             let mut cache = self.carry.lock().unwrap_or_else(|p| p.into_inner());
             if cache.len() >= CARRY_CACHE_SESSIONS {
                 cache.clear();

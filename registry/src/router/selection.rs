@@ -306,8 +306,9 @@ impl Selection {
     }
 
     /// The decision-log row for this selection. `at_ms` is passed in so the router
-    /// stays free of clocks. The reasons are serialized straight from the selection
-    /// (no JSON tree): this runs on every routed message.
+    /// stays free of clocks; so is `carry` ([`carry_over`](super::carry_over) of this
+    /// selection), which the caller also keeps. The reasons are serialized straight
+    /// from the selection (no JSON tree): this runs on every routed message.
     pub fn decision_row(
         &self,
         session: Option<&str>,
@@ -315,12 +316,12 @@ impl Selection {
         message: &str,
         logging: MessageLogging,
         at_ms: i64,
+        carry: &[String],
     ) -> DecisionRow {
         let message = match logging {
             MessageLogging::Plain => message.to_owned(),
             MessageLogging::Sha256 => format!("sha256:{}", sha256_hex(message)),
         };
-        let carry = super::carry_over(self);
         DecisionRow {
             at_ms,
             session: session.map(str::to_owned),
@@ -335,7 +336,7 @@ impl Selection {
                 hint_tokens: self.hint_tokens,
                 all_tools_tokens: self.all_tools_tokens,
                 notes: &self.notes,
-                carry: &carry,
+                carry,
             }),
         }
     }
