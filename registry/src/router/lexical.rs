@@ -292,6 +292,17 @@ pub(crate) fn for_each_term(text: &str, mut emit: impl FnMut(&str)) {
     flush(&mut word);
 }
 
+/// The terms of `text` (see [`for_each_term`]), each followed by a line break, into
+/// `words` (cleared first). Terms never contain one.
+pub(crate) fn query_words(text: &str, words: &mut String) {
+    words.clear();
+    for_each_term(text, |term| {
+        words.push_str(term);
+        words.push('\n');
+    });
+    words.pop();
+}
+
 /// One field of a document and how much its terms count.
 pub(crate) struct Field<'a> {
     pub text: &'a str,
@@ -363,15 +374,24 @@ impl Bm25Index {
     }
 
     /// Distinct index terms of `query`, in first-seen order.
+    #[cfg(test)]
     pub(crate) fn query_terms(&self, query: &str, terms: &mut Vec<u32>) {
+        let mut words = String::new();
+        query_words(query, &mut words);
+        self.query_word_terms(&words, terms);
+    }
+
+    /// [`Bm25Index::query_terms`] for words already cut by [`query_words`]: one cut
+    /// serves several indexes.
+    pub(crate) fn query_word_terms(&self, words: &str, terms: &mut Vec<u32>) {
         terms.clear();
-        for_each_term(query, |term| {
+        for term in words.split('\n') {
             if let Some(&id) = self.term_ids.get(term)
                 && !terms.contains(&id)
             {
                 terms.push(id);
             }
-        });
+        }
     }
 
     /// Adds each document's BM25 score for `terms` into `scores` (one slot per document).

@@ -543,6 +543,22 @@ impl Router {
         }
     }
 
+    /// The keyword stage alone: the domains whose keywords (their own or their tools')
+    /// are in the message, one entry per match, from one pass over the lowercased
+    /// message. `cargo xtask bench` sets it beside the naive per-keyword baseline,
+    /// which does the same job.
+    pub fn keyword_domains(&self, message: &str) -> Vec<usize> {
+        let lowered = message.to_lowercase();
+        let mut matched = Vec::new();
+        self.keywords.for_each_match(&lowered, |owner| {
+            matched.push(match owner {
+                KeywordOwner::Domain(d) => d,
+                KeywordOwner::Tool(t) => self.tool_domain[t],
+            })
+        });
+        matched
+    }
+
     fn gather_evidence(&self, message: &str, settings: &BTreeMap<String, String>) -> Evidence {
         let n_domains = self.registry.domains().len();
         let n_tools = self.registry.all_tools().len();
@@ -595,6 +611,7 @@ impl Router {
         let dense_on = dense_cosines.is_some();
 
         let mut terms = Vec::new();
+        let mut words = String::new();
         let mut piece_tool_bm25 = vec![0.0f32; n_tools];
         let mut tool_bm25 = vec![0.0f32; n_tools];
         let mut tool_dense = vec![0.0f32; n_tools];
@@ -606,7 +623,8 @@ impl Router {
             lowered_piece.clear();
             lowered_piece.push_str(&piece.to_lowercase());
             piece_tool_bm25.iter_mut().for_each(|s| *s = 0.0);
-            self.tool_index.query_terms(&lowered_piece, &mut terms);
+            lexical::query_words(&lowered_piece, &mut words);
+            self.tool_index.query_word_terms(&words, &mut terms);
             let tool_query_mass: f32 = terms
                 .iter()
                 .map(|&t| self.tool_index.max_term_score(t))
@@ -618,7 +636,7 @@ impl Router {
                 }
             }
             let mut domain_bm25 = vec![0.0f32; n_domains];
-            self.domain_index.query_terms(&lowered_piece, &mut terms);
+            self.domain_index.query_word_terms(&words, &mut terms);
             let domain_query_mass: f32 = terms
                 .iter()
                 .map(|&t| self.domain_index.max_term_score(t))
@@ -1055,9 +1073,18 @@ impl Router {
         });
 
         // Hints: tools of considered domains that are not sent, best first.
-        ranked_out.retain(|&t| sent[t].is_none());
-        ranked_out.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
-        ranked_out.dedup();
+        // Only the best `max_hints` need an order: with a large domain ranked out, a
+        // full sort of every hinted-out tool would dominate the selection's cost.
+        let mut seen = vec![false; tools.len()];
+        ranked_out.retain(|&t| sent[t].is_none() && !std::mem::replace(&mut seen[t], true));
+        let best_first =
+            |&a: &usize, &b: &usize| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b));
+        if ranked_out.len() > config.max_hints && config.max_hints > 0 {
+            ranked_out.select_nth_unstable_by(config.max_hints - 1, best_first);
+            ranked_out[..config.max_hints].sort_unstable_by(best_first);
+        } else {
+            ranked_out.sort_unstable_by(best_first);
+        }
         let mut hints = Vec::with_capacity(ranked_out.len().min(config.max_hints));
         let mut hint_tokens = 0;
         for &t in ranked_out.iter().take(config.max_hints) {

@@ -32,6 +32,17 @@ const KOREAN_CLOSING_ENDINGS: &[&str] = &["하고", "해주고", "주고", "고�
 /// (trimmed); pieces with no letter or digit are dropped.
 pub(crate) fn split_requests(message: &str) -> Vec<&str> {
     let mut pieces: Vec<&str> = Vec::new();
+    if !may_chain(message) {
+        // Most messages ask one thing: skip cutting them into words.
+        push_trimmed(&mut pieces, message);
+        pieces.retain(|p| p.chars().any(char::is_alphanumeric));
+        return pieces;
+    }
+    split_each(message, pieces)
+}
+
+/// [`split_requests`] without the shortcut for messages that cannot chain.
+fn split_each<'a>(message: &'a str, mut pieces: Vec<&'a str>) -> Vec<&'a str> {
     for sentence in split_sentences(message) {
         split_connectives(sentence, &mut pieces);
     }
@@ -48,6 +59,22 @@ pub(crate) fn split_requests(message: &str) -> Vec<&str> {
         }
     }
     pieces
+}
+
+/// Whether `message` has anything a request boundary is made of: sentence
+/// punctuation, a line break, a non-ASCII character (Korean connectives and endings)
+/// or the letters of an English connective or `and`. `false` means one request.
+fn may_chain(message: &str) -> bool {
+    const MARKS: &[u8] = b";.!?\n\r";
+    const LETTERS: &[&[u8]] = &[b"and", b"then", b"after", b"also", b"plus"];
+    let bytes = message.as_bytes();
+    !message.is_ascii()
+        || bytes.iter().any(|b| MARKS.contains(b))
+        || LETTERS.iter().any(|pattern| {
+            bytes
+                .windows(pattern.len())
+                .any(|w| w.eq_ignore_ascii_case(pattern))
+        })
 }
 
 /// Byte offset of `piece`, a subslice of `message`.
@@ -100,10 +127,11 @@ fn split_connectives<'a>(sentence: &'a str, pieces: &mut Vec<&'a str>) {
     while i < words.len() {
         let mut matched = 0;
         for connective in CONNECTIVES {
-            let parts: Vec<&str> = connective.split(' ').collect();
-            if i + parts.len() <= lower.len() && parts.iter().zip(&lower[i..]).all(|(p, w)| p == w)
+            let n_parts = connective.split(' ').count();
+            if i + n_parts <= lower.len()
+                && connective.split(' ').zip(&lower[i..]).all(|(p, w)| p == w)
             {
-                matched = parts.len();
+                matched = n_parts;
                 break;
             }
         }
@@ -221,6 +249,29 @@ mod tests {
             split_requests("불 꺼줘 그리고 음악 틀어줘"),
             vec!["불 꺼줘", "음악 틀어줘"]
         );
+    }
+
+    #[test]
+    fn the_shortcut_for_single_requests_changes_nothing() {
+        for message in [
+            "what's the weather",
+            "  , turn on the lights ,",
+            "show my calendar for friday",
+            "stop the redis container",
+            "compare rent, size, commute",
+            "???",
+            "",
+            "handle the backup then",
+            "날씨 확인하고 치과 예약 잡아줘",
+        ] {
+            assert_eq!(
+                split_requests(message),
+                split_each(message, Vec::new()),
+                "{message:?}"
+            );
+        }
+        assert!(!may_chain("show my calendar for friday"));
+        assert!(may_chain("lights AND music"));
     }
 
     #[test]
