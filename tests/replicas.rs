@@ -644,7 +644,10 @@ async fn a_newer_schema_stops_the_binary_and_is_left_untouched() {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        assert_eq!(versions, [loadout::store::SCHEMA_VERSION, 999]);
+        let expected: Vec<i64> = (1..=loadout::store::SCHEMA_VERSION)
+            .chain(std::iter::once(999))
+            .collect();
+        assert_eq!(versions, expected);
         let kept: String = client
             .query_one("SELECT value FROM settings WHERE key = 'kept'", &[])
             .await

@@ -9,7 +9,8 @@
 //! asked on every [`snapshot`](Settings::snapshot), so a tool call sees a setting
 //! another process (`loadout mcp`, the CLI) just wrote; the routing hot path uses
 //! [`snapshot_recent`](Settings::snapshot_recent), which asks at most once per
-//! [`RECHECK`] so a busy server does not queue one storage call per request.
+//! [`RECHECK`], from one request at a time, so a busy server does not queue one
+//! storage call per request.
 //! PostgreSQL: the store's
 //! listener ([`Store::settings_changes`]) reports every write by any replica at once
 //! (`LISTEN/NOTIFY`), so a snapshot asks the database nothing while the listener is
@@ -17,6 +18,7 @@
 //! while the listener is down the epoch is asked on every read, as on SQLite.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +41,24 @@ pub struct Settings {
     cache: Arc<Mutex<Option<Cached>>>,
     /// The store's change notifications, where it has them.
     changes: Option<watch::Receiver<SettingsChange>>,
+    /// Set while one [`Settings::snapshot_recent`] asks the store.
+    asking: Arc<AtomicBool>,
+}
+
+/// The right to ask the store on behalf of every `snapshot_recent` caller; given
+/// back when dropped, also when the asking future is cancelled or fails.
+struct Asking<'a>(&'a AtomicBool);
+
+impl<'a> Asking<'a> {
+    fn start(flag: &'a AtomicBool) -> Option<Asking<'a>> {
+        (!flag.swap(true, Ordering::AcqRel)).then_some(Asking(flag))
+    }
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 #[derive(Debug)]
@@ -64,6 +84,7 @@ impl Settings {
             ttl,
             cache: Arc::new(Mutex::new(None)),
             changes,
+            asking: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -89,13 +110,34 @@ impl Settings {
         allow_recent: bool,
     ) -> Result<Arc<BTreeMap<String, String>>, StoreError> {
         let change = self.change();
-        let cached = {
+        let (cached, expired) = {
             let guard = self.lock();
-            guard
-                .as_ref()
-                .filter(|c| c.loaded.elapsed() < self.ttl && c.generation == change.generation)
-                .map(|c| (c.version, c.checked.elapsed() < RECHECK, c.values.clone()))
+            let current = guard.as_ref().filter(|c| c.generation == change.generation);
+            let within_ttl = current.filter(|c| c.loaded.elapsed() < self.ttl);
+            (
+                within_ttl.map(|c| (c.version, c.checked.elapsed() < RECHECK, c.values.clone())),
+                current
+                    .filter(|_| within_ttl.is_none())
+                    .map(|c| c.values.clone()),
+            )
         };
+        // Routing asks the store from one request at a time: the others take the map
+        // that was current a moment ago instead of queueing on the connection behind
+        // it (on SQLite, a burst of requests once per RECHECK and per TTL).
+        let mut _asking = None;
+        if allow_recent {
+            let recent = match &cached {
+                Some((_, true, values)) => return Ok(values.clone()),
+                Some((_, false, values)) => Some(values),
+                None => expired.as_ref(),
+            };
+            if let Some(values) = recent {
+                match Asking::start(&self.asking) {
+                    Some(asking) => _asking = Some(asking),
+                    None => return Ok(values.clone()),
+                }
+            }
+        }
         if change.listening {
             // Every write by anyone changes the generation: no need to ask the store.
             if let Some((_, _, values)) = cached {
@@ -105,9 +147,6 @@ impl Settings {
             // A notification that arrived while loading makes the next read reload.
             self.store_cache(i64::MIN, change.generation, values.clone());
             return Ok(values);
-        }
-        if allow_recent && let Some((_, true, values)) = &cached {
-            return Ok(values.clone());
         }
         let version = self.store.settings_version().await?;
         if let Some((cached_version, _, values)) = cached

@@ -34,9 +34,10 @@ use super::{
 
 /// Versioned migrations, applied in order at connect. Never edit a shipped one: add
 /// one, under the same number as SQLite's migration of the same meaning.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    r#"
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        r#"
     CREATE TABLE settings (
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL,
@@ -96,10 +97,14 @@ const MIGRATIONS: &[(i64, &str)] = &[(
         duration_ms DOUBLE PRECISION NOT NULL
     );
     "#,
-)];
+    ),
+    // SQLite's version 2 adds the settings counter this schema has had from version
+    // 1 (`settings_epoch`); the versions stay equal across backends.
+    (2, "SELECT 1"),
+];
 
 /// Newest schema version this binary knows; equal to SQLite's.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The channel settings writes notify on.
 pub const SETTINGS_CHANNEL: &str = "loadout_settings";

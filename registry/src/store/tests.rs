@@ -88,6 +88,82 @@ async fn settings_roundtrip_and_unset() {
     }
 }
 
+/// Every version from the first to the newest: what a fresh database records.
+fn all_versions() -> Vec<i64> {
+    (1..=SCHEMA_VERSION).collect()
+}
+
+#[tokio::test]
+async fn settings_version_ignores_other_writes() {
+    // Only a settings write may move the version: anything else (the decision log
+    // above all, written all the time on its own connection) would make every
+    // settings recheck reload the table.
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        store.setting_set("a", "1").await.expect("set");
+        let before = store.settings_version().await.expect("version");
+        store
+            .decisions_insert(&[DecisionRow {
+                at_ms: 1,
+                session: None,
+                turn: 1,
+                message: "hello".into(),
+                n_tools: 0,
+                tokens: 0,
+                reasons: Reasons::to_json(&serde_json::json!({})),
+            }])
+            .await
+            .expect("log");
+        store
+            .message_append("s-1", "user", &serde_json::json!("hi"))
+            .await
+            .expect("append");
+        let other = t.reopen().await.expect("reopen");
+        other
+            .message_append("s-1", "user", &serde_json::json!("again"))
+            .await
+            .expect("append");
+        assert_eq!(
+            store.settings_version().await.expect("version"),
+            before,
+            "{}",
+            t.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_version_1_sqlite_database_upgrades_in_place() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let StoreBackend::Sqlite(sqlite) = t.store.backend() else {
+            continue;
+        };
+        t.store.setting_set("kept", "yes").await.expect("set");
+        // Back to what a version-1 binary left behind.
+        sqlite
+            .call(|c| {
+                c.execute_batch(
+                    "DROP TRIGGER settings_version_on_insert;
+                     DROP TRIGGER settings_version_on_update;
+                     DROP TRIGGER settings_version_on_delete;
+                     DROP TABLE settings_version;
+                     DELETE FROM schema_version WHERE version > 1;",
+                )?;
+                Ok(())
+            })
+            .await
+            .expect("downgrade");
+        let upgraded = t.reopen().await.expect("upgrade");
+        assert_eq!(schema_versions(&t).await, all_versions());
+        assert_eq!(upgraded.settings_all().await.expect("all")["kept"], "yes");
+        let before = upgraded.settings_version().await.expect("version");
+        upgraded.setting_set("kept", "still").await.expect("set");
+        assert_ne!(upgraded.settings_version().await.expect("version"), before);
+    }
+}
+
 #[tokio::test]
 async fn settings_version_changes_with_every_write() {
     let (_dir, stores) = stores().await;
@@ -306,7 +382,7 @@ async fn migrations_are_idempotent() {
         t.store.setting_set("kept", "yes").await.expect("set");
         let again = t.reopen().await.expect("connect twice");
         let third = t.reopen().await.expect("connect three times");
-        assert_eq!(schema_versions(&t).await, [SCHEMA_VERSION], "{}", t.name);
+        assert_eq!(schema_versions(&t).await, all_versions(), "{}", t.name);
         assert_eq!(
             third.settings_all().await.expect("all")["kept"],
             "yes",
@@ -344,7 +420,7 @@ async fn newer_schema_is_refused_naming_both_versions() {
         // Nothing was touched: same versions, same data.
         assert_eq!(
             schema_versions(&t).await,
-            [SCHEMA_VERSION, 999],
+            [all_versions(), vec![999]].concat(),
             "{}",
             t.name
         );
