@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use loadout::Store;
 use loadout::StoreError;
@@ -18,9 +18,14 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 /// Rows waiting to be written; beyond this, new rows are dropped (and counted).
-pub const QUEUE_CAPACITY: usize = 4096;
+pub const QUEUE_CAPACITY: usize = 8192;
 /// Most rows written in one transaction.
-pub const MAX_BATCH: usize = 256;
+pub const MAX_BATCH: usize = 1024;
+/// While rows keep coming, a write waits until this long after the previous one, so
+/// that a busy server writes few large transactions (each commit rewrites the pages
+/// it touched, a cost per transaction, not per row). A row after a quiet spell is
+/// written at once.
+pub const LINGER: Duration = Duration::from_millis(50);
 
 /// Handle to the writer task; cheap to clone, clones share the queue.
 #[derive(Clone)]
@@ -103,24 +108,42 @@ async fn write_rows<R: LogRow>(
     n_dropped: Arc<AtomicU64>,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    loop {
+    let mut last_write: Option<Instant> = None;
+    let mut stopping = false;
+    while !stopping {
         tokio::select! {
             biased;
+            _ = &mut stopped => stopping = true,
             n = rows.recv_many(&mut batch, MAX_BATCH) => {
                 if n == 0 {
-                    break;
+                    return;
+                }
+                // A steady stream of rows: gather until LINGER after the last write,
+                // so each transaction carries many rows instead of a few.
+                if let Some(last) = last_write
+                    && batch.len() < MAX_BATCH
+                    && last.elapsed() < LINGER
+                {
+                    tokio::select! {
+                        biased;
+                        _ = &mut stopped => stopping = true,
+                        _ = tokio::time::sleep_until((last + LINGER).into()) => {}
+                    }
+                    while batch.len() < MAX_BATCH
+                        && let Ok(row) = rows.try_recv()
+                    {
+                        batch.push(row);
+                    }
                 }
                 insert(&store, &mut batch, &n_dropped).await;
-            }
-            _ = &mut stopped => {
-                // No new rows from now on; what is already queued is still written.
-                rows.close();
-                while rows.recv_many(&mut batch, MAX_BATCH).await > 0 {
-                    insert(&store, &mut batch, &n_dropped).await;
-                }
-                break;
+                last_write = Some(Instant::now());
             }
         }
+    }
+    // No new rows from now on; what is already queued is still written.
+    rows.close();
+    while rows.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        insert(&store, &mut batch, &n_dropped).await;
     }
 }
 

@@ -7,7 +7,9 @@
 //! it up and runs `wrk` (Debian package `wrk`) twice: one-off messages, and messages
 //! spread over 64 sessions (state read, message append, decision log). Prints
 //! requests/s and p50/p99 per run, and what the decision log costs at p99 as a ratio
-//! from the same run. Nothing here asserts on time.
+//! from the same run. Then, for each setting again, the same fixed request rate (half
+//! the lower saturated rate; see [`fixed_rate`]): the decision log's cost at p99 at
+//! equal load. Nothing here asserts on time.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -15,6 +17,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+use crate::fixed_rate;
+
+/// The fixed-rate runs offer this share of the lower saturated rate of the two
+/// decision-log settings.
+const FIXED_RATE_SHARE: f64 = 0.5;
 
 const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL] [--duration SECONDS] [--connections N]
   --bin          the loadout binary (default target/release/loadout; build it with
@@ -101,6 +109,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let scratch = std::env::temp_dir().join(format!("loadout-bench-route-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let scripts = write_scripts(&scratch)?;
+    let bodies = request_bodies();
 
     println!(
         "# /api/route, lexical routing; {} cores; wrk 1 thread, {} connections, {} s per run; {}",
@@ -141,19 +150,74 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                     "{backend:<11} {log:<13} {requests:<11} {:>10.0} {:>9.2} {:>9.2} {:>7}",
                     load.requests_per_s, load.p50_ms, load.p99_ms, load.errors
                 );
-                p99.push((log, requests, load.p99_ms));
+                p99.push((log, requests, load.p99_ms, load.requests_per_s));
             }
             drop(server);
         }
         for requests in ["one-off", "session"] {
             let of = |log: &str| {
                 p99.iter()
+                    .find(|(l, r, _, _)| *l == log && *r == requests)
+                    .map(|(_, _, ms, _)| *ms)
+            };
+            if let (Some(on), Some(off)) = (of("plain"), of("off")) {
+                println!(
+                    "{backend}: decision log on/off at p99, {requests}, saturated: {:.2}x ({on:.2} ms vs {off:.2} ms)",
+                    on / off.max(1e-6)
+                );
+            }
+        }
+
+        // The same load for both settings, below saturation: half the lower of the
+        // two saturated rates, per kind of request.
+        let rate_for = |requests: &str| {
+            p99.iter()
+                .filter(|(_, r, _, _)| *r == requests)
+                .map(|(_, _, _, rps)| *rps)
+                .fold(f64::INFINITY, f64::min)
+                * FIXED_RATE_SHARE
+        };
+        let mut fixed = Vec::new();
+        for log in ["plain", "off"] {
+            let data_dir = scratch.join(format!("{backend}-{log}"));
+            let server = Server::start(&options.bin, &data_dir, url)?;
+            let endpoint = format!("http://{}/api/route", server.addr);
+            wrk(&scripts.plain, &endpoint, 4, 2)?;
+            for (requests, bodies) in [("one-off", &bodies.plain), ("session", &bodies.session)] {
+                let rate = rate_for(requests);
+                if !rate.is_finite() || rate < 1.0 {
+                    continue;
+                }
+                let load = fixed_rate::run(
+                    &server.addr,
+                    "/api/route",
+                    bodies,
+                    rate,
+                    options.connections as usize,
+                    Duration::from_secs(options.duration),
+                )?;
+                println!(
+                    "{backend:<11} {log:<13} {:<11} {:>10.0} {:>9.2} {:>9.2} {:>7}",
+                    format!("{requests}@{rate:.0}"),
+                    load.achieved_per_s,
+                    load.p50_ms,
+                    load.p99_ms,
+                    load.errors
+                );
+                fixed.push((log, requests, load.p99_ms));
+            }
+            drop(server);
+        }
+        for requests in ["one-off", "session"] {
+            let of = |log: &str| {
+                fixed
+                    .iter()
                     .find(|(l, r, _)| *l == log && *r == requests)
                     .map(|(_, _, ms)| *ms)
             };
             if let (Some(on), Some(off)) = (of("plain"), of("off")) {
                 println!(
-                    "{backend}: decision log on/off at p99, {requests}: {:.2}x ({on:.2} ms vs {off:.2} ms)",
+                    "{backend}: decision log on/off at p99, {requests}, fixed rate: {:.2}x ({on:.2} ms vs {off:.2} ms)",
                     on / off.max(1e-6)
                 );
             }
@@ -212,6 +276,38 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The request bodies of the fixed-rate runs, in the order the wrk scripts send them.
+struct Bodies {
+    plain: Vec<String>,
+    session: Vec<String>,
+}
+
+fn request_bodies() -> Bodies {
+    let json = |m: &str| serde_json::to_string(m).unwrap_or_default();
+    // The wrk scripts pair session `counter % 64` with message `counter % 6`: one
+    // cycle is their least common multiple.
+    let n = 64 * MESSAGES.len() / gcd(64, MESSAGES.len());
+    Bodies {
+        plain: MESSAGES
+            .iter()
+            .map(|m| format!("{{\"message\": {}}}", json(m)))
+            .collect(),
+        session: (1..=n)
+            .map(|counter| {
+                format!(
+                    "{{\"session\": \"bench-{}\", \"message\": {}}}",
+                    counter % 64,
+                    json(MESSAGES[counter % MESSAGES.len()])
+                )
+            })
+            .collect(),
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 struct Scripts {

@@ -5,6 +5,7 @@
 mod bench;
 mod bench_route;
 mod eval;
+mod fixed_rate;
 mod lint;
 
 use anyhow::bail;

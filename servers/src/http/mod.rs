@@ -24,6 +24,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::app::App;
@@ -139,12 +140,22 @@ pub fn app(state: HttpState) -> Router {
 
 pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
     let token = auth::token_for(args.addr)?;
+    // Built before listening: the first routed message would otherwise wait for the
+    // router's indexes and token counts (a third of a second) on a runtime thread.
+    app.routing();
     app.attach_dense_stage().await;
     let state = HttpState::new(app, token).with_mcp().await?;
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.addr))?;
     let local = listener.local_addr()?;
+    // Small responses and SSE events go out at once instead of waiting on Nagle's
+    // algorithm for the client's delayed ACK.
+    let listener = listener.tap_io(|stream| {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY not set: {e}");
+        }
+    });
     eprintln!("loadout: serving on http://{local} (dashboard at /, MCP at /mcp)");
     let stopping = state.clone();
     let served = axum::serve(listener, self::app(state.clone()))
