@@ -110,37 +110,38 @@ impl Settings {
         allow_recent: bool,
     ) -> Result<Arc<BTreeMap<String, String>>, StoreError> {
         let change = self.change();
-        let (cached, expired) = {
-            let guard = self.lock();
-            let current = guard.as_ref().filter(|c| c.generation == change.generation);
-            let within_ttl = current.filter(|c| c.loaded.elapsed() < self.ttl);
-            (
-                within_ttl.map(|c| (c.version, c.checked.elapsed() < RECHECK, c.values.clone())),
-                current
-                    .filter(|_| within_ttl.is_none())
-                    .map(|c| c.values.clone()),
-            )
-        };
+        // (version, within the TTL, confirmed within RECHECK, values)
+        let current = self
+            .lock()
+            .as_ref()
+            .filter(|c| c.generation == change.generation)
+            .map(|c| {
+                (
+                    c.version,
+                    c.loaded.elapsed() < self.ttl,
+                    c.checked.elapsed() < RECHECK,
+                    c.values.clone(),
+                )
+            });
         // Routing asks the store from one request at a time: the others take the map
         // that was current a moment ago instead of queueing on the connection behind
         // it (on SQLite, a burst of requests once per RECHECK and per TTL).
         let mut _asking = None;
-        if allow_recent {
-            let recent = match &cached {
-                Some((_, true, values)) => return Ok(values.clone()),
-                Some((_, false, values)) => Some(values),
-                None => expired.as_ref(),
-            };
-            if let Some(values) = recent {
-                match Asking::start(&self.asking) {
-                    Some(asking) => _asking = Some(asking),
-                    None => return Ok(values.clone()),
-                }
+        if allow_recent && let Some((_, live, fresh, values)) = &current {
+            if *live && *fresh {
+                return Ok(values.clone());
+            }
+            match Asking::start(&self.asking) {
+                Some(asking) => _asking = Some(asking),
+                None => return Ok(values.clone()),
             }
         }
+        let cached = current
+            .filter(|(_, live, _, _)| *live)
+            .map(|(version, _, _, values)| (version, values));
         if change.listening {
             // Every write by anyone changes the generation: no need to ask the store.
-            if let Some((_, _, values)) = cached {
+            if let Some((_, values)) = cached {
                 return Ok(values);
             }
             let values = Arc::new(self.store.settings_all().await?);
@@ -149,7 +150,7 @@ impl Settings {
             return Ok(values);
         }
         let version = self.store.settings_version().await?;
-        if let Some((cached_version, _, values)) = cached
+        if let Some((cached_version, values)) = cached
             && cached_version == version
         {
             if let Some(c) = self.lock().as_mut()

@@ -154,19 +154,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             }
             drop(server);
         }
-        for requests in ["one-off", "session"] {
-            let of = |log: &str| {
-                p99.iter()
-                    .find(|(l, r, _, _)| *l == log && *r == requests)
-                    .map(|(_, _, ms, _)| *ms)
-            };
-            if let (Some(on), Some(off)) = (of("plain"), of("off")) {
-                println!(
-                    "{backend}: decision log on/off at p99, {requests}, saturated: {:.2}x ({on:.2} ms vs {off:.2} ms)",
-                    on / off.max(1e-6)
-                );
-            }
-        }
+        let saturated: Vec<_> = p99.iter().map(|&(l, r, ms, _)| (l, r, ms)).collect();
+        print_log_cost(backend, "saturated", &saturated);
 
         // The same load for both settings, below saturation: half the lower of the
         // two saturated rates, per kind of request.
@@ -208,23 +197,28 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             }
             drop(server);
         }
-        for requests in ["one-off", "session"] {
-            let of = |log: &str| {
-                fixed
-                    .iter()
-                    .find(|(l, r, _)| *l == log && *r == requests)
-                    .map(|(_, _, ms)| *ms)
-            };
-            if let (Some(on), Some(off)) = (of("plain"), of("off")) {
-                println!(
-                    "{backend}: decision log on/off at p99, {requests}, fixed rate: {:.2}x ({on:.2} ms vs {off:.2} ms)",
-                    on / off.max(1e-6)
-                );
-            }
-        }
+        print_log_cost(backend, "fixed rate", &fixed);
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
+}
+
+/// The decision log's cost at p99 per kind of request: `(log, requests, p99 ms)`
+/// rows with `plain` and `off` for the same kind give one ratio line.
+fn print_log_cost(backend: &str, load: &str, p99: &[(&str, &str, f64)]) {
+    for requests in ["one-off", "session"] {
+        let of = |log: &str| {
+            p99.iter()
+                .find(|(l, r, _)| *l == log && *r == requests)
+                .map(|(_, _, ms)| *ms)
+        };
+        if let (Some(on), Some(off)) = (of("plain"), of("off")) {
+            println!(
+                "{backend}: decision log on/off at p99, {requests}, {load}: {:.2}x ({on:.2} ms vs {off:.2} ms)",
+                on / off.max(1e-6)
+            );
+        }
+    }
 }
 
 fn loadout(bin: &Path, data_dir: &Path, url: Option<&str>) -> Command {
