@@ -27,6 +27,7 @@ mod chitchat;
 mod embed;
 mod keywords;
 mod lexical;
+mod prerequisite;
 mod requests;
 mod selection;
 mod session;
@@ -179,6 +180,9 @@ pub struct Router {
     /// Per tool: a small prior for reading before writing (`list_`, `get_`, `search_`),
     /// used to order tools no evidence separates.
     tool_prior: Vec<f32>,
+    /// Per tool: the tools of its domain that find its required ids
+    /// (see [`prerequisite`]).
+    prerequisites: Vec<Vec<usize>>,
 }
 
 impl std::fmt::Debug for Router {
@@ -362,6 +366,10 @@ impl Router {
                 if reads_first { READ_PRIOR } else { 0.0 }
             })
             .collect();
+        let prerequisites =
+            prerequisite::prerequisites(tools, &tool_domain, &tools_by_domain, |name| {
+                registry.tool_idx(name)
+            });
 
         // Dense texts: per tool its spaced name and description, then each example;
         // per domain its name and description.
@@ -411,6 +419,7 @@ impl Router {
             tool_conflicts,
             domain_conflicts,
             tool_prior,
+            prerequisites,
         }
     }
 
@@ -864,12 +873,7 @@ impl Router {
             self.select_by_similarity(&evidence, &mut verdicts);
         }
 
-        let evidence_found = verdicts.iter().any(|v| {
-            matches!(
-                v.stage,
-                Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused
-            )
-        });
+        let evidence_found = verdicts.iter().any(|v| matches!(v.stage, Stage::Keyword));
 
         // Collisions between domains: keep the better one unless both are justified.
         self.resolve_domain_collisions(&mut verdicts);
@@ -977,6 +981,30 @@ impl Router {
                 &mut ranked_out,
                 &tool_score,
             );
+        }
+
+        // A tool goes with the tool that finds its ids.
+        let mut needed_first = Vec::new();
+        for (t, s) in sent.iter().enumerate() {
+            if let Some((stage, score)) = *s
+                && !matches!(stage, Stage::Fallback | Stage::Warm | Stage::AlwaysOn)
+            {
+                needed_first.extend(self.prerequisites[t].iter().map(|&p| (p, score)));
+            }
+        }
+        for (p, score) in needed_first {
+            let d = self.tool_domain[p];
+            if sent[p].is_none() && evidence.active[d] && verdicts[d].stage != Stage::Unloaded {
+                sent[p] = Some((Stage::Prerequisite, score));
+                tool_outcomes[p] = Some((Stage::Prerequisite, true));
+                if !verdicts[d].included() {
+                    verdicts[d] = DomainVerdict::ranked(
+                        Stage::Prerequisite,
+                        verdicts[d].score,
+                        Cow::Borrowed("a sent tool needs ids one of its tools finds"),
+                    );
+                }
+            }
         }
 
         self.resolve_tool_collisions(

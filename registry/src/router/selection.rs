@@ -38,6 +38,9 @@ pub enum Stage {
     Carried,
     /// Nothing optional matched: the fallback rule sent it.
     Fallback,
+    /// Finds the ids a sent tool of its domain requires (`list_series` for
+    /// `delete_series(series_id)`).
+    Prerequisite,
     /// Loaded by a meta-tool (`load_tools`, `load_all_for_this_turn`).
     Loaded,
     /// Unloaded by a meta-tool; kept out until used or loaded again.
@@ -67,6 +70,7 @@ impl Stage {
             Stage::Dense => "dense",
             Stage::Fused => "fused",
             Stage::Carried => "carried",
+            Stage::Prerequisite => "prerequisite",
             Stage::Fallback => "fallback",
             Stage::Loaded => "loaded",
             Stage::Unloaded => "unloaded",

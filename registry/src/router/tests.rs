@@ -590,3 +590,110 @@ fn multi_request_message_routes_to_each_request() {
         );
     }
 }
+
+#[test]
+fn follow_ups_with_only_similarity_evidence_keep_last_turns_tools() {
+    let router = router();
+    let mut view = SessionView::new(1);
+    let first = route(&router, "restart the redis container", &view);
+    view.record_calls::<&str>(&router, &[]);
+    view.begin_turn(2, Some(&first));
+    // "daily" only resembles the weather forecast's description: weak evidence that
+    // must not push out what the confirmation is about.
+    let second = route(&router, "yes, the daily one", &view);
+    assert!(matches!(
+        stage_of(&second, "weather"),
+        Stage::Bm25 | Stage::Fused | Stage::Dense
+    ));
+    assert!(second.contains("restart_container"));
+    assert_eq!(stage_of(&second, "docker"), Stage::Carried);
+}
+
+fn id_tool(name: &str, description: &str, required: &[&str]) -> serde_json::Value {
+    let properties: serde_json::Map<String, serde_json::Value> = required
+        .iter()
+        .map(|r| (r.to_string(), json!({"type": "string"})))
+        .collect();
+    json!({"name": name, "description": description,
+           "input_schema": {"type": "object", "properties": properties, "required": required}})
+}
+
+fn media_router(config: RouterConfig) -> Router {
+    let media = json!({"domain": "media", "description": "TV series and movies in the library.",
+    "keywords": ["series", "movie"],
+    "tools": [
+        id_tool("media_list_series", "Every series in the library with its id.", &[]),
+        id_tool("media_lookup_series", "Look a series up in the online catalogue.", &["term"]),
+        id_tool("media_delete_series", "Delete a series from the library.", &["series_id"]),
+        id_tool("media_get_series_status", "Download status of a series.", &["series_id"]),
+        id_tool("media_set_monitored", "Monitor or unmonitor items.", &["ids"]),
+        id_tool("media_list_movies", "Every movie in the library with its id.", &[]),
+        id_tool("media_search_movies", "Search movies in the library by title.", &["query"]),
+        id_tool("media_play_movie", "Play a movie on a screen.", &["movie_id", "screen_id"]),
+        json!({"name": "media_rate", "description": "Rate a title.",
+               "input_schema": {"type": "object", "required": ["title"], "properties": {
+                   "title": {"type": "string", "description": "A title as media_search_movies prints it."},
+                   "note": {"type": "string", "description": "Optional; see media_list_series."}}}}),
+    ]});
+    let parsed = toolkit::parse(&media.to_string(), "media.json")
+        .unwrap_or_else(|e| panic!("media catalog: {e}"));
+    let registry = Registry::builder()
+        .toolkit(parsed)
+        .build()
+        .unwrap_or_else(|e| panic!("media registry: {e}"));
+    Router::new(Arc::new(registry), config)
+}
+
+#[test]
+fn prerequisites_are_the_finders_of_required_ids() {
+    let router = media_router(RouterConfig::default());
+    let registry = router.registry();
+    let finders = |name: &str| -> Vec<String> {
+        let t = registry
+            .tool_idx(name)
+            .unwrap_or_else(|| panic!("no tool {name}"));
+        router.prerequisites[t]
+            .iter()
+            .map(|&p| router.tool_names[p].to_string())
+            .collect()
+    };
+    // A listing beats a lookup; a tool that needs the id itself finds nothing.
+    assert_eq!(finders("media_delete_series"), ["media_list_series"]);
+    assert_eq!(finders("media_get_series_status"), ["media_list_series"]);
+    // One finder per id argument; an id nothing finds (`screen_id`) is skipped.
+    assert_eq!(finders("media_play_movie"), ["media_list_movies"]);
+    // A required argument's description names its finder; an optional one's does not.
+    assert_eq!(finders("media_rate"), ["media_search_movies"]);
+    // A bare `ids` names no noun.
+    assert!(finders("media_set_monitored").is_empty());
+    assert!(finders("media_list_series").is_empty());
+}
+
+#[test]
+fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
+    // One tool per domain: without the rule the listing would be ranked out.
+    let router = media_router(RouterConfig {
+        domain_tool_cap: 1,
+        ..RouterConfig::default()
+    });
+    let selection = router.select(&RouteInput {
+        message: "delete the walking dead series, keep the files",
+        settings: &BTreeMap::new(),
+        session: &SessionView::new(1),
+        token_budget: None,
+    });
+    assert!(selection.contains("media_delete_series"));
+    assert!(selection.contains("media_list_series"));
+    let stage = selection
+        .tools
+        .iter()
+        .find(|t| t.name.as_ref() == "media_list_series")
+        .map(|t| t.stage);
+    assert_eq!(stage, Some(Stage::Prerequisite));
+    assert!(
+        selection
+            .hints
+            .iter()
+            .all(|h| h.name != "media_list_series")
+    );
+}
