@@ -149,6 +149,7 @@ impl Routing {
                 let previous_turn = snapshot.turn;
                 let mut view =
                     SessionView::from_store(previous_turn, snapshot.domains, snapshot.warm);
+                view.recent_calls = snapshot.recent_calls;
                 if !request.called.is_empty() {
                     let changed = view.record_calls(&self.router, request.called);
                     self.persist(store, session, &changed).await?;

@@ -183,6 +183,8 @@ pub struct Router {
     /// Per tool: the tools of its domain that find its required ids
     /// (see [`prerequisite`]).
     prerequisites: Vec<Vec<usize>>,
+    /// Per tool: the tools it is a prerequisite of.
+    consumers: Vec<Vec<usize>>,
 }
 
 impl std::fmt::Debug for Router {
@@ -370,6 +372,12 @@ impl Router {
             prerequisite::prerequisites(tools, &tool_domain, &tools_by_domain, |name| {
                 registry.tool_idx(name)
             });
+        let mut consumers = vec![Vec::new(); tools.len()];
+        for (t, finders) in prerequisites.iter().enumerate() {
+            for &p in finders {
+                consumers[p].push(t);
+            }
+        }
 
         // Dense texts: per tool its spaced name and description, then each example;
         // per domain its name and description.
@@ -420,6 +428,7 @@ impl Router {
             domain_conflicts,
             tool_prior,
             prerequisites,
+            consumers,
         }
     }
 
@@ -510,6 +519,17 @@ impl Router {
                     .iter()
                     .all(|key| settings.get(key).is_some_and(|v| !v.trim().is_empty()))
             })
+    }
+
+    /// The tools that take what `tool` finds (its next steps): routed after a call
+    /// to it, this turn and the next.
+    pub fn next_steps(&self, tool: &str) -> impl Iterator<Item = &str> {
+        let consumers = self
+            .registry
+            .tool_idx(tool)
+            .and_then(|t| self.consumers.get(t))
+            .map_or(&[][..], Vec::as_slice);
+        consumers.iter().map(|&c| self.tool_names[c].as_str())
     }
 
     /// `search_tools(query)`: hints for the active tools that best match `query`, by
@@ -983,26 +1003,44 @@ impl Router {
             );
         }
 
+        // After a finder was called, the tools that take what it found: the model is
+        // one step into a workflow, so they rank above what the message resembles.
+        let mut steps = Vec::new();
+        for (_, name) in &session.recent_calls {
+            if let Some(t) = registry.tool_idx(name) {
+                steps.extend(
+                    self.consumers[t]
+                        .iter()
+                        .map(|&c| (c, Stage::NextStep, NEXT_STEP_SCORE + tool_score(c))),
+                );
+            }
+        }
         // A tool goes with the tool that finds its ids.
-        let mut needed_first = Vec::new();
         for (t, s) in sent.iter().enumerate() {
             if let Some((stage, score)) = *s
                 && !matches!(stage, Stage::Fallback | Stage::Warm | Stage::AlwaysOn)
             {
-                needed_first.extend(self.prerequisites[t].iter().map(|&p| (p, score)));
+                steps.extend(
+                    self.prerequisites[t]
+                        .iter()
+                        .map(|&p| (p, Stage::Prerequisite, score)),
+                );
             }
         }
-        for (p, score) in needed_first {
+        for (p, stage, score) in steps {
             let d = self.tool_domain[p];
             if sent[p].is_none() && evidence.active[d] && verdicts[d].stage != Stage::Unloaded {
-                sent[p] = Some((Stage::Prerequisite, score));
-                tool_outcomes[p] = Some((Stage::Prerequisite, true));
+                sent[p] = Some((stage, score));
+                tool_outcomes[p] = Some((stage, true));
                 if !verdicts[d].included() {
-                    verdicts[d] = DomainVerdict::ranked(
-                        Stage::Prerequisite,
-                        verdicts[d].score,
-                        Cow::Borrowed("a sent tool needs ids one of its tools finds"),
-                    );
+                    let why = match stage {
+                        Stage::NextStep => {
+                            "a tool called this turn or the last finds what it takes"
+                        }
+                        _ => "a sent tool needs ids one of its tools finds",
+                    };
+                    verdicts[d] =
+                        DomainVerdict::ranked(stage, verdicts[d].score, Cow::Borrowed(why));
                 }
             }
         }
@@ -1516,6 +1554,10 @@ fn is_held(stage: Stage) -> bool {
 }
 
 /// Stages whose tools the budget may not drop.
+/// Added to a next step's own score: above what similarity alone gives, so the token
+/// budget trims it after the tools the message merely resembles.
+const NEXT_STEP_SCORE: f32 = 1.0;
+
 fn is_protected(stage: Stage) -> bool {
     matches!(
         stage,

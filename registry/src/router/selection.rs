@@ -41,6 +41,9 @@ pub enum Stage {
     /// Finds the ids a sent tool of its domain requires (`list_series` for
     /// `delete_series(series_id)`).
     Prerequisite,
+    /// Takes what a tool called this turn or the last found (`install_app` after
+    /// `search_app_store`).
+    NextStep,
     /// Loaded by a meta-tool (`load_tools`, `load_all_for_this_turn`).
     Loaded,
     /// Unloaded by a meta-tool; kept out until used or loaded again.
@@ -71,6 +74,7 @@ impl Stage {
             Stage::Fused => "fused",
             Stage::Carried => "carried",
             Stage::Prerequisite => "prerequisite",
+            Stage::NextStep => "next_step",
             Stage::Fallback => "fallback",
             Stage::Loaded => "loaded",
             Stage::Unloaded => "unloaded",

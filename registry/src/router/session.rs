@@ -28,6 +28,10 @@ pub struct SessionView {
     /// Tools the previous turn sent on the message's own evidence: a follow-up with no
     /// evidence of its own (`yes do it`, `push`) sees them again.
     pub carried_tools: Vec<String>,
+    /// Tools called in the previous turn and in this one, with the turn each call was
+    /// recorded at: the tools that take what they found (`install_app` after
+    /// `search_app_store`) are sent.
+    pub recent_calls: Vec<(i64, String)>,
 }
 
 /// Why a meta-tool request could not be applied.
@@ -70,6 +74,7 @@ impl SessionView {
         self.load_all_this_turn = false;
         self.loaded_tools.clear();
         self.carried_tools = previous.map(carry_over).unwrap_or_default();
+        self.recent_calls.retain(|(at, _)| *at >= turn - 1);
     }
 
     pub fn state(&self, domain: &str) -> Option<&SessionDomainState> {
@@ -103,6 +108,9 @@ impl SessionView {
             let Some(tool) = router.registry().tool(name) else {
                 continue;
             };
+            if !self.recent_calls.iter().any(|(_, c)| c == name) {
+                self.recent_calls.push((self.turn, name.to_owned()));
+            }
             if router.is_core_domain(&tool.domain) {
                 continue;
             }

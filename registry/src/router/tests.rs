@@ -697,3 +697,56 @@ fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
             .all(|h| h.name != "media_list_series")
     );
 }
+
+#[test]
+fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
+    let router = media_router(RouterConfig {
+        domain_tool_cap: 1,
+        ..RouterConfig::default()
+    });
+    let select = |view: &SessionView, message: &str| {
+        router.select(&RouteInput {
+            message,
+            settings: &BTreeMap::new(),
+            session: view,
+            token_budget: None,
+        })
+    };
+    let stage_of_tool = |selection: &Selection, name: &str| {
+        selection
+            .tools
+            .iter()
+            .find(|t| t.name.as_ref() == name)
+            .map(|t| t.stage)
+    };
+    let mut view = SessionView::new(1);
+    let first = select(&view, "which series do I have?");
+    assert!(first.contains("media_list_series"));
+    assert!(!first.contains("media_delete_series"));
+    view.record_calls(&router, &["media_list_series"]);
+    // Within the same turn (the chat loop routes again after the call) and the next;
+    // the domain is sticky now and its one ranked tool may be either of them.
+    let next_steps = |selection: &Selection| {
+        ["media_delete_series", "media_get_series_status"]
+            .iter()
+            .filter(|name| stage_of_tool(selection, name) == Some(Stage::NextStep))
+            .count()
+    };
+    let same_turn = select(&view, "which series do I have?");
+    assert!(same_turn.contains("media_delete_series"));
+    assert!(same_turn.contains("media_get_series_status"));
+    assert!(next_steps(&same_turn) >= 1);
+    view.begin_turn(2, Some(&first));
+    let second = select(&view, "the walking dead, the first one");
+    assert!(second.contains("media_delete_series"));
+    assert!(second.contains("media_get_series_status"));
+    assert!(next_steps(&second) >= 1);
+    // Two turns on, the call is forgotten.
+    view.begin_turn(3, Some(&second));
+    let third = select(&view, "the walking dead, the first one");
+    assert_eq!(next_steps(&third), 0);
+    assert_eq!(
+        router.next_steps("media_list_series").collect::<Vec<_>>(),
+        ["media_delete_series", "media_get_series_status"]
+    );
+}

@@ -199,6 +199,9 @@ pub struct SessionSnapshot {
     pub turn: i64,
     pub domains: Vec<SessionDomainState>,
     pub warm: Vec<String>,
+    /// Tools called with success in the session's latest turn (stored `tool`
+    /// messages), with the turn of each call.
+    pub recent_calls: Vec<(i64, String)>,
 }
 
 /// The router's memory of one domain in one session.
@@ -371,8 +374,8 @@ impl Store {
     }
 
     /// What routing a session's next turn reads, in one round trip where the backend
-    /// allows: its turn count, its domain states and the domains any session used
-    /// since `warm_since_ms`.
+    /// allows: its turn count, its domain states, the domains any session used since
+    /// `warm_since_ms` and the tools called in its latest turn.
     pub async fn session_snapshot(
         &self,
         session: &str,
@@ -381,15 +384,17 @@ impl Store {
         match &*self.backend {
             StoreBackend::Sqlite(s) => s.session_snapshot(session, warm_since_ms).await,
             StoreBackend::Postgres(s) => {
-                let (turn, domains, warm) = tokio::try_join!(
+                let (turn, domains, warm, recent_calls) = tokio::try_join!(
                     s.session_turn(session),
                     s.session_domains(session),
-                    s.domains_used_since(warm_since_ms)
+                    s.domains_used_since(warm_since_ms),
+                    s.latest_turn_calls(session)
                 )?;
                 Ok(SessionSnapshot {
                     turn,
                     domains,
                     warm,
+                    recent_calls,
                 })
             }
         }

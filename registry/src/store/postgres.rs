@@ -101,10 +101,14 @@ const MIGRATIONS: &[(i64, &str)] = &[
     // SQLite's version 2 adds the settings counter this schema has had from version
     // 1 (`settings_epoch`); the versions stay equal across backends.
     (2, "SELECT 1"),
+    (
+        3,
+        "CREATE INDEX messages_by_turn ON messages(session_id, turn);",
+    ),
 ];
 
 /// Newest schema version this binary knows; equal to SQLite's.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The channel settings writes notify on.
 pub const SETTINGS_CHANNEL: &str = "loadout_settings";
@@ -391,6 +395,26 @@ impl PostgresStore {
                     at_ms: r.try_get(3)?,
                 })
             })
+            .collect::<Result<_, tokio_postgres::Error>>()
+            .map_err(|e| self.error(e))
+    }
+
+    /// The tools the session called with success in its latest turn, oldest first,
+    /// with the turn of each call.
+    pub async fn latest_turn_calls(&self, session: &str) -> Result<Vec<(i64, String)>, StoreError> {
+        let rows = self
+            .query(
+                "SELECT m.turn, m.content::jsonb->>'name' FROM messages m
+                 JOIN sessions s ON s.id = m.session_id
+                 WHERE m.session_id = $1 AND m.turn >= s.n_turns AND m.role = 'tool'
+                   AND jsonb_typeof(m.content::jsonb->'name') = 'string'
+                   AND (m.content::jsonb->'ok') = 'true'::jsonb
+                 ORDER BY m.id",
+                &[&session],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
             .collect::<Result<_, tokio_postgres::Error>>()
             .map_err(|e| self.error(e))
     }

@@ -92,10 +92,15 @@ const MIGRATIONS: &[(i64, &str)] = &[
         BEGIN UPDATE settings_version SET version = version + 1 WHERE id = 1; END;
     "#,
     ),
+    (
+        3,
+        // Routing a session's turn reads the tools called in its latest turn.
+        "CREATE INDEX messages_by_turn ON messages(session_id, turn);",
+    ),
 ];
 
 /// Newest schema version this binary knows.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// SQLite state backend.
 #[derive(Clone)]
@@ -316,6 +321,11 @@ impl SqliteStore {
                 turn: read_session_turn(&tx, &session)?,
                 domains: read_session_domains(&tx, &session)?,
                 warm: read_domains_used_since(&tx, warm_since_ms)?,
+                recent_calls: Vec::new(),
+            };
+            let snapshot = SessionSnapshot {
+                recent_calls: read_calls_since(&tx, &session, snapshot.turn)?,
+                ..snapshot
             };
             tx.commit()?;
             Ok(snapshot)
@@ -528,6 +538,24 @@ fn read_session_turn(c: &Connection, session: &str) -> rusqlite::Result<i64> {
             .optional()?
             .unwrap_or(0),
     )
+}
+
+/// The tools a session called with success from `turn` on, oldest first, with the
+/// turn of each call.
+fn read_calls_since(
+    c: &Connection,
+    session: &str,
+    turn: i64,
+) -> rusqlite::Result<Vec<(i64, String)>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT turn, json_extract(content, '$.name') FROM messages
+         WHERE session_id = ?1 AND turn >= ?2 AND role = 'tool'
+           AND json_extract(content, '$.ok') = 1
+           AND json_type(content, '$.name') = 'text'
+         ORDER BY id",
+    )?;
+    let rows = stmt.query_map(params![session, turn], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
 }
 
 fn read_session_domains(

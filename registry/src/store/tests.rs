@@ -149,6 +149,7 @@ async fn a_version_1_sqlite_database_upgrades_in_place() {
                      DROP TRIGGER settings_version_on_update;
                      DROP TRIGGER settings_version_on_delete;
                      DROP TABLE settings_version;
+                     DROP INDEX messages_by_turn;
                      DELETE FROM schema_version WHERE version > 1;",
                 )?;
                 Ok(())
@@ -237,6 +238,59 @@ async fn turns_count_user_messages_and_survive_reopen() {
                 .message_append("../x", "user", &serde_json::json!("x"))
                 .await
                 .is_err()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_snapshot_names_the_tools_called_in_the_latest_turn() {
+    use serde_json::json;
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        let id = "calls";
+        let append = |role: &'static str, content: serde_json::Value| async move {
+            store
+                .message_append(id, role, &content)
+                .await
+                .expect("append")
+        };
+        let calls = || async {
+            store
+                .session_snapshot(id, 0)
+                .await
+                .expect("snapshot")
+                .recent_calls
+        };
+        assert!(calls().await.is_empty(), "{}", t.name);
+        append("user", json!("find my notes on flights")).await;
+        append(
+            "tool",
+            json!({"name": "recall", "ok": true, "content": "[]"}),
+        )
+        .await;
+        // Failed or refused calls found nothing; malformed rows are skipped.
+        append(
+            "tool",
+            json!({"name": "forget", "ok": false, "content": "error"}),
+        )
+        .await;
+        append("tool", json!({"ok": true})).await;
+        append("tool", json!("not an object")).await;
+        append("assistant", json!({"content": "none", "tool_calls": []})).await;
+        assert_eq!(calls().await, [(1, "recall".to_owned())], "{}", t.name);
+        append("user", json!("and about trains")).await;
+        assert!(calls().await.is_empty(), "{}", t.name);
+        append(
+            "tool",
+            json!({"name": "list_memories", "ok": true, "content": "[]"}),
+        )
+        .await;
+        assert_eq!(
+            calls().await,
+            [(2, "list_memories".to_owned())],
+            "{}",
+            t.name
         );
     }
 }

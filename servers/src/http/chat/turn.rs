@@ -267,14 +267,24 @@ impl Turn {
         result
     }
 
-    /// The session's stickiness: the tool's domain counts as used this turn.
+    /// The session's stickiness: the tool's domain counts as used this turn. A call to
+    /// a finder routes again when its next steps are not sent yet, so the model's
+    /// next step sees them (`install_app` after `search_app_store`).
     async fn record_call(&self, tool: &str) {
         let changed = {
             let mut state = self.control.lock();
-            state
-                .routed
-                .view
-                .record_calls(&self.state.app.routing().router, &[tool])
+            let routing = self.state.app.routing();
+            let changed = state.routed.view.record_calls(&routing.router, &[tool]);
+            let selection = &state.routed.selection;
+            if routing
+                .router
+                .next_steps(tool)
+                .any(|next| !selection.contains(next))
+            {
+                routing.reselect(&mut state.routed, Some(&self.session), &self.message);
+                state.changed = true;
+            }
+            changed
         };
         if let Err(e) = self
             .state
