@@ -1258,7 +1258,24 @@ impl Router {
                 (0, true) => config.bm25_top_k.max(config.dense_top_k),
                 _ => config.request_top_k,
             };
-            for &(d, bm25_gate, dense_gate) in passing.iter().take(top_k) {
+            // The best by fused rank, and the dense stage's own best: a paraphrase
+            // that shares no word with its domain is not crowded out by several
+            // domains that share a word or two with the message.
+            let dense_k = if p == 0 {
+                config.dense_top_k
+            } else {
+                config.request_top_k
+            };
+            let mut dense_best: Vec<usize> = passing.iter().filter(|x| x.2).map(|x| x.0).collect();
+            dense_best
+                .sort_by(|&a, &b| dense_scores[b].total_cmp(&dense_scores[a]).then(a.cmp(&b)));
+            dense_best.truncate(dense_k);
+            let mut kept = 0;
+            passing.retain(|x| {
+                kept += 1;
+                kept <= top_k || dense_best.contains(&x.0)
+            });
+            for &(d, bm25_gate, dense_gate) in passing.iter() {
                 if verdicts[d].stage != Stage::NotMatched {
                     continue;
                 }

@@ -750,3 +750,70 @@ fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
         ["media_delete_series", "media_get_series_status"]
     );
 }
+
+#[test]
+fn the_dense_stages_best_is_kept_when_shared_words_fill_the_fused_top_k() {
+    struct OutsideIsWeather;
+    impl Embedder for OutsideIsWeather {
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+            Ok(texts
+                .iter()
+                .map(|t| {
+                    if t.contains("outside") {
+                        vec![1.0, 0.0]
+                    } else {
+                        vec![0.0, 1.0]
+                    }
+                })
+                .collect())
+        }
+        fn model_id(&self) -> &str {
+            "test"
+        }
+    }
+    let mut router = router_with(RouterConfig {
+        bm25_top_k: 2,
+        dense_top_k: 1,
+        ..RouterConfig::default()
+    });
+    let vectors = (0..router.dense_texts().len())
+        .map(|i| {
+            let tool = router
+                .dense_text_tool(i)
+                .map(|t| router.registry().all_tools()[t].name.as_str());
+            // Every other text is a little like the message, so the domains that
+            // also share a word rank above weather once the two rankings are fused.
+            if tool == Some("get_current_weather") {
+                vec![1.0, 0.0]
+            } else {
+                vec![0.2, 0.98]
+            }
+        })
+        .collect();
+    router.set_dense(Some(DenseIndex::new(Arc::new(OutsideIsWeather), vectors)));
+    // Two domains share a word with the message and fill the fused top 2; only the
+    // dense stage sees weather.
+    let selection = route(
+        &router,
+        "articles about switches volumes outside",
+        &SessionView::new(1),
+    );
+    let similar: Vec<&str> = selection
+        .domains
+        .iter()
+        .filter(|d| matches!(d.stage, Stage::Bm25 | Stage::Fused))
+        .map(|d| d.domain.as_ref())
+        .collect();
+    assert_eq!(
+        similar,
+        ["homeassistant", "news"],
+        "{}",
+        selection.summary_line()
+    );
+    assert_eq!(
+        stage_of(&selection, "weather"),
+        Stage::Dense,
+        "{}",
+        selection.summary_line()
+    );
+}
