@@ -64,6 +64,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         }
     }
     for registry in registries {
+        for (tool, argument) in loadout::router::unfound_ids(&registry) {
+            println!(
+                "lint: warning: tool `{tool}`: no tool is found to find its required `{argument}`; name the tool that does in the argument's description (\"… from list_…\")"
+            );
+        }
         for warning in similar_across_domains(registry) {
             println!("lint: warning: {warning}");
         }

@@ -40,6 +40,7 @@ use std::sync::{Arc, OnceLock};
 use serde::Deserialize;
 
 pub use embed::{DenseIndex, Embedder};
+pub use prerequisite::unfound_ids;
 pub use selection::{
     DomainDecision, Hint, MessageLogging, Name, SelectedTool, Selection, Stage, ToolDecision,
     thousands,

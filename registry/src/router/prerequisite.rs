@@ -17,51 +17,22 @@ use crate::Tool;
 /// least specific.
 const FINDERS: [&[&str]; 4] = [&["list"], &["search", "find"], &["lookup"], &["get"]];
 
-/// Per tool, the tools of its domain that find its required ids (at most one per id
-/// argument).
+/// Per tool, the tools that find its required ids (see the module docs).
 pub(super) fn prerequisites(
     tools: &[Tool],
     tool_domain: &[usize],
     tools_by_domain: &[Vec<usize>],
     tool_idx: impl Fn(&str) -> Option<usize>,
 ) -> Vec<Vec<usize>> {
-    let required: Vec<Vec<&str>> = tools.iter().map(required_ids).collect();
-    let words: Vec<Vec<&str>> = tools.iter().map(|t| t.name.split('_').collect()).collect();
+    let finders = Finders::new(tools, tool_domain, tools_by_domain, &tool_idx);
     (0..tools.len())
         .map(|t| {
             let mut found = Vec::new();
-            for description in required_descriptions(&tools[t]) {
-                for word in description.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-                    if let Some(u) = tool_idx(word)
-                        && u != t
-                        && !found.contains(&u)
-                    {
+            for argument in required_arguments(&tools[t]) {
+                for u in finders.of(t, &argument) {
+                    if !found.contains(&u) {
                         found.push(u);
                     }
-                }
-            }
-            let Some(members) = tool_domain.get(t).and_then(|&d| tools_by_domain.get(d)) else {
-                return found;
-            };
-            for &id in &required[t] {
-                let noun: Vec<&str> = id.split('_').filter(|w| !w.is_empty()).collect();
-                if noun.is_empty() {
-                    continue;
-                }
-                let finder = FINDERS.iter().find_map(|verbs| {
-                    members
-                        .iter()
-                        .copied()
-                        .filter(|&u| u != t && !required[u].contains(&id))
-                        .filter(|&u| words[u].iter().any(|w| verbs.contains(w)))
-                        .filter(|&u| noun.iter().all(|n| words[u].iter().any(|w| names(n, w))))
-                        // The plainest name: `list_series` before `list_series_episodes`.
-                        .min_by_key(|&u| (words[u].len(), u))
-                });
-                if let Some(u) = finder
-                    && !found.contains(&u)
-                {
-                    found.push(u);
                 }
             }
             found
@@ -69,8 +40,50 @@ pub(super) fn prerequisites(
         .collect()
 }
 
-/// The descriptions of a tool's required arguments.
-fn required_descriptions(tool: &Tool) -> Vec<&str> {
+/// Required id arguments (`<noun>_id`, `<noun>_ids`) no tool is found to find, as
+/// `(tool, argument)`: a model must then get the id some other way, and the router
+/// cannot send the way along. Naming the finder in the argument's description
+/// ("Series id from list_series") fixes it.
+pub fn unfound_ids(registry: &crate::Registry) -> Vec<(String, String)> {
+    let tools = registry.all_tools();
+    let domain_names: Vec<&str> = registry.domains().iter().map(|d| d.name.as_str()).collect();
+    let tool_domain: Vec<usize> = tools
+        .iter()
+        .map(|t| {
+            domain_names
+                .iter()
+                .position(|&d| d == t.domain)
+                .unwrap_or(usize::MAX)
+        })
+        .collect();
+    let mut tools_by_domain = vec![Vec::new(); domain_names.len()];
+    for (t, &d) in tool_domain.iter().enumerate() {
+        if let Some(members) = tools_by_domain.get_mut(d) {
+            members.push(t);
+        }
+    }
+    let tool_idx = |name: &str| registry.tool_idx(name);
+    let finders = Finders::new(tools, &tool_domain, &tools_by_domain, &tool_idx);
+    let mut unfound = Vec::new();
+    for (t, tool) in tools.iter().enumerate() {
+        for argument in required_arguments(tool) {
+            if argument.noun.is_some() && finders.of(t, &argument).is_empty() {
+                unfound.push((tool.name.clone(), argument.name.to_owned()));
+            }
+        }
+    }
+    unfound
+}
+
+/// A required argument: its name, its description, and for an id its noun
+/// (`series_id` → `series`).
+struct Argument<'a> {
+    name: &'a str,
+    description: &'a str,
+    noun: Option<&'a str>,
+}
+
+fn required_arguments(tool: &Tool) -> Vec<Argument<'_>> {
     let schema = &*tool.input_schema;
     let Some(required) = schema.get("required").and_then(|r| r.as_array()) else {
         return Vec::new();
@@ -78,31 +91,107 @@ fn required_descriptions(tool: &Tool) -> Vec<&str> {
     required
         .iter()
         .filter_map(|name| name.as_str())
-        .filter_map(|name| {
-            schema
-                .get("properties")?
-                .get(name)?
-                .get("description")?
-                .as_str()
+        .map(|name| Argument {
+            name,
+            description: schema
+                .get("properties")
+                .and_then(|p| p.get(name))
+                .and_then(|p| p.get("description"))
+                .and_then(|d| d.as_str())
+                .unwrap_or(""),
+            noun: id_noun(name),
         })
         .collect()
 }
 
-/// The nouns of a tool's required id arguments: `series_id` → `series`,
-/// `entity_ids` → `entity`; a bare `id`/`ids` names nothing.
-fn required_ids(tool: &Tool) -> Vec<&str> {
-    let Some(required) = tool.input_schema.get("required").and_then(|r| r.as_array()) else {
-        return Vec::new();
-    };
-    required
-        .iter()
-        .filter_map(|name| name.as_str())
-        .filter_map(|name| {
-            name.strip_suffix("_ids")
-                .or_else(|| name.strip_suffix("_id"))
-        })
+/// `series_id` → `series`, `entity_ids` → `entity`; a bare `id`/`ids` names nothing.
+fn id_noun(name: &str) -> Option<&str> {
+    name.strip_suffix("_ids")
+        .or_else(|| name.strip_suffix("_id"))
         .filter(|noun| !noun.is_empty())
-        .collect()
+}
+
+/// What finding a tool's arguments needs about every tool.
+struct Finders<'a, F> {
+    tool_domain: &'a [usize],
+    tools_by_domain: &'a [Vec<usize>],
+    tool_idx: &'a F,
+    /// Per tool: the nouns of its required ids.
+    needs: Vec<Vec<&'a str>>,
+    /// Per tool: the words of its name.
+    words: Vec<Vec<&'a str>>,
+}
+
+impl<'a, F: Fn(&str) -> Option<usize>> Finders<'a, F> {
+    fn new(
+        tools: &'a [Tool],
+        tool_domain: &'a [usize],
+        tools_by_domain: &'a [Vec<usize>],
+        tool_idx: &'a F,
+    ) -> Self {
+        Finders {
+            tool_domain,
+            tools_by_domain,
+            tool_idx,
+            needs: tools
+                .iter()
+                .map(|t| {
+                    required_arguments(t)
+                        .iter()
+                        .filter_map(|a| a.noun)
+                        .collect()
+                })
+                .collect(),
+            words: tools.iter().map(|t| t.name.split('_').collect()).collect(),
+        }
+    }
+
+    /// The tools that find `argument` of tool `t`: those its description names, else
+    /// the best finder of its noun in `t`'s domain.
+    fn of(&self, t: usize, argument: &Argument<'_>) -> Vec<usize> {
+        let mut found = Vec::new();
+        let words = argument
+            .description
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+        for word in words {
+            if let Some(u) = (self.tool_idx)(word)
+                && u != t
+                && !found.contains(&u)
+            {
+                found.push(u);
+            }
+        }
+        if !found.is_empty() {
+            return found;
+        }
+        let Some(noun) = argument.noun else {
+            return found;
+        };
+        let Some(members) = self
+            .tool_domain
+            .get(t)
+            .and_then(|&d| self.tools_by_domain.get(d))
+        else {
+            return found;
+        };
+        let noun_words: Vec<&str> = noun.split('_').filter(|w| !w.is_empty()).collect();
+        let finder = FINDERS.iter().find_map(|verbs| {
+            members
+                .iter()
+                .copied()
+                .filter(|&u| u != t && !self.needs[u].contains(&noun))
+                .filter(|&u| self.words[u].iter().any(|w| verbs.contains(w)))
+                .filter(|&u| {
+                    noun_words
+                        .iter()
+                        .all(|n| self.words[u].iter().any(|w| names(n, w)))
+                })
+                // The plainest name: `list_series` before `list_series_episodes`.
+                .min_by_key(|&u| (self.words[u].len(), u))
+        });
+        found.extend(finder);
+        found
+    }
 }
 
 /// Whether the name word `word` is `noun` or a regular plural of it.
