@@ -108,6 +108,13 @@ pub struct RouterConfig {
     pub chitchat_max_similarity: f32,
     /// Results of [`Router::search`].
     pub search_limit: usize,
+    /// A selection whose tools come to fewer tokens than this also takes the domains
+    /// that came closest to the similarity gates, best first, while they fit (0: off).
+    /// Recall first: a small selection means the router was unsure, and the room is
+    /// there.
+    pub backfill_tokens: usize,
+    /// ... and to fewer tools than this.
+    pub backfill_tools: usize,
 }
 
 impl Default for RouterConfig {
@@ -133,6 +140,8 @@ impl Default for RouterConfig {
             no_tool_for_chitchat: true,
             chitchat_max_similarity: 0.5,
             search_limit: 10,
+            backfill_tokens: 2_500,
+            backfill_tools: 25,
         }
     }
 }
@@ -989,6 +998,13 @@ impl Router {
             }
         }
 
+        // Backfill: a small selection also takes the nearest misses.
+        let any_optional =
+            (0..n_domains).any(|d| !self.domain_is_core[d] && verdicts[d].included());
+        if any_optional && !chit_chat && config.backfill_tokens > 0 {
+            self.backfill(&evidence, &mut verdicts, &mut sent, &tool_score);
+        }
+
         // Fallback: nothing optional selected.
         let any_optional =
             (0..n_domains).any(|d| !self.domain_is_core[d] && verdicts[d].included());
@@ -1417,6 +1433,72 @@ impl Router {
     /// else the best domains (by similarity, warm ones first on ties) that fit, and hint
     /// the rest.
     #[allow(clippy::too_many_arguments)]
+    /// Adds the domains nearest to the similarity gates while the selection stays
+    /// under [`RouterConfig::backfill_tokens`]: best similarity first (the raw cosine
+    /// breaks ties), each with its best-ranked tools up to the domain cap.
+    fn backfill(
+        &self,
+        evidence: &Evidence,
+        verdicts: &mut [DomainVerdict],
+        sent: &mut [Option<(Stage, f32)>],
+        tool_score: &dyn Fn(usize) -> f32,
+    ) {
+        let limit = self.config.backfill_tokens;
+        let mut tokens: usize = sent
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(t, _)| self.tool_tokens[t])
+            .sum();
+        let mut n_tools = sent.iter().filter(|s| s.is_some()).count();
+        if tokens >= limit || n_tools >= self.config.backfill_tools {
+            return;
+        }
+        let raw_dense = |d: usize| -> f32 {
+            evidence
+                .pieces
+                .iter()
+                .map(|p| p.domain_dense[d])
+                .fold(0.0f32, f32::max)
+        };
+        let mut order: Vec<usize> = (0..verdicts.len())
+            .filter(|&d| {
+                evidence.active[d]
+                    && !self.domain_is_core[d]
+                    && verdicts[d].stage == Stage::NotMatched
+                    && (evidence.domain_similarity[d] > 0.0 || raw_dense(d) > 0.0)
+            })
+            .collect();
+        order.sort_by(|&a, &b| {
+            evidence.domain_similarity[b]
+                .total_cmp(&evidence.domain_similarity[a])
+                .then(raw_dense(b).total_cmp(&raw_dense(a)))
+                .then(a.cmp(&b))
+        });
+        for d in order {
+            let mut members = self.tools_by_domain[d].clone();
+            members.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
+            members.truncate(self.config.domain_tool_cap);
+            let cost: usize = members.iter().map(|&t| self.tool_tokens[t]).sum();
+            if tokens + cost > limit || n_tools + members.len() > self.config.backfill_tools {
+                continue;
+            }
+            tokens += cost;
+            n_tools += members.len();
+            for &t in &members {
+                sent[t] = Some((Stage::Backfill, tool_score(t)));
+            }
+            verdicts[d] = DomainVerdict::ranked(
+                Stage::Backfill,
+                verdicts[d].score,
+                Cow::Owned(format!(
+                    "{}; sent: the selection had room under {limit} tokens",
+                    verdicts[d].reason
+                )),
+            );
+        }
+    }
+
     fn fallback(
         &self,
         evidence: &Evidence,

@@ -38,6 +38,9 @@ pub enum Stage {
     Carried,
     /// Nothing optional matched: the fallback rule sent it.
     Fallback,
+    /// Below the similarity gates, but among the nearest, and the selection had room
+    /// (see `RouterConfig::backfill_tokens`).
+    Backfill,
     /// Finds the ids a sent tool of its domain requires (`list_series` for
     /// `delete_series(series_id)`).
     Prerequisite,
@@ -76,6 +79,7 @@ impl Stage {
             Stage::Prerequisite => "prerequisite",
             Stage::NextStep => "next_step",
             Stage::Fallback => "fallback",
+            Stage::Backfill => "backfill",
             Stage::Loaded => "loaded",
             Stage::Unloaded => "unloaded",
             Stage::Ranked => "ranked",

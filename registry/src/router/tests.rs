@@ -826,3 +826,39 @@ fn required_ids_no_tool_finds_are_named() {
         [("media_play_movie".to_owned(), "screen_id".to_owned())]
     );
 }
+
+#[test]
+fn a_small_selection_takes_the_nearest_misses_while_it_has_room() {
+    // A BM25 gate no domain passes: news shares a word with the message but misses.
+    let strict = RouterConfig {
+        bm25_min_score: 0.95,
+        ..RouterConfig::default()
+    };
+    let message = "weather forecast and recent articles";
+    let selection = route(&router_with(strict.clone()), message, &SessionView::new(1));
+    assert_eq!(stage_of(&selection, "weather"), Stage::Keyword);
+    assert_eq!(
+        stage_of(&selection, "news"),
+        Stage::Backfill,
+        "{}",
+        selection.summary_line()
+    );
+    assert!(selection.contains("search_news"));
+    // Domains with no evidence at all are not backfilled.
+    assert_eq!(stage_of(&selection, "homeassistant"), Stage::NotMatched);
+
+    let off = RouterConfig {
+        backfill_tokens: 0,
+        ..strict.clone()
+    };
+    let selection = route(&router_with(off), message, &SessionView::new(1));
+    assert_eq!(stage_of(&selection, "news"), Stage::NotMatched);
+
+    // A selection already at the tool limit takes nothing more.
+    let full = RouterConfig {
+        backfill_tools: 3,
+        ..strict
+    };
+    let selection = route(&router_with(full), message, &SessionView::new(1));
+    assert_eq!(stage_of(&selection, "news"), Stage::NotMatched);
+}
