@@ -1432,7 +1432,6 @@ impl Router {
     /// Nothing optional was selected: send every active tool if that fits the budget,
     /// else the best domains (by similarity, warm ones first on ties) that fit, and hint
     /// the rest.
-    #[allow(clippy::too_many_arguments)]
     /// Adds the domains nearest to the similarity gates while the selection stays
     /// under [`RouterConfig::backfill_tokens`]: best similarity first (the raw cosine
     /// breaks ties), each with its best-ranked tools up to the domain cap.
@@ -1499,6 +1498,7 @@ impl Router {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn fallback(
         &self,
         evidence: &Evidence,
