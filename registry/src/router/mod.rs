@@ -1429,9 +1429,6 @@ impl Router {
         }
     }
 
-    /// Nothing optional was selected: send every active tool if that fits the budget,
-    /// else the best domains (by similarity, warm ones first on ties) that fit, and hint
-    /// the rest.
     /// Adds the domains nearest to the similarity gates while the selection stays
     /// under [`RouterConfig::backfill_tokens`]: best similarity first (the raw cosine
     /// breaks ties), each with its best-ranked tools up to the domain cap.
@@ -1498,6 +1495,9 @@ impl Router {
         }
     }
 
+    /// Nothing optional was selected: send every active tool if that fits the budget,
+    /// else the best domains (by similarity, warm ones first on ties) that fit, and hint
+    /// the rest.
     #[allow(clippy::too_many_arguments)]
     fn fallback(
         &self,
