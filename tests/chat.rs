@@ -655,3 +655,102 @@ async fn concurrent_turns_of_one_session_run_one_after_the_other() {
         );
     }
 }
+
+loadout::domain! {
+    name: "test_shelf",
+    description: "A bookshelf that exists only in the integration tests.",
+    keywords: ["shelf"],
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct RemoveBookArgs {
+    /// The book's id.
+    book_id: u32,
+}
+
+/// Every book on the shelf, with its id.
+#[loadout::tool(domain = "test_shelf")]
+fn shelf_list_books() -> Vec<(u32, String)> {
+    vec![(1, "Dune".to_owned()), (2, "Emma".to_owned())]
+}
+
+/// Take a book away by its id.
+#[loadout::tool(domain = "test_shelf")]
+fn shelf_remove_book(args: RemoveBookArgs) -> u32 {
+    args.book_id
+}
+
+/// Tools that outrank `shelf_remove_book` for any message about the shelf, so the
+/// domain (13 tools, over the cap of 12 per domain) leaves it out.
+macro_rules! shelf_chores {
+    ($($name:ident => $doc:literal),* $(,)?) => {
+        $(
+            #[doc = $doc]
+            #[loadout::tool(domain = "test_shelf")]
+            fn $name() -> u32 {
+                0
+            }
+        )*
+    };
+}
+
+shelf_chores! {
+    shelf_dust_top => "Dust the top of the shelf.",
+    shelf_dust_sides => "Dust the sides of the shelf.",
+    shelf_level => "Level the shelf.",
+    shelf_tighten => "Tighten the shelf's screws.",
+    shelf_label => "Label the shelf.",
+    shelf_light_on => "Light the shelf.",
+    shelf_measure => "Measure the shelf.",
+    shelf_photograph => "Photograph the shelf.",
+    shelf_polish => "Polish the shelf.",
+    shelf_sort => "Sort the shelf by colour.",
+    shelf_count => "Count what is on the shelf.",
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_finder_is_called_the_next_model_step_gets_its_next_steps() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let script: Script = Arc::new(|request| {
+        if !last_user_message(request).contains("shelf") {
+            return answer("noted");
+        }
+        match step_of(request) {
+            0 => call("c1", "shelf_list_books", json!({})),
+            1 => call("c2", "shelf_remove_book", json!({"book_id": 2})),
+            _ => answer("Emma is gone."),
+        }
+    });
+    let model = FakeModel::start(script).await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "shelf", "message": "tidy my shelf, Emma can go"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["answer"], "Emma is gone.");
+
+    let requests = model.requests_for("shelf");
+    assert_eq!(requests.len(), 3);
+    let first = tool_names(&requests[0]);
+    assert!(first.contains(&"shelf_list_books".to_owned()), "{first:?}");
+    assert!(
+        !first.contains(&"shelf_remove_book".to_owned()),
+        "{first:?}"
+    );
+    // The listing ran: the tool that takes its ids is sent from the next step on, and
+    // the call to it runs.
+    let second = tool_names(&requests[1]);
+    assert!(
+        second.contains(&"shelf_remove_book".to_owned()),
+        "{second:?}"
+    );
+    let results = events_of(&body, "tool_result");
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[1]["ok"], true, "{}", results[1]);
+    assert_eq!(results[1]["content"], "2");
+}
