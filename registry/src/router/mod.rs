@@ -226,6 +226,17 @@ struct Evidence {
     notes: Vec<String>,
 }
 
+impl Evidence {
+    /// A domain's best raw cosine over the message and its requests: still orders
+    /// domains when no score reaches the calibrated scale.
+    fn best_dense(&self, d: usize) -> f32 {
+        self.pieces
+            .iter()
+            .map(|p| p.domain_dense[d])
+            .fold(0.0f32, f32::max)
+    }
+}
+
 /// Per piece of the message: cosines per tool and per domain text.
 struct DenseCosines {
     tools: Vec<Vec<f32>>,
@@ -1073,12 +1084,7 @@ impl Router {
 
         // Token budget: trim the lowest-scoring optional tools, never core, pinned,
         // sticky, loaded or fallback (already fitted) ones.
-        let mut tokens: usize = sent
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.is_some())
-            .map(|(t, _)| self.tool_tokens[t])
-            .sum();
+        let mut tokens = self.sent_tokens(&sent);
         if tokens > budget && !session.load_all_this_turn {
             let mut trimmable: Vec<(f32, usize)> = sent
                 .iter()
@@ -1329,7 +1335,7 @@ impl Router {
                     continue;
                 }
                 let best_bm25 = pieces.iter().map(|p| p.domain_bm25[d]).fold(0.0, f32::max);
-                let best_dense = pieces.iter().map(|p| p.domain_dense[d]).fold(0.0, f32::max);
+                let best_dense = evidence.best_dense(d);
                 let rank = best_dense_rank[d];
                 verdicts[d].reason = Cow::Owned(format!(
                     "no keyword; bm25 {best_bm25:.2}, dense {best_dense:.2} (#{rank}): below the gates or not among the best"
@@ -1429,6 +1435,15 @@ impl Router {
         }
     }
 
+    /// Tokens of the tools `sent` holds.
+    fn sent_tokens(&self, sent: &[Option<(Stage, f32)>]) -> usize {
+        sent.iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(t, _)| self.tool_tokens[t])
+            .sum()
+    }
+
     /// Adds the domains nearest to the similarity gates while the selection stays
     /// under [`RouterConfig::backfill_tokens`]: best similarity first (the raw cosine
     /// breaks ties), each with its best-ranked tools up to the domain cap.
@@ -1440,35 +1455,23 @@ impl Router {
         tool_score: &dyn Fn(usize) -> f32,
     ) {
         let limit = self.config.backfill_tokens;
-        let mut tokens: usize = sent
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.is_some())
-            .map(|(t, _)| self.tool_tokens[t])
-            .sum();
+        let mut tokens = self.sent_tokens(sent);
         let mut n_tools = sent.iter().filter(|s| s.is_some()).count();
         if tokens >= limit || n_tools >= self.config.backfill_tools {
             return;
         }
-        let raw_dense = |d: usize| -> f32 {
-            evidence
-                .pieces
-                .iter()
-                .map(|p| p.domain_dense[d])
-                .fold(0.0f32, f32::max)
-        };
         let mut order: Vec<usize> = (0..verdicts.len())
             .filter(|&d| {
                 evidence.active[d]
                     && !self.domain_is_core[d]
                     && verdicts[d].stage == Stage::NotMatched
-                    && (evidence.domain_similarity[d] > 0.0 || raw_dense(d) > 0.0)
+                    && (evidence.domain_similarity[d] > 0.0 || evidence.best_dense(d) > 0.0)
             })
             .collect();
         order.sort_by(|&a, &b| {
             evidence.domain_similarity[b]
                 .total_cmp(&evidence.domain_similarity[a])
-                .then(raw_dense(b).total_cmp(&raw_dense(a)))
+                .then(evidence.best_dense(b).total_cmp(&evidence.best_dense(a)))
                 .then(a.cmp(&b))
         });
         for d in order {
@@ -1522,12 +1525,7 @@ impl Router {
                 .map(|&t| self.tool_tokens[t])
                 .sum()
         };
-        let mut tokens: usize = sent
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.is_some())
-            .map(|(t, _)| self.tool_tokens[t])
-            .sum();
+        let mut tokens = self.sent_tokens(sent);
         let all_optional_tokens: usize = optional.iter().map(|&d| domain_tokens(d)).sum();
         let fits_whole = tokens + all_optional_tokens <= budget;
         let mut order = optional.clone();
@@ -1540,17 +1538,10 @@ impl Router {
         // Best first: similarity, then the raw cosine (which still orders domains when
         // no score reaches the calibrated scale), warm ones first on ties, then the
         // cheaper domain (more of them fit).
-        let raw_dense = |d: usize| -> f32 {
-            evidence
-                .pieces
-                .iter()
-                .map(|p| p.domain_dense[d])
-                .fold(0.0f32, f32::max)
-        };
         order.sort_by(|&a, &b| {
             evidence.domain_similarity[b]
                 .total_cmp(&evidence.domain_similarity[a])
-                .then(raw_dense(b).total_cmp(&raw_dense(a)))
+                .then(evidence.best_dense(b).total_cmp(&evidence.best_dense(a)))
                 .then(is_warm(b).cmp(&is_warm(a)))
                 .then(domain_tokens(a).cmp(&domain_tokens(b)))
                 .then(a.cmp(&b))

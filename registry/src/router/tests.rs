@@ -460,26 +460,46 @@ fn decision_row_hashes_the_message_when_asked() {
     );
 }
 
+/// Embeds a text that says "outside" as [1, 0], any other as [0, 1].
+struct OutsideIsWeather;
+
+impl Embedder for OutsideIsWeather {
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+        Ok(texts
+            .iter()
+            .map(|t| {
+                if t.contains("outside") {
+                    vec![1.0, 0.0]
+                } else {
+                    vec![0.0, 1.0]
+                }
+            })
+            .collect())
+    }
+    fn model_id(&self) -> &str {
+        "test"
+    }
+}
+
+/// The router's dense rows: [1, 0] for `get_current_weather`'s texts, `rest` for every
+/// other text.
+fn weather_rows(router: &Router, rest: [f32; 2]) -> Vec<Vec<f32>> {
+    (0..router.dense_texts().len())
+        .map(|i| {
+            let tool = router
+                .dense_text_tool(i)
+                .map(|t| router.registry().all_tools()[t].name.as_str());
+            if tool == Some("get_current_weather") {
+                vec![1.0, 0.0]
+            } else {
+                rest.to_vec()
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
-    struct KeywordFree;
-    impl Embedder for KeywordFree {
-        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
-            Ok(texts
-                .iter()
-                .map(|t| {
-                    if t.contains("outside") {
-                        vec![1.0, 0.0]
-                    } else {
-                        vec![0.0, 1.0]
-                    }
-                })
-                .collect())
-        }
-        fn model_id(&self) -> &str {
-            "test"
-        }
-    }
     struct Broken;
     impl Embedder for Broken {
         fn embed(&self, _: &[&str]) -> Result<Vec<Vec<f32>>, String> {
@@ -490,19 +510,8 @@ fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
         }
     }
     let mut router = router();
-    let vectors = (0..router.dense_texts().len())
-        .map(|i| {
-            let tool = router
-                .dense_text_tool(i)
-                .map(|t| router.registry().all_tools()[t].name.as_str());
-            if tool == Some("get_current_weather") {
-                vec![1.0, 0.0]
-            } else {
-                vec![0.0, 1.0]
-            }
-        })
-        .collect();
-    router.set_dense(Some(DenseIndex::new(Arc::new(KeywordFree), vectors)));
+    let vectors = weather_rows(&router, [0.0, 1.0]);
+    router.set_dense(Some(DenseIndex::new(Arc::new(OutsideIsWeather), vectors)));
     let selection = route(&router, "what's it like outside", &SessionView::new(1));
     assert!(
         selection.contains("get_current_weather"),
@@ -753,43 +762,14 @@ fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
 
 #[test]
 fn the_dense_stages_best_is_kept_when_shared_words_fill_the_fused_top_k() {
-    struct OutsideIsWeather;
-    impl Embedder for OutsideIsWeather {
-        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
-            Ok(texts
-                .iter()
-                .map(|t| {
-                    if t.contains("outside") {
-                        vec![1.0, 0.0]
-                    } else {
-                        vec![0.0, 1.0]
-                    }
-                })
-                .collect())
-        }
-        fn model_id(&self) -> &str {
-            "test"
-        }
-    }
     let mut router = router_with(RouterConfig {
         bm25_top_k: 2,
         dense_top_k: 1,
         ..RouterConfig::default()
     });
-    let vectors = (0..router.dense_texts().len())
-        .map(|i| {
-            let tool = router
-                .dense_text_tool(i)
-                .map(|t| router.registry().all_tools()[t].name.as_str());
-            // Every other text is a little like the message, so the domains that
-            // also share a word rank above weather once the two rankings are fused.
-            if tool == Some("get_current_weather") {
-                vec![1.0, 0.0]
-            } else {
-                vec![0.2, 0.98]
-            }
-        })
-        .collect();
+    // Every other text is a little like the message, so the domains that also share
+    // a word rank above weather once the two rankings are fused.
+    let vectors = weather_rows(&router, [0.2, 0.98]);
     router.set_dense(Some(DenseIndex::new(Arc::new(OutsideIsWeather), vectors)));
     // Two domains share a word with the message and fill the fused top 2; only the
     // dense stage sees weather.
