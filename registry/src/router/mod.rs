@@ -1009,16 +1009,19 @@ impl Router {
             }
         }
 
-        // Backfill: a small selection also takes the nearest misses.
+        // Backfill: a small selection also takes the nearest misses. Fallback: nothing
+        // optional selected.
         let any_optional =
             (0..n_domains).any(|d| !self.domain_is_core[d] && verdicts[d].included());
         if any_optional && !chit_chat && config.backfill_tokens > 0 {
-            self.backfill(&evidence, &mut verdicts, &mut sent, &tool_score);
+            self.backfill(
+                &evidence,
+                &mut verdicts,
+                &mut sent,
+                &mut ranked_out,
+                &tool_score,
+            );
         }
-
-        // Fallback: nothing optional selected.
-        let any_optional =
-            (0..n_domains).any(|d| !self.domain_is_core[d] && verdicts[d].included());
         if !any_optional && !chit_chat {
             self.fallback(
                 &evidence,
@@ -1452,6 +1455,7 @@ impl Router {
         evidence: &Evidence,
         verdicts: &mut [DomainVerdict],
         sent: &mut [Option<(Stage, f32)>],
+        ranked_out: &mut Vec<usize>,
         tool_score: &dyn Fn(usize) -> f32,
     ) {
         let limit = self.config.backfill_tokens;
@@ -1477,13 +1481,14 @@ impl Router {
         for d in order {
             let mut members = self.tools_by_domain[d].clone();
             members.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
-            members.truncate(self.config.domain_tool_cap);
+            let rest = members.split_off(members.len().min(self.config.domain_tool_cap));
             let cost: usize = members.iter().map(|&t| self.tool_tokens[t]).sum();
             if tokens + cost > limit || n_tools + members.len() > self.config.backfill_tools {
                 continue;
             }
             tokens += cost;
             n_tools += members.len();
+            ranked_out.extend(rest);
             for &t in &members {
                 sent[t] = Some((Stage::Backfill, tool_score(t)));
             }
