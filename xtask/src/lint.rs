@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use loadout::Registry;
+use loadout::router::{Router, RouterConfig};
 
 /// One problem, with enough context to fix it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -64,12 +65,13 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         }
     }
     for registry in registries {
-        for (tool, argument) in loadout::router::unfound_ids(&registry) {
+        let router = Router::new(std::sync::Arc::new(registry), RouterConfig::default());
+        for (tool, argument) in router.unfound_ids() {
             println!(
                 "lint: warning: tool `{tool}`: no tool is found to find its required `{argument}`; name the tool that does in the argument's description (\"… from list_…\")"
             );
         }
-        for warning in similar_across_domains(registry) {
+        for warning in similar_across_domains(&router) {
             println!("lint: warning: {warning}");
         }
     }
@@ -105,9 +107,7 @@ pub const NEAR_IDENTICAL_COSINE: f32 = 0.92;
 /// Pairs of tools of different domains whose descriptions or examples are
 /// near-identical (see [`NEAR_IDENTICAL_COSINE`]), naming both. Empty when the build
 /// has no built-in encoder.
-fn similar_across_domains(registry: Registry) -> Vec<String> {
-    use loadout::router::{Router, RouterConfig};
-    let router = Router::new(std::sync::Arc::new(registry), RouterConfig::default());
+fn similar_across_domains(router: &Router) -> Vec<String> {
     let Ok(embedder) = loadout::embed::builtin() else {
         return Vec::new();
     };

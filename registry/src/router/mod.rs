@@ -40,7 +40,6 @@ use std::sync::{Arc, OnceLock};
 use serde::Deserialize;
 
 pub use embed::{DenseIndex, Embedder};
-pub use prerequisite::unfound_ids;
 pub use selection::{
     DomainDecision, Hint, MessageLogging, Name, SelectedTool, Selection, Stage, ToolDecision,
     thousands,
@@ -551,6 +550,17 @@ impl Router {
             .and_then(|t| self.consumers.get(t))
             .map_or(&[][..], Vec::as_slice);
         consumers.iter().map(|&c| self.tool_names[c].as_str())
+    }
+
+    /// Required id arguments no tool is found to find, as `(tool, argument)`; see
+    /// [`prerequisite`].
+    pub fn unfound_ids(&self) -> Vec<(String, String)> {
+        prerequisite::unfound_ids(
+            self.registry.all_tools(),
+            &self.tool_domain,
+            &self.tools_by_domain,
+            |name| self.registry.tool_idx(name),
+        )
     }
 
     /// `search_tools(query)`: hints for the active tools that best match `query`, by

@@ -44,26 +44,13 @@ pub(super) fn prerequisites(
 /// `(tool, argument)`: a model must then get the id some other way, and the router
 /// cannot send the way along. Naming the finder in the argument's description
 /// ("Series id from list_series") fixes it.
-pub fn unfound_ids(registry: &crate::Registry) -> Vec<(String, String)> {
-    let tools = registry.all_tools();
-    let domain_names: Vec<&str> = registry.domains().iter().map(|d| d.name.as_str()).collect();
-    let tool_domain: Vec<usize> = tools
-        .iter()
-        .map(|t| {
-            domain_names
-                .iter()
-                .position(|&d| d == t.domain)
-                .unwrap_or(usize::MAX)
-        })
-        .collect();
-    let mut tools_by_domain = vec![Vec::new(); domain_names.len()];
-    for (t, &d) in tool_domain.iter().enumerate() {
-        if let Some(members) = tools_by_domain.get_mut(d) {
-            members.push(t);
-        }
-    }
-    let tool_idx = |name: &str| registry.tool_idx(name);
-    let finders = Finders::new(tools, &tool_domain, &tools_by_domain, &tool_idx);
+pub(super) fn unfound_ids(
+    tools: &[Tool],
+    tool_domain: &[usize],
+    tools_by_domain: &[Vec<usize>],
+    tool_idx: impl Fn(&str) -> Option<usize>,
+) -> Vec<(String, String)> {
+    let finders = Finders::new(tools, tool_domain, tools_by_domain, &tool_idx);
     let mut unfound = Vec::new();
     for (t, tool) in tools.iter().enumerate() {
         for argument in required_arguments(tool) {

@@ -802,7 +802,7 @@ fn the_dense_stages_best_is_kept_when_shared_words_fill_the_fused_top_k() {
 fn required_ids_no_tool_finds_are_named() {
     let router = media_router(RouterConfig::default());
     assert_eq!(
-        unfound_ids(router.registry()),
+        router.unfound_ids(),
         [("media_play_movie".to_owned(), "screen_id".to_owned())]
     );
 }

@@ -315,17 +315,14 @@ impl SqliteStore {
     ) -> Result<SessionSnapshot, StoreError> {
         let session = session.to_owned();
         self.call(move |c| {
-            // One read transaction: the three reads see the same commit.
+            // One read transaction: the four reads see the same commit.
             let tx = c.transaction()?;
+            let turn = read_session_turn(&tx, &session)?;
             let snapshot = SessionSnapshot {
-                turn: read_session_turn(&tx, &session)?,
+                turn,
                 domains: read_session_domains(&tx, &session)?,
                 warm: read_domains_used_since(&tx, warm_since_ms)?,
-                recent_calls: Vec::new(),
-            };
-            let snapshot = SessionSnapshot {
-                recent_calls: read_calls_since(&tx, &session, snapshot.turn)?,
-                ..snapshot
+                recent_calls: read_calls_since(&tx, &session, turn)?,
             };
             tx.commit()?;
             Ok(snapshot)
