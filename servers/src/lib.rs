@@ -10,6 +10,7 @@ pub mod embeddings;
 pub mod http;
 pub mod log_writer;
 pub mod mcp;
+pub mod retention;
 pub mod routing;
 
 use std::path::PathBuf;

@@ -408,6 +408,12 @@ impl Store {
         dispatch!(self, s => s.decisions(session).await)
     }
 
+    /// Deletes up to `limit` decision rows older than `before_ms`, oldest first, and
+    /// returns how many went. Cheap when nothing is that old.
+    pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
+        dispatch!(self, s => s.decisions_prune(before_ms, limit).await)
+    }
+
     /// The session's latest decision, without reading the whole log.
     pub async fn last_decision(&self, session: &str) -> Result<Option<DecisionRow>, StoreError> {
         dispatch!(self, s => s.last_decision(session).await)

@@ -530,6 +530,28 @@ impl PostgresStore {
             .map_err(|e| self.error(e))
     }
 
+    pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // The oldest row first: when it is recent, nothing is old and no scan runs.
+        let oldest = self
+            .query_opt("SELECT at_ms FROM tool_history ORDER BY id LIMIT 1", &[])
+            .await?
+            .map(|row| row.try_get::<_, i64>(0))
+            .transpose()
+            .map_err(|e| self.error(e))?;
+        if oldest.is_none_or(|at_ms| at_ms >= before_ms) {
+            return Ok(0);
+        }
+        let n = self
+            .execute(
+                "DELETE FROM tool_history WHERE id IN
+                   (SELECT id FROM tool_history WHERE at_ms < $1 ORDER BY id LIMIT $2)",
+                &[&before_ms, &limit],
+            )
+            .await?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
     pub async fn last_decision(&self, session: &str) -> Result<Option<DecisionRow>, StoreError> {
         let row = self
             .query_opt(

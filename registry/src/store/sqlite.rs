@@ -437,6 +437,28 @@ impl SqliteStore {
         .await
     }
 
+    pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.call_log(move |c| {
+            // The oldest row first: when it is recent, nothing is old and no scan runs.
+            let oldest: Option<i64> = c
+                .prepare_cached("SELECT at_ms FROM tool_history ORDER BY id LIMIT 1")?
+                .query_row([], |r| r.get(0))
+                .optional()?;
+            if oldest.is_none_or(|at_ms| at_ms >= before_ms) {
+                return Ok(0);
+            }
+            let n = c
+                .prepare_cached(
+                    "DELETE FROM tool_history WHERE id IN
+                       (SELECT id FROM tool_history WHERE at_ms < ?1 ORDER BY id LIMIT ?2)",
+                )?
+                .execute(params![before_ms, limit])?;
+            Ok(n)
+        })
+        .await
+    }
+
     pub async fn audit_insert(&self, rows: &[AuditRow]) -> Result<(), StoreError> {
         let rows = rows.to_vec();
         self.call_log(move |c| {

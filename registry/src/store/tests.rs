@@ -430,6 +430,56 @@ async fn sessions_router_state_and_decisions() {
 }
 
 #[tokio::test]
+async fn pruning_the_decision_log_deletes_old_rows_oldest_first() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        let row = |at_ms: i64| DecisionRow {
+            at_ms,
+            session: Some("s".into()),
+            turn: at_ms,
+            message: format!("at {at_ms}"),
+            n_tools: 1,
+            tokens: 10,
+            reasons: Reasons::to_json(&serde_json::json!([])),
+        };
+        assert_eq!(store.decisions_prune(100, 10).await.expect("empty log"), 0);
+        // 5 old rows, then one whose clock was behind, among recent ones.
+        let rows: Vec<DecisionRow> = [10, 20, 30, 40, 50, 200, 60, 300]
+            .into_iter()
+            .map(row)
+            .collect();
+        store.decisions_insert(&rows).await.expect("insert");
+        assert_eq!(
+            store.decisions_prune(100, 4).await.expect("prune"),
+            4,
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            store.decisions_prune(100, 4).await.expect("prune"),
+            2,
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            store.decisions_prune(100, 4).await.expect("prune"),
+            0,
+            "{}",
+            t.name
+        );
+        let kept: Vec<i64> = store
+            .decisions("s")
+            .await
+            .expect("decisions")
+            .iter()
+            .map(|r| r.at_ms)
+            .collect();
+        assert_eq!(kept, [200, 300], "{}", t.name);
+    }
+}
+
+#[tokio::test]
 async fn migrations_are_idempotent() {
     let (_dir, stores) = stores().await;
     for t in stores {

@@ -144,6 +144,7 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
     // router's indexes and token counts (a third of a second) on a runtime thread.
     app.routing();
     app.attach_dense_stage().await;
+    crate::retention::spawn(app.settings.clone());
     let state = HttpState::new(app, token).with_mcp().await?;
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
