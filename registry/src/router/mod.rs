@@ -80,7 +80,8 @@ pub struct RouterConfig {
     pub carry_over: bool,
     /// Most hints returned.
     pub max_hints: usize,
-    /// Least cosine for the dense stage to select a domain.
+    /// Least cosine for the dense stage to select a domain. On the dev set 0.30 finds
+    /// two more turns than 0.35 for 0.4 tools more; lower finds no more.
     pub dense_min_score: f32,
     /// A dense-selected domain must also be within this much cosine of the best
     /// domain's (per request).
@@ -128,7 +129,7 @@ impl Default for RouterConfig {
             pin_on_tools: vec!["create_table".into()],
             carry_over: true,
             max_hints: 40,
-            dense_min_score: 0.35,
+            dense_min_score: 0.30,
             dense_margin: 0.08,
             dense_top1_min_score: 0.25,
             dense_top_k: 3,
