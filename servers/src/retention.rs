@@ -1,6 +1,6 @@
 //! How long the decision log (`tool_history`) keeps its rows. Every routed message
-//! adds a row of about a kilobyte, so a busy server's log would otherwise grow
-//! without bound. The audit log is not pruned: it is the record of what tools did.
+//! adds a row of one to several kilobytes (8 KB with the 262-tool shared catalog), so
+//! a busy server's log would otherwise grow without bound. The audit log is not pruned: it is the record of what tools did.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,21 +25,21 @@ const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 /// Days to keep, or `None` to keep every row. A value that is not a whole number of
 /// days keeps the default and warns: a typo never deletes more than the default would.
 pub fn decision_log_days(settings: &BTreeMap<String, String>) -> Option<u32> {
-    let Some(value) = settings.get(DECISION_LOG_DAYS_SETTING).map(|v| v.trim()) else {
-        return Some(DEFAULT_DECISION_LOG_DAYS);
-    };
-    match value {
-        "" => Some(DEFAULT_DECISION_LOG_DAYS),
-        "0" | "forever" => None,
-        _ => match value.parse::<u32>() {
-            Ok(days) => Some(days),
-            Err(_) => {
-                tracing::warn!(
-                    "setting {DECISION_LOG_DAYS_SETTING} = {value:?} is not a number of days: keeping {DEFAULT_DECISION_LOG_DAYS}"
-                );
-                Some(DEFAULT_DECISION_LOG_DAYS)
-            }
-        },
+    let value = settings
+        .get(DECISION_LOG_DAYS_SETTING)
+        .map_or("", |v| v.trim());
+    match value.parse::<u32>() {
+        // Any spelling of zero: `00` must not mean "keep nothing".
+        Ok(0) => None,
+        Ok(days) => Some(days),
+        Err(_) if value == "forever" => None,
+        Err(_) if value.is_empty() => Some(DEFAULT_DECISION_LOG_DAYS),
+        Err(_) => {
+            tracing::warn!(
+                "setting {DECISION_LOG_DAYS_SETTING} = {value:?} is not a number of days: keeping {DEFAULT_DECISION_LOG_DAYS}"
+            );
+            Some(DEFAULT_DECISION_LOG_DAYS)
+        }
     }
 }
 
@@ -137,6 +137,7 @@ mod tests {
         assert_eq!(kept_after(None, &[400, 100, 89, 0]).await, [89, 0]);
         assert_eq!(kept_after(Some(""), &[400, 89]).await, [89]);
         assert_eq!(kept_after(Some("0"), &[400, 0]).await, [400, 0]);
+        assert_eq!(kept_after(Some("00"), &[400, 0]).await, [400, 0]);
         assert_eq!(kept_after(Some("forever"), &[400, 0]).await, [400, 0]);
         // Not understood: the default, never more.
         assert_eq!(kept_after(Some("-3"), &[400, 89, 1]).await, [89, 1]);
