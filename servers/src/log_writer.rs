@@ -148,55 +148,45 @@ async fn write_rows<R: LogRow>(
 }
 
 async fn insert<R: LogRow>(store: &Store, batch: &mut Vec<R>, n_dropped: &AtomicU64) {
-    // One retry covers a busy database held by another process for longer than
-    // the busy timeout.
-    for attempt in 0..2 {
-        match R::insert(store, batch).await {
-            Ok(()) => {
-                batch.clear();
-                return;
-            }
-            Err(e) if attempt == 0 => {
-                tracing::debug!("{}: write failed, retrying: {e}", R::LOG);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => {
-                n_dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                tracing::warn!("{}: {} rows lost: {e}", R::LOG, batch.len());
-            }
-        }
+    // The store takes the batch and frees it where it writes it (on SQLite, its log
+    // thread): a request's thread never copies or frees a thousand rows at once.
+    let rows = std::mem::replace(batch, Vec::with_capacity(MAX_BATCH));
+    let n = rows.len();
+    if let Err(e) = R::insert(store, rows).await {
+        n_dropped.fetch_add(n as u64, Ordering::Relaxed);
+        tracing::warn!("{}: {n} rows lost: {e}", R::LOG);
     }
-    batch.clear();
 }
 
 /// A row kind the background writer can store in batches.
 pub trait LogRow: Send + 'static {
     /// Names the log in messages.
     const LOG: &'static str;
-    fn insert<'a>(
-        store: &'a Store,
-        rows: &'a [Self],
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a
+    /// Writes the batch (the store retries a failed write once).
+    fn insert(
+        store: &Store,
+        rows: Vec<Self>,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_
     where
         Self: Sized;
 }
 
 impl LogRow for AuditRow {
     const LOG: &'static str = "audit log";
-    fn insert<'a>(
-        store: &'a Store,
-        rows: &'a [Self],
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
+    fn insert(
+        store: &Store,
+        rows: Vec<Self>,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_ {
         store.audit_insert(rows)
     }
 }
 
 impl LogRow for DecisionRow {
     const LOG: &'static str = "decision log";
-    fn insert<'a>(
-        store: &'a Store,
-        rows: &'a [Self],
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
+    fn insert(
+        store: &Store,
+        rows: Vec<Self>,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_ {
         store.decisions_insert(rows)
     }
 }

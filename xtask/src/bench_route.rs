@@ -382,3 +382,52 @@ fn wrk(script: &Path, url: &str, connections: u32, seconds: u64) -> anyhow::Resu
         errors: number(3)? as u64,
     })
 }
+
+/// `cargo xtask load --addr HOST:PORT --rate N [--duration S] [--connections N]
+/// [--session]`: the fixed-rate load of `bench-route` against a server that is
+/// already running, for profiling it (e.g. under `perf`) one setting at a time.
+pub fn load(args: &[String]) -> anyhow::Result<()> {
+    const LOAD_USAGE: &str = "usage: cargo xtask load --addr HOST:PORT --rate N [--duration S] [--connections N] [--session]";
+    let mut addr = None;
+    let mut rate = None;
+    let mut duration = 10u64;
+    let mut connections = 32usize;
+    let mut session = false;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut value = || {
+            args.next()
+                .with_context(|| format!("{arg} needs a value\n{LOAD_USAGE}"))
+        };
+        match arg.as_str() {
+            "--addr" => addr = Some(value()?.clone()),
+            "--rate" => rate = Some(value()?.parse::<f64>().context("--rate")?),
+            "--duration" => duration = value()?.parse().context("--duration")?,
+            "--connections" => connections = value()?.parse().context("--connections")?,
+            "--session" => session = true,
+            other => bail!("unknown option `{other}`\n{LOAD_USAGE}"),
+        }
+    }
+    let (Some(addr), Some(rate)) = (addr, rate) else {
+        bail!("{LOAD_USAGE}");
+    };
+    let bodies = request_bodies();
+    let bodies = if session {
+        &bodies.session
+    } else {
+        &bodies.plain
+    };
+    let load = fixed_rate::run(
+        &addr,
+        "/api/route",
+        bodies,
+        rate,
+        connections,
+        Duration::from_secs(duration),
+    )?;
+    println!(
+        "{:.0} req/s  p50 {:.2} ms  p99 {:.2} ms  errors {}",
+        load.achieved_per_s, load.p50_ms, load.p99_ms, load.errors
+    );
+    Ok(())
+}

@@ -14,7 +14,8 @@ const USAGE: &str = "usage: cargo xtask <lint | eval | bench> [options]
   lint                      check domains and tools (keywords, names, descriptions, schemas, linking)
   eval  --catalog DIR --cases FILE [--json]   replay labeled conversations through the router
   bench [--quick]           routing time per message against a naive baseline
-  bench-route [--postgres URL]   /api/route under wrk: SQLite vs PostgreSQL, decision log on/off";
+  bench-route [--postgres URL]   /api/route under wrk: SQLite vs PostgreSQL, decision log on/off
+  load --addr HOST:PORT --rate N [--session]   the fixed-rate load alone, against a running server";
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -26,6 +27,7 @@ fn main() -> anyhow::Result<()> {
         "eval" => eval::run(rest),
         "bench" => bench::run(rest),
         "bench-route" => bench_route::run(rest),
+        "load" => bench_route::load(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

@@ -10,6 +10,7 @@
 //! [`deadpool_postgres`]) so they need no dependency of their own.
 
 mod postgres;
+mod priority;
 mod sqlite;
 #[doc(hidden)]
 pub mod testing;
@@ -28,6 +29,9 @@ pub use tokio_postgres;
 /// Newest schema version this binary knows, on every backend.
 pub const SCHEMA_VERSION: i64 = sqlite::SCHEMA_VERSION;
 const _: () = assert!(sqlite::SCHEMA_VERSION == postgres::SCHEMA_VERSION);
+
+/// Pause before the one retry of a failed log write.
+pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Why a storage operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -400,7 +404,10 @@ impl Store {
         }
     }
 
-    pub async fn decisions_insert(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {
+    /// Writes a batch of decision rows in one transaction, retried once after
+    /// [`RETRY_AFTER`] if it fails. The batch is taken by value so that the
+    /// SQLite backend frees it on its log thread, off the request threads.
+    pub async fn decisions_insert(&self, rows: Vec<DecisionRow>) -> Result<(), StoreError> {
         dispatch!(self, s => s.decisions_insert(rows).await)
     }
 
@@ -419,7 +426,8 @@ impl Store {
         dispatch!(self, s => s.last_decision(session).await)
     }
 
-    pub async fn audit_insert(&self, rows: &[AuditRow]) -> Result<(), StoreError> {
+    /// Writes a batch of audit rows, like [`Store::decisions_insert`].
+    pub async fn audit_insert(&self, rows: Vec<AuditRow>) -> Result<(), StoreError> {
         dispatch!(self, s => s.audit_insert(rows).await)
     }
 

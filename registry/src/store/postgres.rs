@@ -105,10 +105,16 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         "CREATE INDEX messages_by_turn ON messages(session_id, turn);",
     ),
+    (
+        4,
+        // SQLite moved its decision log to a file of its own; PostgreSQL's stays
+        // where it is. The version keeps both backends' numbers equal.
+        "SELECT 1;",
+    ),
 ];
 
 /// Newest schema version this binary knows; equal to SQLite's.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The channel settings writes notify on.
 pub const SETTINGS_CHANNEL: &str = "loadout_settings";
@@ -493,7 +499,18 @@ impl PostgresStore {
     }
 
     /// One statement per batch: the rows travel as arrays and are unnested in order.
-    pub async fn decisions_insert(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {
+    pub async fn decisions_insert(&self, rows: Vec<DecisionRow>) -> Result<(), StoreError> {
+        match self.decisions_insert_once(&rows).await {
+            Err(e) => {
+                tracing::debug!("decision log write failed, retrying: {e}");
+                tokio::time::sleep(super::RETRY_AFTER).await;
+                self.decisions_insert_once(&rows).await
+            }
+            ok => ok,
+        }
+    }
+
+    async fn decisions_insert_once(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -566,7 +583,18 @@ impl PostgresStore {
             .map_err(|e| self.error(e))
     }
 
-    pub async fn audit_insert(&self, rows: &[AuditRow]) -> Result<(), StoreError> {
+    pub async fn audit_insert(&self, rows: Vec<AuditRow>) -> Result<(), StoreError> {
+        match self.audit_insert_once(&rows).await {
+            Err(e) => {
+                tracing::debug!("audit log write failed, retrying: {e}");
+                tokio::time::sleep(super::RETRY_AFTER).await;
+                self.audit_insert_once(&rows).await
+            }
+            ok => ok,
+        }
+    }
+
+    async fn audit_insert_once(&self, rows: &[AuditRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
         }

@@ -104,7 +104,7 @@ async fn settings_version_ignores_other_writes() {
         store.setting_set("a", "1").await.expect("set");
         let before = store.settings_version().await.expect("version");
         store
-            .decisions_insert(&[DecisionRow {
+            .decisions_insert(vec![DecisionRow {
                 at_ms: 1,
                 session: None,
                 turn: 1,
@@ -150,6 +150,19 @@ async fn a_version_1_sqlite_database_upgrades_in_place() {
                      DROP TRIGGER settings_version_on_delete;
                      DROP TABLE settings_version;
                      DROP INDEX messages_by_turn;
+                     CREATE TABLE main.tool_history (
+                         id INTEGER PRIMARY KEY AUTOINCREMENT,
+                         at_ms INTEGER NOT NULL,
+                         session_id TEXT,
+                         turn INTEGER NOT NULL,
+                         message TEXT NOT NULL,
+                         n_tools INTEGER NOT NULL,
+                         tokens INTEGER NOT NULL,
+                         reasons TEXT NOT NULL
+                     );
+                     CREATE INDEX main.tool_history_by_session ON tool_history(session_id, id);
+                     INSERT INTO main.tool_history(at_ms, session_id, turn, message, n_tools, tokens, reasons)
+                         VALUES (7, 's-old', 1, 'logged by version 1', 3, 120, '{}');
                      DELETE FROM schema_version WHERE version > 1;",
                 )?;
                 Ok(())
@@ -159,6 +172,24 @@ async fn a_version_1_sqlite_database_upgrades_in_place() {
         let upgraded = t.reopen().await.expect("upgrade");
         assert_eq!(schema_versions(&t).await, all_versions());
         assert_eq!(upgraded.settings_all().await.expect("all")["kept"], "yes");
+        // Version 4 moved the decision log into its own file, rows included.
+        let old = upgraded.decisions("s-old").await.expect("decisions");
+        assert_eq!(old.len(), 1);
+        assert_eq!((old[0].at_ms, old[0].message.as_str()), (7, "logged by version 1"));
+        let StoreBackend::Sqlite(reopened) = upgraded.backend() else {
+            unreachable!("reopened the SQLite store");
+        };
+        let left_in_main: i64 = reopened
+            .call(|c| {
+                Ok(c.query_row(
+                    "SELECT count(*) FROM main.sqlite_master WHERE name = 'tool_history'",
+                    [],
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+            .expect("main schema");
+        assert_eq!(left_in_main, 0);
         let before = upgraded.settings_version().await.expect("version");
         upgraded.setting_set("kept", "still").await.expect("set");
         assert_ne!(upgraded.settings_version().await.expect("version"), before);
@@ -386,8 +417,11 @@ async fn sessions_router_state_and_decisions() {
                 reasons: Reasons::to_json(&serde_json::json!([])),
             }))
             .collect();
-        store.decisions_insert(&rows).await.expect("insert");
-        store.decisions_insert(&[]).await.expect("empty batch");
+        store.decisions_insert(rows.clone()).await.expect("insert");
+        store
+            .decisions_insert(Vec::new())
+            .await
+            .expect("empty batch");
         // PostgreSQL text holds no NUL: the row is still written.
         let nul = DecisionRow {
             session: Some("nul".into()),
@@ -395,7 +429,7 @@ async fn sessions_router_state_and_decisions() {
             ..rows[0].clone()
         };
         store
-            .decisions_insert(&[nul])
+            .decisions_insert(vec![nul])
             .await
             .expect("NUL in a message");
         let stored = &store.decisions("nul").await.expect("decisions")[0].message;
@@ -449,7 +483,7 @@ async fn pruning_the_decision_log_deletes_old_rows_oldest_first() {
             .into_iter()
             .map(row)
             .collect();
-        store.decisions_insert(&rows).await.expect("insert");
+        store.decisions_insert(rows.clone()).await.expect("insert");
         assert_eq!(
             store.decisions_prune(100, 4).await.expect("prune"),
             4,
@@ -610,8 +644,14 @@ async fn audit_tail_returns_newest_rows_in_order() {
                 duration_ms: 1.5,
             })
             .collect();
-        t.store.audit_insert(&rows[..2]).await.expect("insert");
-        t.store.audit_insert(&rows[2..]).await.expect("insert");
+        t.store
+            .audit_insert(rows[..2].to_vec())
+            .await
+            .expect("insert");
+        t.store
+            .audit_insert(rows[2..].to_vec())
+            .await
+            .expect("insert");
         let tail = t.store.audit_tail(2).await.expect("tail");
         assert_eq!(tail, rows[3..], "{}", t.name);
         assert_eq!(
@@ -768,4 +808,87 @@ fn passwords_are_masked_in_urls() {
         "postgres://me:***@db:5432/x"
     );
     assert_eq!(mask_url_password("postgres://db/x"), "postgres://db/x");
+}
+
+/// The SQLite store of `stores()`, with the path of its main file.
+fn sqlite_of(stores: &[TestStore]) -> (&TestStore, std::path::PathBuf) {
+    let t = stores
+        .iter()
+        .find(|t| !t.is_postgres())
+        .expect("a SQLite store");
+    let StoreBackend::Sqlite(sqlite) = t.store.backend() else {
+        unreachable!("not PostgreSQL");
+    };
+    (t, sqlite.path().to_path_buf())
+}
+
+fn decision(session: &str, message: &str) -> DecisionRow {
+    DecisionRow {
+        at_ms: now_ms(),
+        session: Some(session.into()),
+        turn: 1,
+        message: message.into(),
+        n_tools: 1,
+        tokens: 10,
+        reasons: Reasons::to_json(&serde_json::json!({})),
+    }
+}
+
+#[tokio::test]
+async fn an_unreadable_sqlite_decision_log_is_moved_aside_and_started_anew() {
+    let (_dir, stores) = stores().await;
+    let (t, main) = sqlite_of(&stores);
+    t.store.setting_set("kept", "yes").await.expect("set");
+    t.store
+        .decisions_insert(vec![decision("s-1", "before the power cut")])
+        .await
+        .expect("log");
+    let log = sqlite::decisions_path(&main);
+    assert!(log.exists(), "{}", log.display());
+    // What a power cut during an unsynced write can leave behind.
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", log.display()));
+    }
+    std::fs::write(&log, b"not a database at all, just bytes".repeat(200)).expect("garble");
+
+    let reopened = t.reopen().await.expect("opens despite the unreadable log");
+    assert_eq!(reopened.settings_all().await.expect("all")["kept"], "yes");
+    assert_eq!(reopened.decisions("s-1").await.expect("read"), vec![]);
+    reopened
+        .decisions_insert(vec![decision("s-2", "after")])
+        .await
+        .expect("log again");
+    assert_eq!(reopened.decisions("s-2").await.expect("read").len(), 1);
+    let dir = log.parent().expect("dir");
+    let aside: Vec<_> = std::fs::read_dir(dir)
+        .expect("list")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains(".decisions.db.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the unreadable file is kept: {aside:?}");
+}
+
+#[tokio::test]
+async fn a_newer_sqlite_decision_log_schema_is_refused() {
+    let (_dir, stores) = stores().await;
+    let (t, _) = sqlite_of(&stores);
+    let StoreBackend::Sqlite(sqlite) = t.store.backend() else {
+        unreachable!("SQLite");
+    };
+    sqlite
+        .call(|c| {
+            c.execute(
+                "INSERT INTO decisions.schema_version(version, applied_ms) VALUES (99, 0)",
+                [],
+            )?;
+            Ok(())
+        })
+        .await
+        .expect("bump");
+    let err = t.reopen().await.expect_err("must refuse");
+    assert!(
+        matches!(err, StoreError::SchemaTooNew { found: 99, .. }),
+        "{err:?}"
+    );
 }
