@@ -341,31 +341,103 @@ impl Selection {
             message,
             n_tools: self.n_tools as i64,
             tokens: self.tokens as i64,
-            reasons: Reasons::to_json(&LoggedReasons {
-                domains: &self.domains,
-                tools: self.tools.iter().map(|t| t.name.as_str()).collect(),
-                tool_decisions: &self.tool_decisions,
-                hint_tokens: self.hint_tokens,
-                all_tools_tokens: self.all_tools_tokens,
-                notes: &self.notes,
-                carry,
-            }),
+            reasons: Reasons::to_json(&LoggedReasons::new(self, carry)),
         }
     }
 }
 
-/// The decision log's `reasons` column.
+/// The decision log's `reasons` column: the decision without what it would repeat
+/// from one row to the next. With the 262-tool shared catalog a row listing every
+/// domain and every ranked tool was 3-8 KB, and the log's bytes are what its writes
+/// cost. Domains with no evidence go by name (`inactive`, `unmatched`), ranked
+/// tools that were sent are already in `tools`, and scores keep 3 decimals.
 #[derive(Serialize)]
 struct LoggedReasons<'a> {
-    domains: &'a [DomainDecision],
+    /// Domains that are sent, had evidence (a score above 0) or a stage of their
+    /// own (sticky, unloaded, trimmed…).
+    domains: Vec<LoggedDomain<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    inactive: Vec<&'a str>,
+    /// Active domains not sent, with no evidence (stage `not_matched`, score 0).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unmatched: Vec<&'a str>,
     tools: Vec<&'a str>,
-    tool_decisions: &'a [ToolDecision],
+    /// Ranked tools that were not sent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_decisions: Vec<LoggedTool<'a>>,
     hint_tokens: usize,
     all_tools_tokens: usize,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
     notes: &'a [String],
     /// Tools the next turn carries over when its message has no evidence of its own;
     /// another replica reads them from here.
     carry: &'a [String],
+}
+
+#[derive(Serialize)]
+struct LoggedDomain<'a> {
+    domain: &'a str,
+    included: bool,
+    stage: Stage,
+    #[serde(serialize_with = "three_decimals")]
+    score: f32,
+    reason: &'a str,
+}
+
+#[derive(Serialize)]
+struct LoggedTool<'a> {
+    tool: &'a str,
+    domain: &'a str,
+    stage: Stage,
+    #[serde(serialize_with = "three_decimals")]
+    score: f32,
+}
+
+impl<'a> LoggedReasons<'a> {
+    fn new(selection: &'a Selection, carry: &'a [String]) -> LoggedReasons<'a> {
+        let mut logged = LoggedReasons {
+            domains: Vec::new(),
+            inactive: Vec::new(),
+            unmatched: Vec::new(),
+            tools: selection.tools.iter().map(|t| t.name.as_str()).collect(),
+            tool_decisions: selection
+                .tool_decisions
+                .iter()
+                .filter(|d| !d.included)
+                .map(|d| LoggedTool {
+                    tool: d.tool.as_str(),
+                    domain: d.domain.as_str(),
+                    stage: d.stage,
+                    score: d.score,
+                })
+                .collect(),
+            hint_tokens: selection.hint_tokens,
+            all_tools_tokens: selection.all_tools_tokens,
+            notes: &selection.notes,
+            carry,
+        };
+        for d in &selection.domains {
+            let no_evidence = !d.included && d.score <= 0.0;
+            if no_evidence && d.stage == Stage::Inactive {
+                logged.inactive.push(d.domain.as_str());
+            } else if no_evidence && d.stage == Stage::NotMatched {
+                logged.unmatched.push(d.domain.as_str());
+            } else {
+                logged.domains.push(LoggedDomain {
+                    domain: d.domain.as_str(),
+                    included: d.included,
+                    stage: d.stage,
+                    score: d.score,
+                    reason: &d.reason,
+                });
+            }
+        }
+        logged
+    }
+}
+
+fn three_decimals<S: serde::Serializer>(score: &f32, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_f64((f64::from(*score) * 1000.0).round() / 1000.0)
 }
 
 fn sha256_hex(text: &str) -> String {

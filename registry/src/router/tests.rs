@@ -447,11 +447,56 @@ fn decision_row_hashes_the_message_when_asked() {
         (row.turn, row.at_ms, row.n_tools),
         (3, 42, selection.n_tools as i64)
     );
-    assert!(
-        row.reasons.value()["domains"]
+    // Every domain is in the row once: in full when it was sent or had evidence,
+    // by name otherwise.
+    let reasons = row.reasons.value();
+    let names = |key: &str| -> Vec<String> {
+        reasons[key]
             .as_array()
-            .is_some_and(|d| d.len() == router.registry().domains().len())
+            .map(|a| {
+                a.iter()
+                    .map(|v| {
+                        v.get("domain")
+                            .unwrap_or(v)
+                            .as_str()
+                            .unwrap_or("")
+                            .to_owned()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut logged: Vec<String> = ["domains", "inactive", "unmatched"]
+        .iter()
+        .flat_map(|key| names(key))
+        .collect();
+    logged.sort();
+    let mut all: Vec<String> = selection
+        .domains
+        .iter()
+        .map(|d| d.domain.to_string())
+        .collect();
+    all.sort();
+    assert_eq!(logged, all, "{reasons}");
+    let weather = &reasons["domains"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["domain"] == "weather"))
+        .expect("weather logged in full");
+    assert_eq!(weather["stage"], "keyword", "{reasons}");
+    let score = weather["score"].as_f64().expect("score");
+    assert_eq!(
+        score,
+        (score * 1000.0).round() / 1000.0,
+        "3 decimals: {score}"
     );
+    // Sent tools are listed by name, not again among the ranked ones.
+    let sent: Vec<&str> = selection.tools.iter().map(|t| t.name.as_str()).collect();
+    for decision in reasons["tool_decisions"].as_array().into_iter().flatten() {
+        assert!(
+            !sent.contains(&decision["tool"].as_str().unwrap_or("")),
+            "{decision}"
+        );
+    }
     let plain = selection.decision_row(None, 3, "weather", MessageLogging::Plain, 42, &[]);
     assert_eq!(plain.message, "weather");
     assert_eq!(

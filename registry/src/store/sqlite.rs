@@ -589,7 +589,14 @@ fn attach_decisions(conn: &mut Connection, main: &Path) -> Result<(), StoreError
     };
     let attached = attach(conn, &path)
         .map_err(StoreError::from)
-        .and_then(|()| migrate(conn, DECISIONS, DECISIONS_MIGRATIONS, DECISIONS_SCHEMA_VERSION));
+        .and_then(|()| {
+            migrate(
+                conn,
+                DECISIONS,
+                DECISIONS_MIGRATIONS,
+                DECISIONS_SCHEMA_VERSION,
+            )
+        });
     match attached {
         Err(StoreError::Database(message)) if is_unreadable(&message) => {
             let _ = conn.execute_batch(&format!("DETACH DATABASE {DECISIONS}"));
@@ -607,7 +614,12 @@ fn attach_decisions(conn: &mut Connection, main: &Path) -> Result<(), StoreError
                 }
             }
             attach(conn, &path).map_err(|e| open_err(&e))?;
-            migrate(conn, DECISIONS, DECISIONS_MIGRATIONS, DECISIONS_SCHEMA_VERSION)
+            migrate(
+                conn,
+                DECISIONS,
+                DECISIONS_MIGRATIONS,
+                DECISIONS_SCHEMA_VERSION,
+            )
         }
         other => other,
     }

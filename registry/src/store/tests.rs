@@ -175,7 +175,10 @@ async fn a_version_1_sqlite_database_upgrades_in_place() {
         // Version 4 moved the decision log into its own file, rows included.
         let old = upgraded.decisions("s-old").await.expect("decisions");
         assert_eq!(old.len(), 1);
-        assert_eq!((old[0].at_ms, old[0].message.as_str()), (7, "logged by version 1"));
+        assert_eq!(
+            (old[0].at_ms, old[0].message.as_str()),
+            (7, "logged by version 1")
+        );
         let StoreBackend::Sqlite(reopened) = upgraded.backend() else {
             unreachable!("reopened the SQLite store");
         };
