@@ -500,14 +500,7 @@ impl PostgresStore {
 
     /// One statement per batch: the rows travel as arrays and are unnested in order.
     pub async fn decisions_insert(&self, rows: Vec<DecisionRow>) -> Result<(), StoreError> {
-        match self.decisions_insert_once(&rows).await {
-            Err(e) => {
-                tracing::debug!("decision log write failed, retrying: {e}");
-                tokio::time::sleep(super::RETRY_AFTER).await;
-                self.decisions_insert_once(&rows).await
-            }
-            ok => ok,
-        }
+        retry_once(|| self.decisions_insert_once(&rows)).await
     }
 
     async fn decisions_insert_once(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {
@@ -584,14 +577,7 @@ impl PostgresStore {
     }
 
     pub async fn audit_insert(&self, rows: Vec<AuditRow>) -> Result<(), StoreError> {
-        match self.audit_insert_once(&rows).await {
-            Err(e) => {
-                tracing::debug!("audit log write failed, retrying: {e}");
-                tokio::time::sleep(super::RETRY_AFTER).await;
-                self.audit_insert_once(&rows).await
-            }
-            ok => ok,
-        }
+        retry_once(|| self.audit_insert_once(&rows)).await
     }
 
     async fn audit_insert_once(&self, rows: &[AuditRow]) -> Result<(), StoreError> {
@@ -938,4 +924,20 @@ fn decision_row(r: &tokio_postgres::Row) -> Result<DecisionRow, tokio_postgres::
         tokens: r.try_get(5)?,
         reasons: Reasons::from_text(r.try_get(6)?),
     })
+}
+
+/// Runs a log write, and once more after [`super::RETRY_AFTER`] if it fails.
+async fn retry_once<F, W>(write: W) -> Result<(), StoreError>
+where
+    W: Fn() -> F,
+    F: std::future::Future<Output = Result<(), StoreError>>,
+{
+    match write().await {
+        Err(e) => {
+            tracing::debug!("log write failed, retrying: {e}");
+            tokio::time::sleep(super::RETRY_AFTER).await;
+            write().await
+        }
+        ok => ok,
+    }
 }

@@ -438,28 +438,23 @@ impl SqliteStore {
 
     pub async fn decisions_insert(&self, rows: Vec<DecisionRow>) -> Result<(), StoreError> {
         self.call_log(rows.len(), move |c| {
-            with_one_retry(|| {
-                let tx = c.transaction()?;
-                {
-                    let mut stmt = tx.prepare_cached(
-                        "INSERT INTO decisions.tool_history(at_ms, session_id, turn, message, n_tools, tokens, reasons)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                    )?;
-                    for row in &rows {
-                        stmt.execute(params![
-                            row.at_ms,
-                            row.session,
-                            row.turn,
-                            row.message,
-                            row.n_tools,
-                            row.tokens,
-                            row.reasons.as_str()
-                        ])?;
-                    }
-                }
-                tx.commit()?;
-                Ok(())
-            })
+            insert_batch(
+                c,
+                "INSERT INTO decisions.tool_history(at_ms, session_id, turn, message, n_tools, tokens, reasons)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                &rows,
+                |stmt, row| {
+                    stmt.execute(params![
+                        row.at_ms,
+                        row.session,
+                        row.turn,
+                        row.message,
+                        row.n_tools,
+                        row.tokens,
+                        row.reasons.as_str()
+                    ])
+                },
+            )
             // `rows` is freed here, on the log thread, not on a request's thread.
         })
         .await
@@ -514,28 +509,23 @@ impl SqliteStore {
 
     pub async fn audit_insert(&self, rows: Vec<AuditRow>) -> Result<(), StoreError> {
         self.call_log(rows.len(), move |c| {
-            with_one_retry(|| {
-                let tx = c.transaction()?;
-                {
-                    let mut stmt = tx.prepare_cached(
-                        "INSERT INTO audit_log(at_ms, client, tool, args, outcome, detail, duration_ms)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                    )?;
-                    for row in &rows {
-                        stmt.execute(params![
-                            row.at_ms,
-                            row.client,
-                            row.tool,
-                            row.args.to_string(),
-                            row.outcome,
-                            row.detail,
-                            row.duration_ms
-                        ])?;
-                    }
-                }
-                tx.commit()?;
-                Ok(())
-            })
+            insert_batch(
+                c,
+                "INSERT INTO audit_log(at_ms, client, tool, args, outcome, detail, duration_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                &rows,
+                |stmt, row| {
+                    stmt.execute(params![
+                        row.at_ms,
+                        row.client,
+                        row.tool,
+                        row.args.to_string(),
+                        row.outcome,
+                        row.detail,
+                        row.duration_ms
+                    ])
+                },
+            )
         })
         .await
     }
@@ -756,18 +746,32 @@ fn decision_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DecisionRow> {
     })
 }
 
-/// Runs a log write, and once more after [`RETRY_AFTER`] if it fails: a database
-/// held by another process for longer than the busy timeout is the usual cause. On
-/// the log thread, so the pause delays only later log rows.
-fn with_one_retry(mut write: impl FnMut() -> Result<(), StoreError>) -> Result<(), StoreError> {
-    match write() {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            tracing::debug!("log write failed, retrying: {e}");
-            std::thread::sleep(super::RETRY_AFTER);
-            write()
+/// Inserts a batch of log rows in one transaction, and once more after
+/// [`RETRY_AFTER`] if that fails: a database held by another process for longer than
+/// the busy timeout is the usual cause. On the log thread, so the pause delays only
+/// later log rows.
+fn insert_batch<R>(
+    c: &mut Connection,
+    sql: &str,
+    rows: &[R],
+    insert: impl Fn(&mut rusqlite::CachedStatement<'_>, &R) -> rusqlite::Result<usize>,
+) -> Result<(), StoreError> {
+    let write = |c: &mut Connection| -> Result<(), StoreError> {
+        let tx = c.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(sql)?;
+            for row in rows {
+                insert(&mut stmt, row)?;
+            }
         }
-    }
+        tx.commit()?;
+        Ok(())
+    };
+    write(c).or_else(|e| {
+        tracing::debug!("log write failed, retrying: {e}");
+        std::thread::sleep(super::RETRY_AFTER);
+        write(c)
+    })
 }
 
 /// Takes the connection's lock in arrival order (tokio's mutex is fair), then runs
