@@ -215,3 +215,81 @@ async fn decision_log_setting_keeps_the_message_its_hash_or_nothing() {
     assert_eq!(messages.len(), 3, "{messages:?}");
     assert_eq!(messages[2], "thanks", "the `off` turn left no row");
 }
+
+/// Stages of the tools a routed turn sent, by tool name.
+fn sent_stages(routed: &Value) -> Vec<(String, String)> {
+    routed["selection"]["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap_or_default().to_owned(),
+                t["stage"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_follow_up_carries_the_last_turn_over_with_the_log_off_and_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let open = || async {
+        let config = loadout_server::app::Config {
+            data_dir: dir.path().to_path_buf(),
+            database_url: None,
+        };
+        let app_state = loadout_server::app::App::open(&config)
+            .await
+            .expect("open app");
+        loadout_server::http::app(loadout_server::http::HttpState::new(app_state, None))
+    };
+    let app = open().await;
+    for (key, value) in [("decision_log", "off"), ("router_dense", "off")] {
+        let (status, body) = send(
+            &app,
+            "PUT",
+            &format!("/api/settings/{key}"),
+            Some(json!({"value": value})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let (_, created) = send(&app, "POST", "/api/sessions", None).await;
+    let session = created["id"].as_str().expect("session id").to_owned();
+    let (status, first) = send(
+        &app,
+        "POST",
+        "/api/route",
+        Some(json!({"session": session, "message": "remember that my parrot is called Polly"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert!(
+        sent_stages(&first)
+            .iter()
+            .any(|(name, stage)| name == "remember" && stage == "keyword"),
+        "{}",
+        first["summary"]
+    );
+    // A new process on the same data dir: nothing of the session is in memory, and
+    // the decision log, being off, holds nothing either.
+    drop(app);
+    let app = open().await;
+    let (status, second) = send(
+        &app,
+        "POST",
+        "/api/route",
+        Some(json!({"session": session, "message": "yes, do it"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(second["turn"], 2);
+    assert!(
+        sent_stages(&second)
+            .iter()
+            .any(|(name, stage)| name == "remember" && stage == "carried"),
+        "{}",
+        second["summary"]
+    );
+}

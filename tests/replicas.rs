@@ -408,6 +408,28 @@ async fn two_replicas_and_an_mcp_process_share_one_database() {
     assert_eq!(fourth["turn"], 4);
     assert_eq!(domain_decision(&fourth, "scratchpad")["stage"], "pinned");
 
+    // A follow-up with no evidence of its own, routed through B the moment A routed
+    // the turn before, with no decision log to read: the carry-over comes from the
+    // session's row, written with A's turn.
+    a.ok(
+        "PUT",
+        "/api/settings/decision_log",
+        Some(json!({"value": "off"})),
+    )
+    .await;
+    let fifth = a
+        .route(&session, "remember that my parrot is called Polly", &[])
+        .await;
+    assert_eq!(domain_decision(&fifth, "memory")["stage"], "keyword");
+    let sixth = b.route(&session, "yes, do it", &[]).await;
+    assert_eq!(sixth["turn"], 6);
+    assert_eq!(
+        domain_decision(&sixth, "memory")["stage"],
+        "carried",
+        "{}",
+        sixth["summary"]
+    );
+
     // A setting written through A reaches B's router and the MCP process. Both read
     // (and cache) the settings first, so this is invalidation, not a first load.
     assert!(!b.domain_active("filesystem").await);

@@ -51,6 +51,8 @@ pub struct TurnRequest<'a> {
 pub struct RoutedTurn {
     pub turn: i64,
     pub selection: Selection,
+    /// What the selection carries into the next turn ([`carry_over`]).
+    pub carry: Vec<String>,
     pub view: SessionView,
     pub settings: Arc<BTreeMap<String, String>>,
 }
@@ -60,11 +62,6 @@ pub struct RoutedTurn {
 pub struct Routing {
     pub router: Arc<Router>,
     pub decisions: DecisionWriter,
-    /// Each session's last carry-over list with the turn it was routed at, so the
-    /// next turn does not wait for the decision log's background write. Trusted only
-    /// when that turn is still the session's latest: if another replica routed a turn
-    /// since, the list comes from the log.
-    carry: Arc<Mutex<HashMap<String, CarriedTools>>>,
     /// One lock per session with a turn in flight: concurrent turns of one session run
     /// one after the other instead of interleaving their messages and state.
     sessions: Arc<Mutex<HashMap<String, Weak<SessionLock>>>>,
@@ -72,21 +69,14 @@ pub struct Routing {
 
 type SessionLock = tokio::sync::Mutex<()>;
 
-/// The turn a carry-over list was routed at, and the list.
-type CarriedTools = (i64, Vec<String>);
-
 /// Held while a session's turn runs; see [`Routing::lock_session`].
 pub type SessionGuard = tokio::sync::OwnedMutexGuard<()>;
-
-/// Sessions whose carry-over list is kept in memory at most.
-const CARRY_CACHE_SESSIONS: usize = 10_000;
 
 impl Routing {
     pub fn new(router: Arc<Router>, store: Store) -> Routing {
         Routing {
             router,
             decisions: DecisionWriter::start(store),
-            carry: Arc::new(Mutex::new(HashMap::new())),
             sessions: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -113,9 +103,10 @@ impl Routing {
         lock.lock_owned().await
     }
 
-    /// Routes one user turn. With a session: records `called`, appends the message
-    /// (which advances the turn), routes with the session's stickiness, persists the
-    /// state changes and queues the decision.
+    /// Routes one user turn. With a session: records `called`, routes with the
+    /// session's stickiness and the last turn's carry-over, appends the message with
+    /// this turn's carry-over (which advances the turn), persists the state changes
+    /// and queues the decision.
     pub async fn route(
         &self,
         store: &Store,
@@ -140,58 +131,72 @@ impl Routing {
             return Err(RouteError::UnknownCalled(unknown));
         }
 
-        let (turn, mut view) = match request.session {
-            Some(session) => {
-                // `message_append` below creates the session; reads of a new one are empty.
-                let snapshot = store
-                    .session_snapshot(session, now_ms() - WARM_WINDOW_MS)
-                    .await?;
-                let previous_turn = snapshot.turn;
-                let mut view =
-                    SessionView::from_store(previous_turn, snapshot.domains, snapshot.warm);
-                view.recent_calls = snapshot.recent_calls;
-                if !request.called.is_empty() {
-                    let changed = view.record_calls(&self.router, request.called);
-                    self.persist(store, session, &changed).await?;
-                }
-                let carried = match self.cached_carry(session, previous_turn) {
-                    Some(carried) => carried,
-                    None => last_carry(store, session).await?,
-                };
-                let turn = store
-                    .message_append(
-                        session,
-                        "user",
-                        &serde_json::Value::String(message.to_owned()),
-                    )
-                    .await?;
-                view.begin_turn(turn, None);
-                view.carried_tools = carried;
-                (turn, view)
-            }
-            None => (1, SessionView::new(1)),
+        let Some(session) = request.session else {
+            let view = SessionView::new(1);
+            let selection = self.select(&settings, &view, message, request.token_budget);
+            let carry = carry_over(&selection);
+            self.log(&settings, &selection, None, 1, message, &carry);
+            return Ok(RoutedTurn {
+                turn: 1,
+                selection,
+                carry,
+                view,
+                settings,
+            });
         };
-        view.turn = turn;
-        let selection = self.select(&settings, &view, message, request.token_budget);
-        self.log(&settings, &selection, request.session, turn, message);
+        // Reads of a session that does not exist yet are empty; `turn_append` below
+        // creates it.
+        let snapshot = store
+            .session_snapshot(session, now_ms() - WARM_WINDOW_MS)
+            .await?;
+        let mut view = SessionView::from_store(snapshot.turn, snapshot.domains, snapshot.warm);
+        view.recent_calls = snapshot.recent_calls;
+        if !request.called.is_empty() {
+            let changed = view.record_calls(&self.router, request.called);
+            self.persist(store, session, &changed).await?;
+        }
+        // Routed as the next turn before the message is stored, so that the message and
+        // what this turn carries into the next go to the store in one write.
+        let expected = snapshot.turn + 1;
+        view.begin_turn(expected, None);
+        view.carried_tools = snapshot.carry;
+        let mut selection = self.select(&settings, &view, message, request.token_budget);
+        let mut carry = carry_over(&selection);
+        let message_json = serde_json::Value::String(message.to_owned());
+        let turn = store.turn_append(session, &message_json, &carry).await?;
+        if turn != expected {
+            // Another replica stored a turn of this session in between: route again at
+            // the turn the store counted.
+            let carried = std::mem::take(&mut view.carried_tools);
+            view.begin_turn(turn, None);
+            view.carried_tools = carried;
+            selection = self.select(&settings, &view, message, request.token_budget);
+            carry = carry_over(&selection);
+            store.session_carry_put(session, turn, &carry).await?;
+        }
+        self.log(&settings, &selection, Some(session), turn, message, &carry);
         Ok(RoutedTurn {
             turn,
             selection,
+            carry,
             view,
             settings,
         })
     }
 
     /// Routes again within the same turn (after a meta-tool changed the view); the
-    /// decision is logged as another row of the same turn.
+    /// decision is logged as another row of the same turn. The caller stores the new
+    /// carry-over ([`Store::session_carry_put`]).
     pub fn reselect(&self, routed: &mut RoutedTurn, session: Option<&str>, message: &str) {
         routed.selection = self.select(&routed.settings, &routed.view, message, None);
+        routed.carry = carry_over(&routed.selection);
         self.log(
             &routed.settings,
             &routed.selection,
             session,
             routed.turn,
             message,
+            &routed.carry,
         );
     }
 
@@ -245,10 +250,9 @@ impl Routing {
         session: Option<&str>,
         turn: i64,
         message: &str,
+        carry: &[String],
     ) {
         tracing::info!("{}", selection.summary_line());
-        // The next turn carries these over when its message has no evidence of its own.
-        let carried = carry_over(selection);
         if let Some(logging) = decision_logging(settings) {
             self.decisions.record(selection.decision_row(
                 session,
@@ -256,25 +260,9 @@ impl Routing {
                 message,
                 logging,
                 now_ms(),
-                &carried,
+                carry,
             ));
         }
-        if let Some(session) = session {
-            let mut cache = self.carry.lock().unwrap_or_else(|p| p.into_inner());
-            if cache.len() >= CARRY_CACHE_SESSIONS {
-                cache.clear();
-            }
-            cache.insert(session.to_owned(), (turn, carried));
-        }
-    }
-
-    fn cached_carry(&self, session: &str, latest_turn: i64) -> Option<Vec<String>> {
-        self.carry
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(session)
-            .filter(|(turn, _)| *turn == latest_turn)
-            .map(|(_, carried)| carried.clone())
     }
 }
 
@@ -301,19 +289,4 @@ fn decision_logging(settings: &BTreeMap<String, String>) -> Option<MessageLoggin
             Some(MessageLogging::Plain)
         }
     }
-}
-
-/// The tools the session's last decision carries into the next turn.
-async fn last_carry(store: &Store, session: &str) -> Result<Vec<String>, StoreError> {
-    #[derive(serde::Deserialize)]
-    struct Logged {
-        #[serde(default)]
-        carry: Vec<String>,
-    }
-    Ok(store
-        .last_decision(session)
-        .await?
-        .and_then(|row| serde_json::from_str::<Logged>(row.reasons.as_str()).ok())
-        .map(|logged| logged.carry)
-        .unwrap_or_default())
 }

@@ -201,6 +201,9 @@ pub struct MessageRow {
 pub struct SessionSnapshot {
     /// User turns so far (0 for a session that does not exist yet).
     pub turn: i64,
+    /// The tools the latest turn carries into a follow-up with no evidence of its
+    /// own (see [`crate::router::carry_over`]), stored with that turn's message.
+    pub carry: Vec<String>,
     pub domains: Vec<SessionDomainState>,
     pub warm: Vec<String>,
     /// Tools called with success in the session's latest turn (stored `tool`
@@ -345,7 +348,30 @@ impl Store {
         role: &str,
         content: &serde_json::Value,
     ) -> Result<i64, StoreError> {
-        dispatch!(self, s => s.message_append(session, role, content).await)
+        dispatch!(self, s => s.message_append(session, role, content, &[]).await)
+    }
+
+    /// Appends the user message that starts a new turn together with that turn's
+    /// carry-over list, in one write. Returns the turn.
+    pub async fn turn_append(
+        &self,
+        session: &str,
+        message: &serde_json::Value,
+        carry: &[String],
+    ) -> Result<i64, StoreError> {
+        dispatch!(self, s => s.message_append(session, "user", message, carry).await)
+    }
+
+    /// Replaces the carry-over list of turn `turn`, unless the session has moved on
+    /// to a later turn (then that turn's list stands).
+    pub async fn session_carry_put(
+        &self,
+        session: &str,
+        turn: i64,
+        carry: &[String],
+    ) -> Result<(), StoreError> {
+        validate_session_id(session)?;
+        dispatch!(self, s => s.session_carry_put(session, turn, carry).await)
     }
 
     pub async fn messages(&self, session: &str) -> Result<Vec<MessageRow>, StoreError> {
@@ -388,14 +414,15 @@ impl Store {
         match &*self.backend {
             StoreBackend::Sqlite(s) => s.session_snapshot(session, warm_since_ms).await,
             StoreBackend::Postgres(s) => {
-                let (turn, domains, warm, recent_calls) = tokio::try_join!(
-                    s.session_turn(session),
+                let ((turn, carry), domains, warm, recent_calls) = tokio::try_join!(
+                    s.session_head(session),
                     s.session_domains(session),
                     s.domains_used_since(warm_since_ms),
                     s.latest_turn_calls(session)
                 )?;
                 Ok(SessionSnapshot {
                     turn,
+                    carry,
                     domains,
                     warm,
                     recent_calls,
@@ -476,6 +503,28 @@ pub fn validate_setting_key(key: &str) -> Result<(), StoreError> {
             key.chars().take(80).collect::<String>()
         )))
     }
+}
+
+/// The tool a message records a successful call of: `{"name": …, "ok": true}` in a
+/// `tool` message. Kept in a column of its own, so that routing reads a turn's calls
+/// without parsing results (PostgreSQL's `jsonb` refuses a `\u0000` escape, which a
+/// result may hold, and one such row would fail every later turn of the session).
+fn called_tool<'a>(role: &str, content: &'a serde_json::Value) -> Option<&'a str> {
+    (role == "tool" && content.get("ok") == Some(&serde_json::Value::Bool(true)))
+        .then(|| content.get("name").and_then(serde_json::Value::as_str))
+        .flatten()
+}
+
+/// A carry-over list as stored: a JSON array of tool names.
+fn carry_json(carry: &[String]) -> Result<String, StoreError> {
+    serde_json::to_string(carry)
+        .map_err(|e| StoreError::Database(format!("encoding the carry-over list: {e}")))
+}
+
+/// A stored carry-over list; anything unreadable carries nothing (a follow-up then
+/// routes on its own evidence) rather than failing the turn.
+fn parse_carry(text: &str) -> Vec<String> {
+    serde_json::from_str(text).unwrap_or_default()
 }
 
 /// Session ids name files (scratchpad) and rows: keep them to a safe alphabet.

@@ -29,7 +29,8 @@ use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::{
     AuditRow, DecisionRow, MessageRow, Reasons, SessionDomainState, SettingsChange, StoreError,
-    mask_url_password, new_session_id, now_ms, validate_session_id,
+    called_tool, carry_json, mask_url_password, new_session_id, now_ms, parse_carry,
+    validate_session_id,
 };
 
 /// Versioned migrations, applied in order at connect. Never edit a shipped one: add
@@ -111,10 +112,25 @@ const MIGRATIONS: &[(i64, &str)] = &[
         // where it is. The version keeps both backends' numbers equal.
         "SELECT 1;",
     ),
+    (
+        5,
+        // As SQLite's: the latest turn's carry-over list, written with the turn's
+        // message, and the tool a successful `tool` message ran (read without a
+        // `jsonb` cast, which fails on a `\u0000` escape in a tool's result; rows with
+        // one are left out of the backfill).
+        r#"
+    ALTER TABLE sessions ADD COLUMN carry TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE messages ADD COLUMN called TEXT;
+    UPDATE messages SET called = content::jsonb->>'name'
+        WHERE role = 'tool' AND strpos(content, '\u0000') = 0
+          AND jsonb_typeof(content::jsonb->'name') = 'string'
+          AND (content::jsonb->'ok') = 'true'::jsonb;
+    "#,
+    ),
 ];
 
 /// Newest schema version this binary knows; equal to SQLite's.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The channel settings writes notify on.
 pub const SETTINGS_CHANNEL: &str = "loadout_settings";
@@ -359,28 +375,71 @@ impl PostgresStore {
         session: &str,
         role: &str,
         content: &serde_json::Value,
+        carry: &[String],
     ) -> Result<i64, StoreError> {
         validate_session_id(session)?;
+        let called = called_tool(role, content);
         let content = content.to_string();
+        let carry = carry_json(carry)?;
         let is_user = role == "user";
         // One statement: creates the session if needed, counts the turn (the row
-        // lock orders concurrent appends from several replicas) and stores the message.
+        // lock orders concurrent appends from several replicas), replaces the
+        // carry-over list on a user message, and stores the message.
         let row = self
             .query_one(
                 "WITH s AS (
-                    INSERT INTO sessions(id, created_ms, n_turns)
-                    VALUES ($1, $2, CASE WHEN $3 THEN 1 ELSE 0 END)
+                    INSERT INTO sessions(id, created_ms, n_turns, carry)
+                    VALUES ($1, $2, CASE WHEN $3 THEN 1 ELSE 0 END, $6)
                     ON CONFLICT (id) DO UPDATE
-                        SET n_turns = sessions.n_turns + CASE WHEN $3 THEN 1 ELSE 0 END
+                        SET n_turns = sessions.n_turns + CASE WHEN $3 THEN 1 ELSE 0 END,
+                            carry = CASE WHEN $3 THEN $6 ELSE sessions.carry END
                     RETURNING n_turns
                  )
-                 INSERT INTO messages(session_id, turn, role, content, at_ms)
-                 SELECT $1, s.n_turns, $4, $5, $2 FROM s
+                 INSERT INTO messages(session_id, turn, role, content, at_ms, called)
+                 SELECT $1, s.n_turns, $4, $5, $2, $7 FROM s
                  RETURNING turn",
-                &[&session, &now_ms(), &is_user, &role, &content],
+                &[
+                    &session,
+                    &now_ms(),
+                    &is_user,
+                    &role,
+                    &content,
+                    &carry,
+                    &called,
+                ],
             )
             .await?;
         row.try_get(0).map_err(|e| self.error(e))
+    }
+
+    pub async fn session_carry_put(
+        &self,
+        session: &str,
+        turn: i64,
+        carry: &[String],
+    ) -> Result<(), StoreError> {
+        let carry = carry_json(carry)?;
+        self.execute(
+            "UPDATE sessions SET carry = $1 WHERE id = $2 AND n_turns = $3",
+            &[&carry, &session, &turn],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The session's turn count and the latest turn's carry-over list.
+    pub async fn session_head(&self, id: &str) -> Result<(i64, Vec<String>), StoreError> {
+        match self
+            .query_opt("SELECT n_turns, carry FROM sessions WHERE id = $1", &[&id])
+            .await?
+        {
+            Some(row) => {
+                let turn: i64 = row.try_get(0).map_err(|e| self.error(e))?;
+                let carry: String = row.try_get(1).map_err(|e| self.error(e))?;
+                Ok((turn, parse_carry(&carry)))
+            }
+            None => Ok((0, Vec::new())),
+        }
     }
 
     pub async fn messages(&self, session: &str) -> Result<Vec<MessageRow>, StoreError> {
@@ -410,11 +469,9 @@ impl PostgresStore {
     pub async fn latest_turn_calls(&self, session: &str) -> Result<Vec<(i64, String)>, StoreError> {
         let rows = self
             .query(
-                "SELECT m.turn, m.content::jsonb->>'name' FROM messages m
+                "SELECT m.turn, m.called FROM messages m
                  JOIN sessions s ON s.id = m.session_id
-                 WHERE m.session_id = $1 AND m.turn >= s.n_turns AND m.role = 'tool'
-                   AND jsonb_typeof(m.content::jsonb->'name') = 'string'
-                   AND (m.content::jsonb->'ok') = 'true'::jsonb
+                 WHERE m.session_id = $1 AND m.turn >= s.n_turns AND m.called IS NOT NULL
                  ORDER BY m.id",
                 &[&session],
             )

@@ -12,7 +12,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::priority::LogPriority;
 use super::{
     AuditRow, DecisionRow, MessageRow, Reasons, SessionDomainState, SessionSnapshot, StoreError,
-    new_session_id, now_ms, validate_session_id,
+    called_tool, carry_json, new_session_id, now_ms, parse_carry, validate_session_id,
 };
 
 /// Versioned migrations, applied in order at open. Never edit a shipped one: add one.
@@ -105,10 +105,24 @@ const MIGRATIONS: &[(i64, &str)] = &[
         "INSERT OR IGNORE INTO decisions.tool_history SELECT * FROM main.tool_history;
          DROP TABLE main.tool_history;",
     ),
+    (
+        5,
+        // `carry`: the tools the latest turn carries into a follow-up with no
+        // evidence of its own (a JSON array), written with the turn's message, so
+        // that router state lives in the store, not in one replica's memory or the
+        // background decision log. `called`: the tool a successful `tool` message
+        // ran, so routing reads the latest turn's calls without parsing results.
+        "ALTER TABLE sessions ADD COLUMN carry TEXT NOT NULL DEFAULT '[]';
+         ALTER TABLE messages ADD COLUMN called TEXT;
+         UPDATE messages SET called = json_extract(content, '$.name')
+             WHERE role = 'tool' AND json_valid(content)
+               AND json_extract(content, '$.ok') = 1
+               AND json_type(content, '$.name') = 'text';",
+    ),
 ];
 
 /// Newest schema version this binary knows.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Schema name of the decision log's file, attached to both connections.
 ///
@@ -303,6 +317,21 @@ impl SqliteStore {
         .await
     }
 
+    pub async fn session_carry_put(
+        &self,
+        session: &str,
+        turn: i64,
+        carry: &[String],
+    ) -> Result<(), StoreError> {
+        let (session, carry) = (session.to_owned(), carry_json(carry)?);
+        self.call(move |c| {
+            c.prepare_cached("UPDATE sessions SET carry = ?1 WHERE id = ?2 AND n_turns = ?3")?
+                .execute(params![carry, session, turn])?;
+            Ok(())
+        })
+        .await
+    }
+
     pub async fn session_turn(&self, id: &str) -> Result<i64, StoreError> {
         let id = id.to_owned();
         self.call(move |c| Ok(read_session_turn(c, &id)?)).await
@@ -313,25 +342,31 @@ impl SqliteStore {
         session: &str,
         role: &str,
         content: &serde_json::Value,
+        carry: &[String],
     ) -> Result<i64, StoreError> {
         validate_session_id(session)?;
+        let called = called_tool(role, content).map(str::to_owned);
         let (session, role, content) = (session.to_owned(), role.to_owned(), content.to_string());
+        let carry = carry_json(carry)?;
         self.call(move |c| {
             let tx = c.transaction()?;
-            // One statement creates the session or counts the turn, and returns the
-            // count; statements are cached (this runs on every routed session turn).
+            // One statement creates the session or counts the turn (a user message
+            // also replaces the carry-over list), and returns the count; statements
+            // are cached (this runs on every routed session turn).
             let added = i64::from(role == "user");
             let turn: i64 = tx
                 .prepare_cached(
-                    "INSERT INTO sessions(id, created_ms, n_turns) VALUES (?1, ?2, ?3)
-                     ON CONFLICT(id) DO UPDATE SET n_turns = n_turns + excluded.n_turns
+                    "INSERT INTO sessions(id, created_ms, n_turns, carry) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT(id) DO UPDATE SET n_turns = n_turns + excluded.n_turns,
+                         carry = CASE WHEN excluded.n_turns > 0 THEN excluded.carry ELSE carry END
                      RETURNING n_turns",
                 )?
-                .query_row(params![session, now_ms(), added], |r| r.get(0))?;
+                .query_row(params![session, now_ms(), added, carry], |r| r.get(0))?;
             tx.prepare_cached(
-                "INSERT INTO messages(session_id, turn, role, content, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO messages(session_id, turn, role, content, at_ms, called)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
-            .execute(params![session, turn, role, content, now_ms()])?;
+            .execute(params![session, turn, role, content, now_ms(), called])?;
             tx.commit()?;
             Ok(turn)
         })
@@ -368,9 +403,10 @@ impl SqliteStore {
         self.call(move |c| {
             // One read transaction: the four reads see the same commit.
             let tx = c.transaction()?;
-            let turn = read_session_turn(&tx, &session)?;
+            let (turn, carry) = read_session_head(&tx, &session)?;
             let snapshot = SessionSnapshot {
                 turn,
+                carry,
                 domains: read_session_domains(&tx, &session)?,
                 warm: read_domains_used_since(&tx, warm_since_ms)?,
                 recent_calls: read_calls_since(&tx, &session, turn)?,
@@ -690,6 +726,15 @@ fn read_session_turn(c: &Connection, session: &str) -> rusqlite::Result<i64> {
     )
 }
 
+/// The session's turn count and the latest turn's carry-over list.
+fn read_session_head(c: &Connection, session: &str) -> rusqlite::Result<(i64, Vec<String>)> {
+    let head: Option<(i64, String)> = c
+        .prepare_cached("SELECT n_turns, carry FROM sessions WHERE id = ?1")?
+        .query_row([session], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(head.map_or((0, Vec::new()), |(turn, carry)| (turn, parse_carry(&carry))))
+}
+
 /// The tools a session called with success from `turn` on, oldest first, with the
 /// turn of each call.
 fn read_calls_since(
@@ -698,10 +743,8 @@ fn read_calls_since(
     turn: i64,
 ) -> rusqlite::Result<Vec<(i64, String)>> {
     let mut stmt = c.prepare_cached(
-        "SELECT turn, json_extract(content, '$.name') FROM messages
-         WHERE session_id = ?1 AND turn >= ?2 AND role = 'tool'
-           AND json_extract(content, '$.ok') = 1
-           AND json_type(content, '$.name') = 'text'
+        "SELECT turn, called FROM messages
+         WHERE session_id = ?1 AND turn >= ?2 AND called IS NOT NULL
          ORDER BY id",
     )?;
     let rows = stmt.query_map(params![session, turn], |r| Ok((r.get(0)?, r.get(1)?)))?;

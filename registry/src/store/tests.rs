@@ -145,7 +145,14 @@ async fn a_version_1_sqlite_database_upgrades_in_place() {
         sqlite
             .call(|c| {
                 c.execute_batch(
-                    "DROP TRIGGER settings_version_on_insert;
+                    "ALTER TABLE sessions DROP COLUMN carry;
+                     ALTER TABLE messages DROP COLUMN called;
+                     INSERT INTO sessions(id, created_ms, n_turns) VALUES ('s-called', 0, 1);
+                     INSERT INTO messages(session_id, turn, role, content, at_ms) VALUES
+                         ('s-called', 1, 'user', '\"hi\"', 0),
+                         ('s-called', 1, 'tool', '{\"name\":\"recall\",\"ok\":true}', 0),
+                         ('s-called', 1, 'tool', '{\"name\":\"forget\",\"ok\":false}', 0);
+                     DROP TRIGGER settings_version_on_insert;
                      DROP TRIGGER settings_version_on_update;
                      DROP TRIGGER settings_version_on_delete;
                      DROP TABLE settings_version;
@@ -172,6 +179,13 @@ async fn a_version_1_sqlite_database_upgrades_in_place() {
         let upgraded = t.reopen().await.expect("upgrade");
         assert_eq!(schema_versions(&t).await, all_versions());
         assert_eq!(upgraded.settings_all().await.expect("all")["kept"], "yes");
+        // Version 5 names the tool of each successful call stored before it.
+        let snapshot = upgraded
+            .session_snapshot("s-called", 0)
+            .await
+            .expect("snapshot");
+        assert_eq!(snapshot.recent_calls, [(1, "recall".to_owned())]);
+        assert!(snapshot.carry.is_empty());
         // Version 4 moved the decision log into its own file, rows included.
         let old = upgraded.decisions("s-old").await.expect("decisions");
         assert_eq!(old.len(), 1);
@@ -323,6 +337,84 @@ async fn a_snapshot_names_the_tools_called_in_the_latest_turn() {
         assert_eq!(
             calls().await,
             [(2, "list_memories".to_owned())],
+            "{}",
+            t.name
+        );
+        // A result holding a NUL character (a file with a NUL byte) is stored as
+        // it came and spoils neither the snapshot nor the history.
+        append(
+            "tool",
+            json!({"name": "read_file", "ok": true, "content": "a\u{0}b"}),
+        )
+        .await;
+        assert_eq!(
+            calls().await,
+            [(2, "list_memories".to_owned()), (2, "read_file".to_owned())],
+            "{}",
+            t.name
+        );
+        let messages = store.messages(id).await.expect("messages");
+        assert_eq!(
+            messages.last().map(|m| m.content["content"].clone()),
+            Some(json!("a\u{0}b")),
+            "{}",
+            t.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_turn_keeps_its_carry_over_with_its_message() {
+    use serde_json::json;
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        let id = "carry";
+        let carry = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let head = || async {
+            let snapshot = store.session_snapshot(id, 0).await.expect("snapshot");
+            (snapshot.turn, snapshot.carry)
+        };
+        assert_eq!(head().await, (0, vec![]), "{}", t.name);
+        let turn = store
+            .turn_append(
+                id,
+                &json!("list my containers"),
+                &carry(&["list_containers"]),
+            )
+            .await
+            .expect("turn");
+        assert_eq!(turn, 1);
+        assert_eq!(head().await, (1, carry(&["list_containers"])), "{}", t.name);
+        // Other messages of the turn leave it alone.
+        store
+            .message_append(id, "assistant", &json!({"content": "three"}))
+            .await
+            .expect("append");
+        assert_eq!(head().await, (1, carry(&["list_containers"])), "{}", t.name);
+        // A re-route within the turn replaces it; a write for an older turn does not.
+        store
+            .session_carry_put(id, 1, &carry(&["list_containers", "restart_container"]))
+            .await
+            .expect("put");
+        store
+            .session_carry_put(id, 0, &carry(&["stale"]))
+            .await
+            .expect("put");
+        assert_eq!(
+            head().await,
+            (1, carry(&["list_containers", "restart_container"])),
+            "{}",
+            t.name
+        );
+        // A user message stored without one starts a turn that carries nothing.
+        store
+            .message_append(id, "user", &json!("thanks"))
+            .await
+            .expect("append");
+        assert_eq!(head().await, (2, vec![]), "{}", t.name);
+        assert!(
+            store.session_carry_put("../x", 2, &[]).await.is_err(),
             "{}",
             t.name
         );

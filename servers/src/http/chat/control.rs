@@ -64,18 +64,33 @@ impl TurnControl {
     where
         F: FnOnce(&mut RoutedTurn, &Routing) -> Result<Vec<SessionDomainState>, SessionError>,
     {
-        let (changed_rows, selection) = {
+        let (changed_rows, selection, turn, carry) = {
             let mut state = self.lock();
             let rows = apply(&mut state.routed, &self.routing).map_err(|e| e.to_string())?;
             self.routing
                 .reselect(&mut state.routed, Some(&self.session), &self.message);
             state.changed = true;
-            (rows, state.routed.selection.clone())
+            let routed = &state.routed;
+            (
+                rows,
+                routed.selection.clone(),
+                routed.turn,
+                routed.carry.clone(),
+            )
         };
-        self.routing
+        let saved = self
+            .routing
             .persist(&self.store, &self.session, &changed_rows)
-            .await
-            .map_err(|e| format!("the session state could not be saved: {e}"))?;
+            .await;
+        let saved = match saved {
+            Ok(()) => {
+                self.store
+                    .session_carry_put(&self.session, turn, &carry)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        saved.map_err(|e| format!("the session state could not be saved: {e}"))?;
         Ok(selection)
     }
 

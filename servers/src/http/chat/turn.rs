@@ -271,11 +271,12 @@ impl Turn {
     /// a finder routes again when its next steps are not sent yet, so the model's
     /// next step sees them (`install_app` after `search_app_store`).
     async fn record_call(&self, tool: &str) {
-        let changed = {
+        let (changed, carry) = {
             let mut state = self.control.lock();
             let routing = self.state.app.routing();
             let changed = state.routed.view.record_calls(&routing.router, &[tool]);
             let selection = &state.routed.selection;
+            let mut carry = None;
             if routing
                 .router
                 .next_steps(tool)
@@ -283,16 +284,21 @@ impl Turn {
             {
                 routing.reselect(&mut state.routed, Some(&self.session), &self.message);
                 state.changed = true;
+                carry = Some((state.routed.turn, state.routed.carry.clone()));
             }
-            changed
+            (changed, carry)
         };
-        if let Err(e) = self
+        let store = self.state.app.store();
+        let mut saved = self
             .state
             .app
             .routing()
-            .persist(self.state.app.store(), &self.session, &changed)
-            .await
-        {
+            .persist(store, &self.session, &changed)
+            .await;
+        if let (Ok(()), Some((turn, carry))) = (&saved, carry) {
+            saved = store.session_carry_put(&self.session, turn, &carry).await;
+        }
+        if let Err(e) = saved {
             tracing::warn!("session state of `{}` not saved: {e}", self.session);
         }
     }
