@@ -448,11 +448,6 @@ impl Store {
         dispatch!(self, s => s.decisions_prune(before_ms, limit).await)
     }
 
-    /// The session's latest decision, without reading the whole log.
-    pub async fn last_decision(&self, session: &str) -> Result<Option<DecisionRow>, StoreError> {
-        dispatch!(self, s => s.last_decision(session).await)
-    }
-
     /// Writes a batch of audit rows, like [`Store::decisions_insert`].
     pub async fn audit_insert(&self, rows: Vec<AuditRow>) -> Result<(), StoreError> {
         dispatch!(self, s => s.audit_insert(rows).await)

@@ -619,20 +619,6 @@ impl PostgresStore {
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
-    pub async fn last_decision(&self, session: &str) -> Result<Option<DecisionRow>, StoreError> {
-        let row = self
-            .query_opt(
-                "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons
-                 FROM tool_history WHERE session_id = $1 ORDER BY id DESC LIMIT 1",
-                &[&session],
-            )
-            .await?;
-        row.as_ref()
-            .map(decision_row)
-            .transpose()
-            .map_err(|e| self.error(e))
-    }
-
     pub async fn audit_insert(&self, rows: Vec<AuditRow>) -> Result<(), StoreError> {
         retry_once(|| self.audit_insert_once(&rows)).await
     }
