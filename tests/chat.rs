@@ -125,9 +125,11 @@ fn answer(text: &str) -> (StatusCode, Value) {
 }
 
 /// The main script: a message about memory; the model first calls `write_file`
-/// (not routed: refused), loads it, calls it again, then answers.
+/// (not routed: refused) on `refused.txt`, loads it, calls it again on
+/// `parrot.txt`, then answers.
 fn load_script(root: &Path) -> Script {
     let target = root.join("parrot.txt").display().to_string();
+    let refused = root.join("refused.txt").display().to_string();
     Arc::new(move |request| {
         if !last_user_message(request).contains("parrot") {
             return answer("noted");
@@ -136,7 +138,7 @@ fn load_script(root: &Path) -> Script {
             0 => call(
                 "c1",
                 "write_file",
-                json!({"path": target, "content": "Polly"}),
+                json!({"path": refused, "content": "Polly"}),
             ),
             1 => call("c2", "load_tools", json!({"names": ["write_file"]})),
             2 => call(
@@ -226,6 +228,10 @@ async fn only_routed_tools_are_sent_and_unrouted_calls_are_refused_until_loaded(
         refusal.contains("refused") && refusal.contains("load_tools"),
         "{refusal}"
     );
+    assert!(
+        !root.path().join("refused.txt").exists(),
+        "a refused call ran"
+    );
     assert!(!tool_names(&requests[1]).contains(&"write_file".to_owned()));
 
     // Step 3: after load_tools, the same turn sends write_file.
@@ -248,6 +254,18 @@ async fn only_routed_tools_are_sent_and_unrouted_calls_are_refused_until_loaded(
         2,
         "the first selection and the one after load_tools"
     );
+    // What the model was sent is the routed selection, no more and no less.
+    let routed: Vec<String> = selections[0]["tools"]
+        .as_array()
+        .expect("selected tools")
+        .iter()
+        .filter_map(|t| t.as_str().map(str::to_owned))
+        .collect();
+    let mut sent = first.clone();
+    let mut expected = routed;
+    sent.sort();
+    expected.sort();
+    assert_eq!(sent, expected);
     assert!(
         selections[1]["tools"]
             .as_array()
@@ -753,4 +771,40 @@ async fn after_a_finder_is_called_the_next_model_step_gets_its_next_steps() {
     assert_eq!(results.len(), 2);
     assert_eq!(results[1]["ok"], true, "{}", results[1]);
     assert_eq!(results[1]["content"], "2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_never_answers_is_stopped_at_the_step_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(Arc::new(|request| {
+        call(
+            &format!("c{}", step_of(request)),
+            "calculate",
+            json!({"expression": "1 + 1"}),
+        )
+    }))
+    .await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "loop", "message": "calculate one plus one, forever"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let max = loadout_server::http::chat::MAX_STEPS;
+    assert_eq!(body["steps"], max);
+    assert_eq!(body["stopped"], "step_limit");
+    assert_eq!(model.requests_for("forever").len(), max);
+    assert_eq!(events_of(&body, "tool_result").len(), max);
+    let (_, shown) = send(&state, "GET", "/api/sessions/loop", None).await;
+    let last = shown["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(last["role"], "assistant", "{shown}");
+    assert_eq!(last["content"]["stopped"], "step_limit", "{last}");
 }

@@ -293,3 +293,104 @@ async fn a_follow_up_carries_the_last_turn_over_with_the_log_off_and_after_a_res
         second["summary"]
     );
 }
+
+#[tokio::test]
+async fn unknown_endpoints_and_methods_get_json_errors() {
+    let (_dir, app) = http_app(None).await;
+    let (status, body) = send(&app, "GET", "/api/nothing-here", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["kind"], "not_found", "{body}");
+    let (status, body) = send(&app, "DELETE", "/api/route", None).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body["error"]["kind"], "method_not_allowed", "{body}");
+}
+
+#[tokio::test]
+async fn route_answers_with_openai_tools_hints_reasons_and_tokens() {
+    let (_dir, app) = http_app(None).await;
+    let (status, routed) = send(
+        &app,
+        "POST",
+        "/api/route",
+        Some(json!({"message": "remember that my parrot is called Polly"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{routed}");
+    let tools = routed["tools"].as_array().expect("tools");
+    let selected = routed["selection"]["tools"].as_array().expect("selection");
+    assert!(!tools.is_empty());
+    let sent: Vec<&str> = tools
+        .iter()
+        .map(|t| {
+            assert_eq!(t["type"], "function", "{t}");
+            assert!(t["function"]["parameters"].is_object(), "{t}");
+            t["function"]["name"].as_str().expect("name")
+        })
+        .collect();
+    let chosen: Vec<&str> = selected
+        .iter()
+        .map(|t| t["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(
+        sent, chosen,
+        "the definitions are the selection's tools, in order"
+    );
+    assert!(sent.contains(&"remember"));
+    let selection = &routed["selection"];
+    let tokens = selection["tokens"].as_u64().expect("tokens");
+    assert!(tokens > 0 && tokens <= selection["all_tools_tokens"].as_u64().expect("all"));
+    assert!(selection["hints"].is_array(), "{selection}");
+    let memory = selection["domains"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["domain"] == "memory"))
+        .expect("memory decision");
+    assert_eq!(memory["stage"], "keyword");
+    assert!(memory["reason"].as_str().is_some_and(|r| !r.is_empty()));
+}
+
+#[tokio::test]
+async fn route_refuses_bad_messages_and_names_with_clear_errors() {
+    let (_dir, app) = http_app(None).await;
+    let cases = [
+        (
+            json!({"message": "x".repeat(loadout_server::routing::MAX_MESSAGE_BYTES + 1)}),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "limit",
+        ),
+        (json!({"message": "   "}), StatusCode::BAD_REQUEST, "empty"),
+        (
+            json!({"message": "hi", "called": ["no_such_tool"]}),
+            StatusCode::BAD_REQUEST,
+            "no_such_tool",
+        ),
+        (
+            json!({"message": "hi", "session": "../etc"}),
+            StatusCode::BAD_REQUEST,
+            "session id",
+        ),
+        (json!({"text": "hi"}), StatusCode::BAD_REQUEST, "message"),
+    ];
+    for (body, expected, named) in cases {
+        let (status, answer) = send(&app, "POST", "/api/route", Some(body.clone())).await;
+        assert_eq!(status, expected, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(named), "{named:?} not in {message:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_session_id_the_client_chose_starts_a_session() {
+    let (_dir, app) = http_app(None).await;
+    let (status, routed) = send(
+        &app,
+        "POST",
+        "/api/route",
+        Some(json!({"session": "client-conversation-42", "message": "hello there"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{routed}");
+    assert_eq!(routed["turn"], 1);
+    let (status, shown) = send(&app, "GET", "/api/sessions/client-conversation-42", None).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["turn"], 1);
+}

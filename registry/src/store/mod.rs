@@ -59,7 +59,12 @@ pub enum StoreError {
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
-        StoreError::Database(e.to_string())
+        use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
+        match e.sqlite_error_code() {
+            // Another process held the file past the busy timeout: worth a retry.
+            Some(DatabaseBusy | DatabaseLocked) => StoreError::Unavailable(e.to_string()),
+            _ => StoreError::Database(e.to_string()),
+        }
     }
 }
 
@@ -544,7 +549,8 @@ pub fn mask_url_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let Some((userinfo, host)) = rest.split_once('@') else {
+    // The last `@`: a password written with an unescaped `@` stays masked whole.
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
         return url.to_owned();
     };
     match userinfo.split_once(':') {

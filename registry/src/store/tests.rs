@@ -887,6 +887,10 @@ fn passwords_are_masked_in_urls() {
         "postgres://me:***@db:5432/x"
     );
     assert_eq!(mask_url_password("postgres://db/x"), "postgres://db/x");
+    assert_eq!(
+        mask_url_password("postgres://me:p@ss:w@rd@db:5432/x"),
+        "postgres://me:***@db:5432/x"
+    );
 }
 
 /// The SQLite store of `stores()`, with the path of its main file.

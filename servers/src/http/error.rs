@@ -26,6 +26,11 @@ pub enum ApiError {
     /// The state backend cannot be reached; retrying later may work.
     #[error("{0}")]
     Unavailable(String),
+    /// The request took longer than its route allows.
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    MethodNotAllowed(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -40,6 +45,8 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -53,6 +60,8 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::BadGateway(_) => "model_error",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::Timeout(_) => "timeout",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -89,7 +98,12 @@ impl From<loadout::StoreError> for ApiError {
         match e {
             loadout::StoreError::Invalid(m) => ApiError::BadRequest(m),
             loadout::StoreError::NotFound(m) => ApiError::NotFound(m),
-            other => ApiError::Unavailable(format!("state backend unavailable: {other}")),
+            // Worth retrying: the server is down or busy, and the store reconnects.
+            e @ loadout::StoreError::Unavailable(_) => {
+                ApiError::Unavailable(format!("state backend unavailable: {e}"))
+            }
+            // A failed statement is a bug or a damaged database, not an outage.
+            other => ApiError::Internal(format!("state backend: {other}")),
         }
     }
 }

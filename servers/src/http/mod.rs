@@ -25,7 +25,6 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::serve::ListenerExt as _;
-use tower_http::timeout::TimeoutLayer;
 
 use crate::app::App;
 use crate::log_writer::AuditWriter;
@@ -35,8 +34,12 @@ pub use error::ApiError;
 
 /// Largest request body accepted (a chat message with some history).
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
-/// Longest a request may take, model round-trips included.
+/// Longest a request may take, except a chat turn.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// Longest a chat turn may take: every model step may use its whole timeout, plus a
+/// minute for the tools.
+pub const CHAT_TIMEOUT: Duration =
+    Duration::from_secs(chat::MAX_STEPS as u64 * chat::llm::MODEL_TIMEOUT.as_secs() + 60);
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -112,21 +115,29 @@ pub fn app(state: HttpState) -> Router {
         )
         .route("/api/domains", get(domains::list))
         .route("/api/route", post(route::route))
-        .route("/api/chat", post(chat::chat))
         .route("/openapi.json", get(openapi::document))
+        .route_layer(axum::middleware::from_fn_with_state(
+            REQUEST_TIMEOUT,
+            deadline,
+        ))
+        .route(
+            "/api/chat",
+            post(chat::chat)
+                .route_layer(axum::middleware::from_fn_with_state(CHAT_TIMEOUT, deadline)),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
         ));
     // The page holds no data: every call it makes goes through the API's auth.
-    let page = Router::new().route("/", get(dashboard::page));
+    let page = Router::new().route("/", get(dashboard::page)).route_layer(
+        axum::middleware::from_fn_with_state(REQUEST_TIMEOUT, deadline),
+    );
     let mut router = api
         .merge(page)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(TimeoutLayer::with_status_code(
-            axum::http::StatusCode::REQUEST_TIMEOUT,
-            REQUEST_TIMEOUT,
-        ))
         .with_state(state.clone());
     if let Some(mcp) = &state.mcp {
         match state.token.as_deref().map(BearerToken::new).transpose() {
@@ -136,6 +147,32 @@ pub fn app(state: HttpState) -> Router {
         }
     }
     router
+}
+
+/// Answers a request that takes longer than `limit` with a JSON timeout error
+/// (`from_fn_with_state(limit, deadline)`).
+async fn deadline(
+    axum::extract::State(limit): axum::extract::State<Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Timeout(format!(
+            "the request took longer than {} s",
+            limit.as_secs_f64()
+        ))
+        .into_response(),
+    }
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(format!("no such endpoint: {}", uri.path()))
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()))
 }
 
 pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
@@ -186,5 +223,48 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_request_past_its_deadline_gets_a_json_timeout() {
+        let app: Router = Router::new()
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    "done"
+                }),
+            )
+            .route("/fast", get(|| async { "done" }))
+            .route_layer(axum::middleware::from_fn_with_state(
+                Duration::from_millis(50),
+                deadline,
+            ));
+        let get_path = |path: &'static str| {
+            let app = app.clone();
+            async move {
+                let request = Request::get(path).body(Body::empty()).expect("request");
+                let response = app.oneshot(request).await.expect("response");
+                let status = response.status();
+                let body = response.into_body().collect().await.expect("body");
+                (status, body.to_bytes())
+            }
+        };
+        let (status, body) = get_path("/slow").await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON body");
+        assert_eq!(body["error"]["kind"], "timeout", "{body}");
+        let (status, body) = get_path("/fast").await;
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"done"[..]));
     }
 }
