@@ -87,3 +87,77 @@ fn settings_persist_across_processes_and_secrets_are_masked() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("setting key"));
 }
+
+/// `serve` on an address beyond loopback without `LOADOUT_TOKEN` makes a token,
+/// prints it once, and requires it; a token too short to be safe stops the binary.
+#[test]
+fn serving_beyond_loopback_requires_a_bearer_token() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = loadout(dir.path())
+        .args(["serve", "--addr", "0.0.0.0:0"])
+        .env("LOADOUT_TOKEN", "short")
+        .output()
+        .expect("run loadout");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("at least 16 characters"), "{stderr}");
+
+    let mut child = loadout(dir.path())
+        .args(["serve", "--addr", "0.0.0.0:0"])
+        .env_remove("LOADOUT_TOKEN")
+        .env("LOADOUT_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn loadout serve");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let server = Kill(child);
+    let (mut token, mut port) = (None, None);
+    for line in lines.by_ref().map_while(Result::ok) {
+        if let Some(rest) = line.split("bearer token (shown once): ").nth(1) {
+            token = Some(rest.trim().to_owned());
+        }
+        if let Some(rest) = line.split("serving on http://").nth(1) {
+            port = rest
+                .split_whitespace()
+                .next()
+                .and_then(|addr| addr.rsplit(':').next())
+                .map(str::to_owned);
+            break;
+        }
+    }
+    let token = token.expect("a generated token is printed");
+    assert!(token.len() >= 32, "{token}");
+    let port = port.expect("the address is printed");
+    let get = |authorization: Option<&str>| {
+        let mut stream =
+            std::net::TcpStream::connect(format!("127.0.0.1:{port}")).expect("connect");
+        let header = authorization
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        write!(
+            stream,
+            "GET /api/domains HTTP/1.1\r\nHost: localhost\r\n{header}Connection: close\r\n\r\n"
+        )
+        .expect("write");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("read");
+        response
+    };
+    assert!(get(None).starts_with("HTTP/1.1 401"), "{}", get(None));
+    assert!(get(Some("wrong-token-of-enough-length")).starts_with("HTTP/1.1 401"));
+    let ok = get(Some(&token));
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    // Shown once: nothing else on stderr repeats it.
+    drop(server);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(!rest.iter().any(|l| l.contains(&token)), "{rest:?}");
+}

@@ -394,3 +394,76 @@ async fn a_session_id_the_client_chose_starts_a_session() {
     assert_eq!(status, StatusCode::OK, "{shown}");
     assert_eq!(shown["turn"], 1);
 }
+
+/// PostgreSQL stops under a serving app: routing a session's turn answers 503 with
+/// a clear JSON error, and the same app serves again once the server is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_answers_503_and_service_resumes_without_a_restart() {
+    use loadout::store::testing;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(t) = testing::postgres_store_exclusive(dir.path()).await else {
+        eprintln!(
+            "note: {} unset; outage test skipped",
+            testing::POSTGRES_URL_VAR
+        );
+        return;
+    };
+    if std::env::var(testing::POSTGRES_STOP_VAR).is_err()
+        || std::env::var(testing::POSTGRES_START_VAR).is_err()
+    {
+        eprintln!("note: no stop/start commands; outage test skipped");
+        return;
+    }
+    let registry = std::sync::Arc::new(loadout_domains::registry().expect("registry"));
+    let app_state =
+        loadout_server::app::App::with_registry(registry, loadout::Settings::new(t.store.clone()));
+    let app = loadout_server::http::app(loadout_server::http::HttpState::new(app_state, None));
+    let route = || {
+        send(
+            &app,
+            "POST",
+            "/api/route",
+            Some(json!({"session": "outage", "message": "remember the milk"})),
+        )
+    };
+    let (status, body) = route().await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    struct Restart;
+    impl Drop for Restart {
+        fn drop(&mut self) {
+            if let Some(Err(e)) = testing::run_env_command(testing::POSTGRES_START_VAR) {
+                eprintln!("cannot restart PostgreSQL: {e}");
+            }
+        }
+    }
+    let restart = Restart;
+    if let Some(Err(e)) = testing::run_env_command(testing::POSTGRES_STOP_VAR) {
+        panic!("cannot stop PostgreSQL: {e}");
+    }
+    let (status, body) = route().await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["kind"], "unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("database unavailable"), "{message}");
+    assert!(
+        !message.contains(":loadout_test@"),
+        "password shown: {message}"
+    );
+
+    drop(restart);
+    let started = std::time::Instant::now();
+    loop {
+        let (status, body) = route().await;
+        if status == StatusCode::OK {
+            assert_eq!(body["turn"], 2, "the session goes on: {body}");
+            break;
+        }
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the app did not recover: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

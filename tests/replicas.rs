@@ -61,14 +61,22 @@ struct Replica {
 impl Replica {
     async fn start(name: &'static str, database_url: &str) -> Replica {
         let data_dir = tempfile::tempdir().expect("tempdir");
-        let mut child = loadout()
-            .args([
-                "serve",
-                "--addr",
-                "127.0.0.1:0",
-                "--database-url",
-                database_url,
-            ])
+        Replica::start_in(name, data_dir, Some(database_url)).await
+    }
+
+    /// A replica on `data_dir`: on the database at `database_url`, or on SQLite in
+    /// the data dir.
+    async fn start_in(
+        name: &'static str,
+        data_dir: tempfile::TempDir,
+        database_url: Option<&str>,
+    ) -> Replica {
+        let mut command = loadout();
+        command.args(["serve", "--addr", "127.0.0.1:0"]);
+        if let Some(url) = database_url {
+            command.args(["--database-url", url]);
+        }
+        let mut child = command
             .env("LOADOUT_DATA_DIR", data_dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -110,6 +118,32 @@ impl Replica {
             ),
         }
         replica
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; its exit status and data
+    /// dir.
+    fn terminate(mut self) -> (std::process::ExitStatus, tempfile::TempDir) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM {pid}");
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "replica {} did not exit after SIGTERM: {}",
+                self.name,
+                self.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let data_dir = tempfile::tempdir().expect("tempdir");
+        (status, std::mem::replace(&mut self._data_dir, data_dir))
     }
 
     fn stderr_text(&self) -> String {
@@ -707,4 +741,66 @@ async fn bump_schema_version(t: &TestStore, version: i64) {
         _ => panic!("a backend this test does not know"),
     };
     bumped.expect("bump schema_version");
+}
+
+/// Rows still queued when `loadout serve` gets SIGTERM are written before it exits:
+/// every routed turn's decision and every tool call's audit row, on both backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_writes_every_queued_log_row_first() {
+    const TURNS: usize = 150;
+    const CALLS: usize = 12;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let postgres = postgres_database(dir.path(), "shutdown test on PostgreSQL").await;
+    let mut backends: Vec<Option<&str>> = vec![None];
+    if let Some(db) = &postgres {
+        db.store
+            .setting_set("router_dense", "off")
+            .await
+            .expect("set router_dense");
+        backends.push(Some(db.url.as_str()));
+    }
+    for url in backends {
+        let data_dir = tempfile::tempdir().expect("tempdir");
+        if url.is_none() {
+            let store = loadout::Store::connect(None, data_dir.path())
+                .await
+                .expect("open SQLite");
+            store
+                .setting_set("router_dense", "off")
+                .await
+                .expect("set router_dense");
+        }
+        let replica = Replica::start_in("shutdown", data_dir, url).await;
+        let session = "shutdown-flush";
+        for turn in 0..TURNS {
+            let routed = replica
+                .route(session, &format!("remember note number {turn}"), &[])
+                .await;
+            assert_eq!(routed["turn"], turn + 1);
+        }
+        let mcp = McpHttp::connect(&replica).await;
+        for n in 0..CALLS {
+            let result = mcp
+                .call("calculate", json!({"expression": format!("{n} + 1")}))
+                .await;
+            assert!(result.is_object(), "{result}");
+        }
+        // At once: the writers batch rows for 50 ms, so the last ones are queued.
+        let (status, data_dir) = replica.terminate();
+        assert!(status.success(), "exit status {status}");
+        let store = loadout::Store::connect(url, data_dir.path())
+            .await
+            .expect("reopen the store");
+        let decisions = store.decisions(session).await.expect("decisions");
+        assert_eq!(decisions.len(), TURNS, "decision rows ({url:?})");
+        let calls = store
+            .audit_tail(10 * CALLS)
+            .await
+            .expect("audit")
+            .into_iter()
+            .filter(|row| row.tool == "calculate")
+            .count();
+        assert_eq!(calls, CALLS, "audit rows ({url:?})");
+    }
+    drop(postgres);
 }

@@ -781,6 +781,69 @@ async fn settings_written_elsewhere_reach_the_cache_within_a_second() {
     }
 }
 
+/// A write that no notification announces (here: SQL behind the store's back, as
+/// after a listener missed one) is still seen once the cache's lifetime is over.
+#[tokio::test]
+async fn the_cache_lifetime_is_the_backstop_for_a_missed_notification() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let StoreBackend::Postgres(pg) = t.store.backend() else {
+            continue;
+        };
+        let ttl = Duration::from_millis(300);
+        let settings = Settings::with_ttl(t.store.clone(), ttl);
+        let changes = t.store.settings_changes().expect("a listener");
+        let before = changes.borrow().generation;
+        t.store.setting_set("llm_model", "old").await.expect("set");
+        // This write's own notification comes first, so that it cannot be what
+        // makes the cache reload below.
+        let started = Instant::now();
+        while changes.borrow().generation == before {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "no notification"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            settings.get("llm_model").await.expect("get").as_deref(),
+            Some("old")
+        );
+        let written = Instant::now();
+        pg.client()
+            .await
+            .expect("client")
+            .execute(
+                "UPDATE settings SET value = 'new' WHERE key = 'llm_model'",
+                &[],
+            )
+            .await
+            .expect("update");
+        // Unannounced, the cache still serves the old value...
+        assert_eq!(
+            settings.get("llm_model").await.expect("get").as_deref(),
+            Some("old")
+        );
+        // ...until its lifetime ends.
+        loop {
+            match settings.get("llm_model").await.expect("get").as_deref() {
+                Some("new") => break,
+                _ => {
+                    assert!(
+                        written.elapsed() < ttl + Duration::from_secs(2),
+                        "not seen after the TTL"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        assert!(
+            written.elapsed() >= ttl / 2,
+            "seen before the TTL: a notification?"
+        );
+    }
+}
+
 /// Stops the PostgreSQL server under a live store: operations fail with a clear
 /// error while it is down and succeed again once it is back, on the same `Store`.
 #[tokio::test]
