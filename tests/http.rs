@@ -128,11 +128,53 @@ async fn a_token_is_required_when_configured() {
 }
 
 #[tokio::test]
-async fn openapi_document_lists_the_paths() {
+async fn openapi_document_lists_every_endpoint_the_app_serves() {
     let (_dir, app) = http_app(None).await;
     let (status, body) = send(&app, "GET", "/openapi.json", None).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(body["paths"]["/api/settings/{key}"]["put"].is_object());
+    let endpoints = [
+        ("/api/sessions", "post"),
+        ("/api/sessions/{id}", "get"),
+        ("/api/settings", "get"),
+        ("/api/settings/{key}", "get"),
+        ("/api/settings/{key}", "put"),
+        ("/api/settings/{key}", "delete"),
+        ("/api/domains", "get"),
+        ("/api/route", "post"),
+        ("/api/chat", "post"),
+        ("/openapi.json", "get"),
+        ("/", "get"),
+    ];
+    for (path, method) in endpoints {
+        assert!(
+            body["paths"][path][method].is_object(),
+            "{method} {path} is not documented"
+        );
+        // ...and the app serves it: anything but the JSON 404/405 of a path or
+        // method it does not know.
+        let uri = path
+            .replace("{id}", "some-session")
+            .replace("{key}", "some_key");
+        let (status, answer) = send(&app, &method.to_uppercase(), &uri, None).await;
+        assert!(
+            ![StatusCode::NOT_FOUND, StatusCode::METHOD_NOT_ALLOWED].contains(&status)
+                || answer["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.contains("no such endpoint") && !m.contains("not allowed")),
+            "{method} {uri}: {status} {answer}"
+        );
+    }
+    let documented: usize = body["paths"]
+        .as_object()
+        .expect("paths")
+        .values()
+        .map(|p| p.as_object().map_or(0, |m| m.len()))
+        .sum();
+    assert_eq!(
+        documented,
+        endpoints.len(),
+        "an endpoint is documented but not listed here"
+    );
 }
 
 /// The session's logged selections, waiting for the background writer's flush.
