@@ -135,7 +135,7 @@ impl Routing {
             let view = SessionView::new(1);
             let selection = self.select(&settings, &view, message, request.token_budget);
             let carry = carry_over(&selection);
-            self.log(&settings, &selection, None, 1, message, &carry);
+            self.log(&settings, &selection, None, 1, message);
             return Ok(RoutedTurn {
                 turn: 1,
                 selection,
@@ -174,7 +174,7 @@ impl Routing {
             carry = carry_over(&selection);
             store.session_carry_put(session, turn, &carry).await?;
         }
-        self.log(&settings, &selection, Some(session), turn, message, &carry);
+        self.log(&settings, &selection, Some(session), turn, message);
         Ok(RoutedTurn {
             turn,
             selection,
@@ -196,7 +196,6 @@ impl Routing {
             session,
             routed.turn,
             message,
-            &routed.carry,
         );
     }
 
@@ -250,7 +249,6 @@ impl Routing {
         session: Option<&str>,
         turn: i64,
         message: &str,
-        carry: &[String],
     ) {
         tracing::info!("{}", selection.summary_line());
         if let Some(logging) = decision_logging(settings) {
@@ -260,7 +258,6 @@ impl Routing {
                 message,
                 logging,
                 now_ms(),
-                carry,
             ));
         }
     }

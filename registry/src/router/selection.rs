@@ -318,9 +318,8 @@ impl Selection {
     }
 
     /// The decision-log row for this selection. `at_ms` is passed in so the router
-    /// stays free of clocks; so is `carry` ([`carry_over`](super::carry_over) of this
-    /// selection), which the caller also keeps. The reasons are serialized straight
-    /// from the selection (no JSON tree): this runs on every routed message.
+    /// stays free of clocks. The reasons are serialized straight from the selection
+    /// (no JSON tree): this runs on every routed message.
     pub fn decision_row(
         &self,
         session: Option<&str>,
@@ -328,7 +327,6 @@ impl Selection {
         message: &str,
         logging: MessageLogging,
         at_ms: i64,
-        carry: &[String],
     ) -> DecisionRow {
         let message = match logging {
             MessageLogging::Plain => message.to_owned(),
@@ -341,7 +339,7 @@ impl Selection {
             message,
             n_tools: self.n_tools as i64,
             tokens: self.tokens as i64,
-            reasons: Reasons::to_json(&LoggedReasons::new(self, carry)),
+            reasons: Reasons::to_json(&LoggedReasons::new(self)),
         }
     }
 }
@@ -369,9 +367,6 @@ struct LoggedReasons<'a> {
     all_tools_tokens: usize,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     notes: &'a [String],
-    /// Tools the next turn carries over when its message has no evidence of its own;
-    /// another replica reads them from here.
-    carry: &'a [String],
 }
 
 #[derive(Serialize)]
@@ -394,7 +389,7 @@ struct LoggedTool<'a> {
 }
 
 impl<'a> LoggedReasons<'a> {
-    fn new(selection: &'a Selection, carry: &'a [String]) -> LoggedReasons<'a> {
+    fn new(selection: &'a Selection) -> LoggedReasons<'a> {
         let mut logged = LoggedReasons {
             domains: Vec::new(),
             inactive: Vec::new(),
@@ -414,7 +409,6 @@ impl<'a> LoggedReasons<'a> {
             hint_tokens: selection.hint_tokens,
             all_tools_tokens: selection.all_tools_tokens,
             notes: &selection.notes,
-            carry,
         };
         for d in &selection.domains {
             let no_evidence = !d.included && d.score <= 0.0;

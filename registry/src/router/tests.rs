@@ -434,14 +434,7 @@ fn summary_line_lists_included_domains_with_stage_and_score() {
 fn decision_row_hashes_the_message_when_asked() {
     let router = router();
     let selection = route(&router, "weather", &SessionView::new(3));
-    let row = selection.decision_row(
-        Some("s1"),
-        3,
-        "weather",
-        MessageLogging::Sha256,
-        42,
-        &carry_over(&selection),
-    );
+    let row = selection.decision_row(Some("s1"), 3, "weather", MessageLogging::Sha256, 42);
     assert!(row.message.starts_with("sha256:") && !row.message.contains("weather"));
     assert_eq!(
         (row.turn, row.at_ms, row.n_tools),
@@ -497,7 +490,7 @@ fn decision_row_hashes_the_message_when_asked() {
             "{decision}"
         );
     }
-    let plain = selection.decision_row(None, 3, "weather", MessageLogging::Plain, 42, &[]);
+    let plain = selection.decision_row(None, 3, "weather", MessageLogging::Plain, 42);
     assert_eq!(plain.message, "weather");
     assert_eq!(
         selection.tools_openai(router.registry()).len(),
