@@ -8,7 +8,10 @@
 //!   list_events") is found by that tool, in whatever domain;
 //! - a required argument `<noun>_id` or `<noun>_ids` is found by a tool of the same
 //!   domain whose name has a finding verb and the noun's words (singular or plural),
-//!   and which does not itself need that id.
+//!   and which does not itself need that id;
+//! - a bare `id`/`ids` takes its nouns from its description, the word before each
+//!   "id"/"ids" ("Series ids (Sonarr) or movie ids (Radarr)" → series, movie), and
+//!   is found by each noun's finder.
 
 use crate::Tool;
 
@@ -54,7 +57,7 @@ pub(super) fn unfound_ids(
     let mut unfound = Vec::new();
     for (t, tool) in tools.iter().enumerate() {
         for argument in required_arguments(tool) {
-            if argument.noun.is_some() && finders.of(t, &argument).is_empty() {
+            if !argument.nouns.is_empty() && finders.of(t, &argument).is_empty() {
                 unfound.push((tool.name.clone(), argument.name.to_owned()));
             }
         }
@@ -62,12 +65,12 @@ pub(super) fn unfound_ids(
     unfound
 }
 
-/// A required argument: its name, its description, and for an id its noun
-/// (`series_id` → `series`).
+/// A required argument: its name, its description, and for an id the nouns of what
+/// it identifies (`series_id` → `series`).
 struct Argument<'a> {
     name: &'a str,
     description: &'a str,
-    noun: Option<&'a str>,
+    nouns: Vec<String>,
 }
 
 fn required_arguments(tool: &Tool) -> Vec<Argument<'_>> {
@@ -78,24 +81,48 @@ fn required_arguments(tool: &Tool) -> Vec<Argument<'_>> {
     required
         .iter()
         .filter_map(|name| name.as_str())
-        .map(|name| Argument {
-            name,
-            description: schema
+        .map(|name| {
+            let description = schema
                 .get("properties")
                 .and_then(|p| p.get(name))
                 .and_then(|p| p.get("description"))
                 .and_then(|d| d.as_str())
-                .unwrap_or(""),
-            noun: id_noun(name),
+                .unwrap_or("");
+            Argument {
+                name,
+                description,
+                nouns: id_nouns(name, description),
+            }
         })
         .collect()
 }
 
-/// `series_id` → `series`, `entity_ids` → `entity`; a bare `id`/`ids` names nothing.
-fn id_noun(name: &str) -> Option<&str> {
-    name.strip_suffix("_ids")
+/// `series_id` → `series`, `entity_ids` → `entity`; a bare `id`/`ids` names what its
+/// description puts before each "id"/"ids" (`Series ids or movie ids` → series,
+/// movie); anything else names nothing.
+fn id_nouns(name: &str, description: &str) -> Vec<String> {
+    if let Some(noun) = name
+        .strip_suffix("_ids")
         .or_else(|| name.strip_suffix("_id"))
         .filter(|noun| !noun.is_empty())
+    {
+        return vec![noun.to_owned()];
+    }
+    if !matches!(name, "id" | "ids") {
+        return Vec::new();
+    }
+    let words: Vec<String> = description
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let mut nouns: Vec<String> = Vec::new();
+    for pair in words.windows(2) {
+        if matches!(pair[1].as_str(), "id" | "ids") && !nouns.contains(&pair[0]) {
+            nouns.push(pair[0].clone());
+        }
+    }
+    nouns
 }
 
 /// What finding a tool's arguments needs about every tool.
@@ -104,7 +131,7 @@ struct Finders<'a, F> {
     tools_by_domain: &'a [Vec<usize>],
     tool_idx: &'a F,
     /// Per tool: the nouns of its required ids.
-    needs: Vec<Vec<&'a str>>,
+    needs: Vec<Vec<String>>,
     /// Per tool: the words of its name.
     words: Vec<Vec<&'a str>>,
 }
@@ -124,8 +151,8 @@ impl<'a, F: Fn(&str) -> Option<usize>> Finders<'a, F> {
                 .iter()
                 .map(|t| {
                     required_arguments(t)
-                        .iter()
-                        .filter_map(|a| a.noun)
+                        .into_iter()
+                        .flat_map(|a| a.nouns)
                         .collect()
                 })
                 .collect(),
@@ -134,7 +161,7 @@ impl<'a, F: Fn(&str) -> Option<usize>> Finders<'a, F> {
     }
 
     /// The tools that find `argument` of tool `t`: those its description names, else
-    /// the best finder of its noun in `t`'s domain.
+    /// the best finder of each of its nouns in `t`'s domain.
     fn of(&self, t: usize, argument: &Argument<'_>) -> Vec<usize> {
         let mut found = Vec::new();
         let words = argument
@@ -151,9 +178,6 @@ impl<'a, F: Fn(&str) -> Option<usize>> Finders<'a, F> {
         if !found.is_empty() {
             return found;
         }
-        let Some(noun) = argument.noun else {
-            return found;
-        };
         let Some(members) = self
             .tool_domain
             .get(t)
@@ -161,22 +185,28 @@ impl<'a, F: Fn(&str) -> Option<usize>> Finders<'a, F> {
         else {
             return found;
         };
-        let noun_words: Vec<&str> = noun.split('_').filter(|w| !w.is_empty()).collect();
-        let finder = FINDERS.iter().find_map(|verbs| {
-            members
-                .iter()
-                .copied()
-                .filter(|&u| u != t && !self.needs[u].contains(&noun))
-                .filter(|&u| self.words[u].iter().any(|w| verbs.contains(w)))
-                .filter(|&u| {
-                    noun_words
-                        .iter()
-                        .all(|n| self.words[u].iter().any(|w| names(n, w)))
-                })
-                // The plainest name: `list_series` before `list_series_episodes`.
-                .min_by_key(|&u| (self.words[u].len(), u))
-        });
-        found.extend(finder);
+        for noun in &argument.nouns {
+            let noun_words: Vec<&str> = noun.split('_').filter(|w| !w.is_empty()).collect();
+            let finder = FINDERS.iter().find_map(|verbs| {
+                members
+                    .iter()
+                    .copied()
+                    .filter(|&u| u != t && !self.needs[u].contains(noun))
+                    .filter(|&u| self.words[u].iter().any(|w| verbs.contains(w)))
+                    .filter(|&u| {
+                        noun_words
+                            .iter()
+                            .all(|n| self.words[u].iter().any(|w| names(n, w)))
+                    })
+                    // The plainest name: `list_series` before `list_series_episodes`.
+                    .min_by_key(|&u| (self.words[u].len(), u))
+            });
+            if let Some(u) = finder
+                && !found.contains(&u)
+            {
+                found.push(u);
+            }
+        }
         found
     }
 }
@@ -198,7 +228,21 @@ fn names(noun: &str, word: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::names;
+    use super::{id_nouns, names};
+
+    #[test]
+    fn ids_name_their_nouns() {
+        assert_eq!(id_nouns("series_id", "Sonarr series id."), ["series"]);
+        assert_eq!(id_nouns("entity_ids", ""), ["entity"]);
+        assert_eq!(
+            id_nouns("ids", "Series ids (Sonarr) or movie ids (Radarr)."),
+            ["series", "movie"]
+        );
+        assert_eq!(id_nouns("id", "The container id or name."), ["container"]);
+        assert!(id_nouns("ids", "Identifiers.").is_empty());
+        assert!(id_nouns("query", "Series id to search for.").is_empty());
+        assert!(id_nouns("_id", "").is_empty());
+    }
 
     #[test]
     fn plurals_name_their_noun() {

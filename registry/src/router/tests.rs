@@ -674,6 +674,10 @@ fn media_router(config: RouterConfig) -> Router {
         id_tool("media_delete_series", "Delete a series from the library.", &["series_id"]),
         id_tool("media_get_series_status", "Download status of a series.", &["series_id"]),
         id_tool("media_set_monitored", "Monitor or unmonitor items.", &["ids"]),
+        json!({"name": "media_set_quality", "description": "Apply a quality profile in bulk.",
+               "input_schema": {"type": "object", "required": ["ids"], "properties": {
+                   "ids": {"type": "array", "items": {"type": "integer"},
+                           "description": "Series ids or movie ids."}}}}),
         id_tool("media_list_movies", "Every movie in the library with its id.", &[]),
         id_tool("media_search_movies", "Search movies in the library by title.", &["query"]),
         id_tool("media_play_movie", "Play a movie on a screen.", &["movie_id", "screen_id"]),
@@ -711,7 +715,12 @@ fn prerequisites_are_the_finders_of_required_ids() {
     assert_eq!(finders("media_play_movie"), ["media_list_movies"]);
     // A required argument's description names its finder; an optional one's does not.
     assert_eq!(finders("media_rate"), ["media_search_movies"]);
-    // A bare `ids` names no noun.
+    // A bare `ids` names the nouns its description puts before "ids", and nothing
+    // without one.
+    assert_eq!(
+        finders("media_set_quality"),
+        ["media_list_series", "media_list_movies"]
+    );
     assert!(finders("media_set_monitored").is_empty());
     assert!(finders("media_list_series").is_empty());
 }
@@ -794,7 +803,11 @@ fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
     assert_eq!(next_steps(&third), 0);
     assert_eq!(
         router.next_steps("media_list_series").collect::<Vec<_>>(),
-        ["media_delete_series", "media_get_series_status"]
+        [
+            "media_delete_series",
+            "media_get_series_status",
+            "media_set_quality"
+        ]
     );
 }
 
