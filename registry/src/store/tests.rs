@@ -790,7 +790,8 @@ async fn the_cache_lifetime_is_the_backstop_for_a_missed_notification() {
         let StoreBackend::Postgres(pg) = t.store.backend() else {
             continue;
         };
-        let ttl = Duration::from_millis(300);
+        // Long enough that a loaded machine still reads once within it.
+        let ttl = Duration::from_secs(3);
         let settings = Settings::with_ttl(t.store.clone(), ttl);
         let changes = t.store.settings_changes().expect("a listener");
         let before = changes.borrow().generation;
