@@ -441,21 +441,12 @@ async fn a_session_id_the_client_chose_starts_a_session() {
 /// a clear JSON error, and the same app serves again once the server is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_answers_503_and_service_resumes_without_a_restart() {
-    use loadout::store::testing;
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(t) = testing::postgres_store_exclusive(dir.path()).await else {
-        eprintln!(
-            "note: {} unset; outage test skipped",
-            testing::POSTGRES_URL_VAR
-        );
+    let Some((t, mut outage)) =
+        loadout::store::testing::postgres_outage_store(dir.path(), "HTTP outage test").await
+    else {
         return;
     };
-    if std::env::var(testing::POSTGRES_STOP_VAR).is_err()
-        || std::env::var(testing::POSTGRES_START_VAR).is_err()
-    {
-        eprintln!("note: no stop/start commands; outage test skipped");
-        return;
-    }
     let registry = std::sync::Arc::new(loadout_domains::registry().expect("registry"));
     let app_state =
         loadout_server::app::App::with_registry(registry, loadout::Settings::new(t.store.clone()));
@@ -471,18 +462,7 @@ async fn a_database_outage_answers_503_and_service_resumes_without_a_restart() {
     let (status, body) = route().await;
     assert_eq!(status, StatusCode::OK, "{body}");
 
-    struct Restart;
-    impl Drop for Restart {
-        fn drop(&mut self) {
-            if let Some(Err(e)) = testing::run_env_command(testing::POSTGRES_START_VAR) {
-                eprintln!("cannot restart PostgreSQL: {e}");
-            }
-        }
-    }
-    let restart = Restart;
-    if let Some(Err(e)) = testing::run_env_command(testing::POSTGRES_STOP_VAR) {
-        panic!("cannot stop PostgreSQL: {e}");
-    }
+    outage.stop();
     let (status, body) = route().await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["kind"], "unavailable", "{body}");
@@ -493,7 +473,7 @@ async fn a_database_outage_answers_503_and_service_resumes_without_a_restart() {
         "password shown: {message}"
     );
 
-    drop(restart);
+    outage.end();
     let started = std::time::Instant::now();
     loop {
         let (status, body) = route().await;

@@ -256,6 +256,58 @@ fn with_database(url: &str, database: &str) -> Option<String> {
     Some(out)
 }
 
+/// A PostgreSQL store whose server the test may stop ([`Outage::stop`]): the server
+/// lock is held exclusively, so no other test of the process runs against it then.
+/// `None`, with a note naming `test`, when no server or no stop/start commands are
+/// configured.
+pub async fn postgres_outage_store(data_dir: &Path, test: &str) -> Option<(TestStore, Outage)> {
+    if std::env::var(POSTGRES_STOP_VAR).is_err() || std::env::var(POSTGRES_START_VAR).is_err() {
+        eprintln!("note: {POSTGRES_STOP_VAR} / {POSTGRES_START_VAR} unset; {test} skipped");
+        return None;
+    }
+    let Some(store) = postgres_store_exclusive(data_dir).await else {
+        eprintln!("note: {POSTGRES_URL_VAR} unset; {test} skipped");
+        return None;
+    };
+    Some((store, Outage { stopped: false }))
+}
+
+/// Stops the test PostgreSQL server on request and starts it again when dropped,
+/// whatever happens in between, for the tests that run after.
+#[derive(Debug)]
+pub struct Outage {
+    stopped: bool,
+}
+
+impl Outage {
+    /// Stops the server; panics when the stop command fails.
+    pub fn stop(&mut self) {
+        self.stopped = true;
+        if let Some(Err(e)) = run_env_command(POSTGRES_STOP_VAR) {
+            panic!("cannot stop PostgreSQL: {e}");
+        }
+    }
+
+    /// Starts the server again (also done on drop).
+    pub fn end(mut self) {
+        self.start();
+    }
+
+    fn start(&mut self) {
+        if std::mem::take(&mut self.stopped)
+            && let Some(Err(e)) = run_env_command(POSTGRES_START_VAR)
+        {
+            eprintln!("cannot restart PostgreSQL: {e}");
+        }
+    }
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        self.start();
+    }
+}
+
 /// Runs a shell command from an environment variable; `None` when it is unset.
 pub fn run_env_command(var: &str) -> Option<Result<(), String>> {
     let command = std::env::var(var).ok().filter(|c| !c.trim().is_empty())?;

@@ -850,23 +850,11 @@ async fn the_cache_lifetime_is_the_backstop_for_a_missed_notification() {
 #[tokio::test]
 async fn postgres_outage_is_reported_and_survived() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(t) = testing::postgres_store_exclusive(dir.path()).await else {
-        eprintln!(
-            "note: {} unset; PostgreSQL outage test skipped",
-            testing::POSTGRES_URL_VAR
-        );
+    let Some((t, mut outage)) =
+        testing::postgres_outage_store(dir.path(), "PostgreSQL outage test").await
+    else {
         return;
     };
-    if std::env::var(testing::POSTGRES_STOP_VAR).is_err()
-        || std::env::var(testing::POSTGRES_START_VAR).is_err()
-    {
-        eprintln!(
-            "note: {} / {} unset; PostgreSQL outage test skipped",
-            testing::POSTGRES_STOP_VAR,
-            testing::POSTGRES_START_VAR
-        );
-        return;
-    }
     let store = &t.store;
     let settings = Settings::with_ttl(store.clone(), Duration::from_secs(3600));
     store.setting_set("before", "1").await.expect("set");
@@ -877,20 +865,7 @@ async fn postgres_outage_is_reported_and_survived() {
     let changes = store.settings_changes().expect("listener");
     let generation_before = changes.borrow().generation;
 
-    let stopped = testing::run_env_command(testing::POSTGRES_STOP_VAR);
-    // Whatever happens next, start the server again for the other tests.
-    struct Restart;
-    impl Drop for Restart {
-        fn drop(&mut self) {
-            if let Some(Err(e)) = testing::run_env_command(testing::POSTGRES_START_VAR) {
-                eprintln!("cannot restart PostgreSQL: {e}");
-            }
-        }
-    }
-    let restart = Restart;
-    if let Some(Err(e)) = stopped {
-        panic!("cannot stop PostgreSQL: {e}");
-    }
+    outage.stop();
 
     let err = store
         .setting_set("during", "1")
@@ -904,7 +879,7 @@ async fn postgres_outage_is_reported_and_survived() {
     assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
     assert!(store.messages("s").await.is_err());
 
-    drop(restart);
+    outage.end();
     let started = Instant::now();
     loop {
         match store.setting_set("after", "1").await {
