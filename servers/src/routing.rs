@@ -51,7 +51,8 @@ pub struct TurnRequest<'a> {
 pub struct RoutedTurn {
     pub turn: i64,
     pub selection: Selection,
-    /// What the selection carries into the next turn ([`carry_over`]).
+    /// What the selection carries into the session's next turn ([`carry_over`];
+    /// empty without a session).
     pub carry: Vec<String>,
     pub view: SessionView,
     pub settings: Arc<BTreeMap<String, String>>,
@@ -134,12 +135,12 @@ impl Routing {
         let Some(session) = request.session else {
             let view = SessionView::new(1);
             let selection = self.select(&settings, &view, message, request.token_budget);
-            let carry = carry_over(&selection);
             self.log(&settings, &selection, None, 1, message);
             return Ok(RoutedTurn {
                 turn: 1,
                 selection,
-                carry,
+                // No next turn to carry anything into.
+                carry: Vec::new(),
                 view,
                 settings,
             });
@@ -153,7 +154,7 @@ impl Routing {
         view.recent_calls = snapshot.recent_calls;
         if !request.called.is_empty() {
             let changed = view.record_calls(&self.router, request.called);
-            self.persist(store, session, &changed).await?;
+            self.persist(store, session, &changed, None).await?;
         }
         // Routed as the next turn before the message is stored, so that the message and
         // what this turn carries into the next go to the store in one write.
@@ -186,7 +187,7 @@ impl Routing {
 
     /// Routes again within the same turn (after a meta-tool changed the view); the
     /// decision is logged as another row of the same turn. The caller stores the new
-    /// carry-over ([`Store::session_carry_put`]).
+    /// carry-over with [`Routing::persist`].
     pub fn reselect(&self, routed: &mut RoutedTurn, session: Option<&str>, message: &str) {
         routed.selection = self.select(&routed.settings, &routed.view, message, None);
         routed.carry = carry_over(&routed.selection);
@@ -208,14 +209,17 @@ impl Routing {
         called: &[String],
     ) -> Result<(), StoreError> {
         let changed = view.record_calls(&self.router, called);
-        self.persist(store, session, &changed).await
+        self.persist(store, session, &changed, None).await
     }
 
+    /// Stores the session's changed domain rows and, after a [`Routing::reselect`],
+    /// what its turn now carries over (`(turn, carry)`).
     pub async fn persist(
         &self,
         store: &Store,
         session: &str,
         changed: &[SessionDomainState],
+        carry: Option<(i64, &[String])>,
     ) -> Result<(), StoreError> {
         let now = now_ms();
         for state in changed {
@@ -223,6 +227,9 @@ impl Routing {
             if !state.unloaded {
                 store.domain_used(&state.domain, now).await?;
             }
+        }
+        if let Some((turn, carry)) = carry {
+            store.session_carry_put(session, turn, carry).await?;
         }
         Ok(())
     }

@@ -78,19 +78,15 @@ impl TurnControl {
                 routed.carry.clone(),
             )
         };
-        let saved = self
-            .routing
-            .persist(&self.store, &self.session, &changed_rows)
-            .await;
-        let saved = match saved {
-            Ok(()) => {
-                self.store
-                    .session_carry_put(&self.session, turn, &carry)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        saved.map_err(|e| format!("the session state could not be saved: {e}"))?;
+        self.routing
+            .persist(
+                &self.store,
+                &self.session,
+                &changed_rows,
+                Some((turn, &carry)),
+            )
+            .await
+            .map_err(|e| format!("the session state could not be saved: {e}"))?;
         Ok(selection)
     }
 

@@ -288,17 +288,20 @@ impl Turn {
             }
             (changed, carry)
         };
-        let store = self.state.app.store();
-        let mut saved = self
+        if let Err(e) = self
             .state
             .app
             .routing()
-            .persist(store, &self.session, &changed)
-            .await;
-        if let (Ok(()), Some((turn, carry))) = (&saved, carry) {
-            saved = store.session_carry_put(&self.session, turn, &carry).await;
-        }
-        if let Err(e) = saved {
+            .persist(
+                self.state.app.store(),
+                &self.session,
+                &changed,
+                carry
+                    .as_ref()
+                    .map(|(turn, carry)| (*turn, carry.as_slice())),
+            )
+            .await
+        {
             tracing::warn!("session state of `{}` not saved: {e}", self.session);
         }
     }
