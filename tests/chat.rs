@@ -808,3 +808,58 @@ async fn a_model_that_never_answers_is_stopped_at_the_step_limit() {
     assert_eq!(last["role"], "assistant", "{shown}");
     assert_eq!(last["content"]["stopped"], "step_limit", "{last}");
 }
+
+/// PostgreSQL stops in the middle of a turn: the tools still run and the model's
+/// answer still comes back, and the response says how many of the turn's writes the
+/// store refused, so a client knows its history is incomplete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_whose_writes_fail_says_how_many_were_not_saved() {
+    use loadout::store::testing;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some((t, outage)) = testing::postgres_outage_store(dir.path(), "unsaved-turn test").await
+    else {
+        return;
+    };
+    let outage = Arc::new(Mutex::new(outage));
+    let stopper = outage.clone();
+    let model = FakeModel::start(Arc::new(move |request| {
+        if step_of(request) == 0 {
+            // The server goes away while the model thinks.
+            stopper.lock().expect("outage").stop();
+            call("c1", "calculate", json!({"expression": "6 * 7"}))
+        } else {
+            answer(&format!("It is {}.", last_tool_result(request)))
+        }
+    }))
+    .await;
+    let registry = Arc::new(loadout_domains::registry().expect("registry"));
+    let app = App::with_registry(registry, loadout::Settings::new(t.store.clone()));
+    app.settings
+        .set("llm_base_url", &model.base_url())
+        .await
+        .expect("set");
+    app.settings
+        .set("llm_model", "scripted")
+        .await
+        .expect("set");
+    let state = HttpState::new(app, None);
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "unsaved", "message": "calculate six times seven"})),
+    )
+    .await;
+    outage.lock().expect("outage").end();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body["answer"].as_str().is_some_and(|a| a.contains("42")),
+        "{body}"
+    );
+    // The assistant's call, the tool's result and the answer, at least.
+    let unsaved = body["unsaved"].as_u64().expect("unsaved count");
+    assert!(unsaved >= 3, "{body}");
+    let finals = events_of(&body, "final");
+    assert_eq!(finals.len(), 1);
+    assert_eq!(finals[0]["unsaved"], unsaved);
+}

@@ -288,12 +288,8 @@ impl Outage {
         }
     }
 
-    /// Starts the server again (also done on drop).
-    pub fn end(mut self) {
-        self.start();
-    }
-
-    fn start(&mut self) {
+    /// Starts the server again, if it was stopped (also done on drop).
+    pub fn end(&mut self) {
         if std::mem::take(&mut self.stopped)
             && let Some(Err(e)) = run_env_command(POSTGRES_START_VAR)
         {
@@ -304,7 +300,7 @@ impl Outage {
 
 impl Drop for Outage {
     fn drop(&mut self) {
-        self.start();
+        self.end();
     }
 }
 

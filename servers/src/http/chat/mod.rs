@@ -78,6 +78,7 @@ pub async fn chat(
         "answer": outcome.answer,
         "steps": outcome.n_steps,
         "stopped": outcome.stopped.then_some("step_limit"),
+        "unsaved": outcome.unsaved,
         "events": events,
     }))
     .into_response())
@@ -126,6 +127,7 @@ async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
         message: body.message,
         control,
         _session_turn: guard,
+        unsaved: Default::default(),
     })
 }
 

@@ -10,6 +10,7 @@
 //! with directions to load it first; tool errors go back to the model as tool
 //! results. Only the model endpoint failing ends a turn early.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use loadout::router::{Selection, Stage};
@@ -66,6 +67,9 @@ pub struct TurnOutcome {
     pub n_steps: usize,
     /// The step limit was reached before the model answered.
     pub stopped: bool,
+    /// Writes of this turn the store refused (messages, session state): the answer
+    /// stands, but the session's history lacks them.
+    pub unsaved: usize,
 }
 
 /// Everything a turn needs, prepared before any event is sent (so routing errors
@@ -78,11 +82,17 @@ pub struct Turn {
     pub control: TurnControl,
     /// Other turns of this session wait until this one ends.
     pub _session_turn: crate::routing::SessionGuard,
+    /// See [`TurnOutcome::unsaved`].
+    pub unsaved: std::sync::atomic::AtomicUsize,
 }
 
 impl Turn {
     pub fn turn_number(&self) -> i64 {
         self.control.lock().routed.turn
+    }
+
+    fn unsaved(&self) -> usize {
+        self.unsaved.load(Ordering::Relaxed)
     }
 
     pub async fn run(self, events: &mut Events) -> Result<TurnOutcome, LlmError> {
@@ -148,14 +158,16 @@ impl Turn {
             );
             if reply.tool_calls.is_empty() {
                 let answer = reply.content.unwrap_or_default();
+                let unsaved = self.unsaved();
                 events.emit(
                     "final",
-                    json!({"turn": turn, "answer": answer, "steps": step + 1}),
+                    json!({"turn": turn, "answer": answer, "steps": step + 1, "unsaved": unsaved}),
                 );
                 return Ok(TurnOutcome {
                     answer,
                     n_steps: step + 1,
                     stopped: false,
+                    unsaved,
                 });
             }
             messages.push(assistant_for_model(&assistant));
@@ -193,14 +205,16 @@ impl Turn {
             &json!({"content": answer, "tool_calls": [], "stopped": "step_limit"}),
         )
         .await;
+        let unsaved = self.unsaved();
         events.emit(
             "final",
-            json!({"turn": turn, "answer": answer, "steps": MAX_STEPS, "stopped": "step_limit"}),
+            json!({"turn": turn, "answer": answer, "steps": MAX_STEPS, "stopped": "step_limit", "unsaved": unsaved}),
         );
         Ok(TurnOutcome {
             answer,
             n_steps: MAX_STEPS,
             stopped: true,
+            unsaved,
         })
     }
 
@@ -303,12 +317,14 @@ impl Turn {
             .await
         {
             tracing::warn!("session state of `{}` not saved: {e}", self.session);
+            self.unsaved.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     async fn append(&self, store: &Store, role: &str, content: &Value) {
         if let Err(e) = store.message_append(&self.session, role, content).await {
             tracing::warn!("{role} message of `{}` not saved: {e}", self.session);
+            self.unsaved.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
