@@ -794,10 +794,16 @@ async fn the_cache_lifetime_is_the_backstop_for_a_missed_notification() {
         let ttl = Duration::from_secs(3);
         let settings = Settings::with_ttl(t.store.clone(), ttl);
         let changes = t.store.settings_changes().expect("a listener");
+        // The listener is connected (connecting moves the generation too) before the
+        // write, whose own notification then comes first, so that neither can be
+        // what makes the cache reload below.
+        let started = Instant::now();
+        while !changes.borrow().listening {
+            assert!(started.elapsed() < Duration::from_secs(5), "no listener");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let before = changes.borrow().generation;
         t.store.setting_set("llm_model", "old").await.expect("set");
-        // This write's own notification comes first, so that it cannot be what
-        // makes the cache reload below.
         let started = Instant::now();
         while changes.borrow().generation == before {
             assert!(
