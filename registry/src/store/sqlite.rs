@@ -643,12 +643,22 @@ fn is_unreadable(message: &str) -> bool {
     message.contains("not a database") || message.contains("malformed")
 }
 
+/// Page size of a new decision log file. The log appends rows of about 1 KB, a
+/// few thousand a second under load, and SQLite writes each WAL frame and each
+/// checkpointed page with a system call of its own: at 15k logged requests/s, 4 KB
+/// pages took 9.4k `pwrite`s a second, 16 KB pages 2.3k, and `/api/route` p99 fell
+/// from 1.70 to 1.21 ms (medians of 5 alternating runs). A file that exists keeps
+/// the page size it was made with.
+const DECISIONS_PAGE_SIZE: i64 = 16 * 1024;
+
 /// Attaches the decision log's file with the pragmas it is written under.
 fn attach(conn: &Connection, path: &Path) -> rusqlite::Result<()> {
     conn.execute(
         &format!("ATTACH DATABASE ?1 AS {DECISIONS}"),
         [path.to_string_lossy()],
     )?;
+    // Takes effect only before the file's first page is written.
+    conn.pragma_update(Some(DECISIONS), "page_size", DECISIONS_PAGE_SIZE)?;
     conn.pragma_update(Some(DECISIONS), "journal_mode", "WAL")?;
     conn.pragma_update(Some(DECISIONS), "synchronous", "OFF")?;
     Ok(())

@@ -963,6 +963,42 @@ fn decision(session: &str, message: &str) -> DecisionRow {
 }
 
 #[tokio::test]
+async fn a_new_sqlite_decision_log_has_large_pages_and_an_old_one_keeps_its_own() {
+    let (_dir, stores) = stores().await;
+    let (t, main) = sqlite_of(&stores);
+    let page_size = |path: &std::path::Path| -> i64 {
+        let conn = rusqlite::Connection::open(path).expect("open");
+        conn.query_row("PRAGMA page_size", [], |r| r.get(0))
+            .expect("page size")
+    };
+    let log = sqlite::decisions_path(&main);
+    assert_eq!(page_size(&log), 16 * 1024);
+    assert_eq!(
+        page_size(&main),
+        4096,
+        "the main file keeps SQLite's default"
+    );
+    t.store
+        .decisions_insert(vec![decision("s-1", "logged")])
+        .await
+        .expect("log");
+    // A log file made with 4 KB pages by an older binary stays as it is.
+    let old = tempfile::tempdir().expect("tempdir");
+    let old_main = old.path().join("loadout.db");
+    let old_log = sqlite::decisions_path(&old_main);
+    rusqlite::Connection::open(&old_log)
+        .and_then(|c| c.execute_batch("PRAGMA page_size = 4096; CREATE TABLE t(x);"))
+        .expect("old log");
+    let store = Store::connect(None, old.path()).await.expect("open");
+    store
+        .decisions_insert(vec![decision("s-1", "logged")])
+        .await
+        .expect("log");
+    assert_eq!(store.decisions("s-1").await.expect("read").len(), 1);
+    assert_eq!(page_size(&old_log), 4096);
+}
+
+#[tokio::test]
 async fn an_unreadable_sqlite_decision_log_is_moved_aside_and_started_anew() {
     let (_dir, stores) = stores().await;
     let (t, main) = sqlite_of(&stores);
