@@ -53,6 +53,7 @@ const FILLER: &[&str] = &[
     "thats", "the", "then", "there", "this", "to", "try", "very", "was", "we're", "well", "what's",
     "works", "worked", "you", "your", "fixed", "done", "up", "is", "it's", "has", "have", "been",
     "helpful", "glad", "great", "s", "all", "set", "bro", "dude", "friend", "everyone", "buddy",
+    "see", "soon", "talk", "today", "tonight", "tomorrow", "ya", "catch",
 ];
 
 /// Korean words (or their stems) that make a message social.
@@ -125,6 +126,8 @@ mod tests {
             "고마워~",
             "알겠어 땡큐",
             "cool, thanks. I'll try it later",
+            "cool, got it, see you later",
+            "great, that's all for today",
         ] {
             assert!(is_chitchat(message), "{message}");
         }
@@ -137,6 +140,7 @@ mod tests {
             "ok go with immich",
             "thanks, now restart plex",
             "nice, add the second one too",
+            "thanks, see what's failing",
             "거실 불 꺼줘",
             "",
         ] {

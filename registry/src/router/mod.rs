@@ -827,8 +827,16 @@ impl Router {
         let budget = input.token_budget.unwrap_or(config.token_budget);
         let evidence = self.gather_evidence(input.message, input.settings);
         let mut notes = evidence.notes.clone();
-        let any_keyword = evidence.domain_keyword_hits.iter().any(|&h| h > 0)
-            || evidence.tool_keyword_hits.iter().any(|&h| h > 0);
+        // Core is sent with chit-chat anyway, so only an optional domain's keyword
+        // makes a social message a request: "thanks, that's all for now" must not
+        // route on core's `now`.
+        let any_keyword = (0..n_domains).any(|d| {
+            !self.domain_is_core[d]
+                && (evidence.domain_keyword_hits[d] > 0
+                    || self.tools_by_domain[d]
+                        .iter()
+                        .any(|&t| evidence.tool_keyword_hits[t] > 0))
+        });
         let best_similarity = (0..n_domains)
             .filter(|&d| evidence.active[d] && !self.domain_is_core[d])
             .map(|d| evidence.domain_similarity[d])

@@ -14,7 +14,7 @@ fn tool(name: &str, description: &str) -> serde_json::Value {
 
 fn catalog() -> Vec<serde_json::Value> {
     vec![
-        json!({"domain": "core", "description": "Core tools.", "keywords": ["settings"], "always_on": true,
+        json!({"domain": "core", "description": "Core tools.", "keywords": ["settings", "now"], "always_on": true,
                "tools": [tool("list_domains", "List tool domains and whether each is active."),
                          tool("get_setting", "Read a setting by key.")]}),
         json!({"domain": "weather", "description": "Weather forecasts and current conditions.",
@@ -592,7 +592,14 @@ fn dense_stage_pending_is_noted_and_lexical_only() {
 #[test]
 fn chit_chat_exposes_core_only() {
     let router = router();
-    for message in ["thanks, that's all", "haha nice", "고마워", "hey!"] {
+    // "now" is a core keyword: core is sent with chit-chat anyway.
+    for message in [
+        "thanks, that's all",
+        "haha nice",
+        "고마워",
+        "hey!",
+        "thanks, that's all for now",
+    ] {
         let selection = route(&router, message, &SessionView::new(1));
         assert!(
             selection.tools.iter().all(|t| t.domain == "core"),
