@@ -161,3 +161,42 @@ fn serving_beyond_loopback_requires_a_bearer_token() {
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(!rest.iter().any(|l| l.contains(&token)), "{rest:?}");
 }
+
+/// `loadout route` routes with the same stages as `loadout serve`: the dense stage
+/// too (its vectors cached in the data dir), unless `--lexical`.
+#[test]
+fn route_uses_the_dense_stage_unless_asked_not_to() {
+    if !loadout::embed::builtin_available() {
+        eprintln!("note: built without the dense feature; skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reasons = |extra: &[&str]| -> String {
+        let output = loadout(dir.path())
+            .args(["route", "what is my parrot called?", "--json"])
+            .args(extra)
+            .output()
+            .expect("run loadout");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let selection: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+        selection["domains"]
+            .as_array()
+            .expect("domains")
+            .iter()
+            .filter_map(|d| d["reason"].as_str())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    let dense = reasons(&[]);
+    assert!(dense.contains("dense"), "{dense}");
+    assert!(
+        dir.path().join("vectors").is_dir(),
+        "the vectors are cached"
+    );
+    let lexical = reasons(&["--lexical"]);
+    assert!(!lexical.contains("dense"), "{lexical}");
+}

@@ -35,6 +35,9 @@ pub struct App {
     routing: Arc<OnceLock<Routing>>,
 }
 
+/// The background build of the dense stage (see [`loadout::embed::spawn_dense_stage`]).
+pub type DenseStageBuild = std::thread::JoinHandle<Result<loadout::embed::DenseBuildStats, String>>;
+
 impl App {
     pub async fn open(config: &Config) -> anyhow::Result<App> {
         let registry = loadout_domains::registry().context("building the tool registry")?;
@@ -76,23 +79,23 @@ impl App {
     /// offline encoder. Tool vectors come from the cache in the data dir; until they
     /// are ready the router runs lexical-only and says so in its notes. Only servers
     /// that route call this (`loadout mcp` never loads the model).
-    pub async fn attach_dense_stage(&self) {
+    pub async fn attach_dense_stage(&self) -> Option<DenseStageBuild> {
         let settings = match self.settings.snapshot().await {
             Ok(settings) => settings,
             Err(e) => {
                 tracing::warn!("dense stage not started: {e}");
-                return;
+                return None;
             }
         };
         // `router_dense = off` keeps routing lexical-only (microseconds per message
         // instead of milliseconds) for deployments that need throughput over recall.
         if settings.get("router_dense").is_some_and(|v| v == "off") {
             tracing::info!("[router] dense stage off (router_dense = off)");
-            return;
+            return None;
         }
         let http = crate::embeddings::HttpEmbedder::from_settings(&settings);
         let cache_dir = self.store().data_dir().join("vectors");
-        let _ = loadout::embed::spawn_dense_stage(
+        let build = loadout::embed::spawn_dense_stage(
             self.routing().router.clone(),
             move || match http {
                 Some(Ok(embedder)) => Ok(Arc::new(embedder) as Arc<dyn loadout::router::Embedder>),
@@ -101,6 +104,16 @@ impl App {
             },
             Some(cache_dir),
         );
+        Some(build)
+    }
+
+    /// Waits until the dense stage [`App::attach_dense_stage`] started is attached
+    /// (or has failed, leaving routing lexical-only, as its warning says).
+    pub async fn wait_for_dense_stage(&self) {
+        let Some(build) = self.attach_dense_stage().await else {
+            return;
+        };
+        let _ = tokio::task::spawn_blocking(move || build.join()).await;
     }
 
     pub fn context(&self) -> ToolContext {

@@ -25,6 +25,11 @@ pub struct Args {
     /// Print the whole selection as JSON.
     #[arg(long)]
     json: bool,
+    /// Route lexical-only, without the dense stage `loadout serve` routes with
+    /// (unless `router_dense = off`). Its tool vectors come from the data dir's cache,
+    /// or are computed once (a few seconds).
+    #[arg(long)]
+    lexical: bool,
 }
 
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
@@ -32,6 +37,11 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         Some(dir) => App::with_registry(with_toolkits(&app.registry, dir)?, app.settings.clone()),
         None => app.clone(),
     };
+    // The same stages as `loadout serve`, so that what this prints is what the
+    // server would send.
+    if !args.lexical {
+        app.wait_for_dense_stage().await;
+    }
     let settings = match args.configured.as_deref() {
         None => app.settings.snapshot().await?,
         Some(configured) => Arc::new(assumed_settings(&app, configured)),
