@@ -2,12 +2,10 @@
 //!
 //! A message is chit-chat when it is short (at most [`MAX_WORDS`] words), contains a
 //! social marker (thanks, a greeting, laughter, praise, a sign-off, in English or
-//! Korean) and every other word is filler (`ok`, `that's all`, `you`). The router also
-//! requires that no keyword matched and no domain is similar enough
-//! ([`RouterConfig::chitchat_max_similarity`](super::RouterConfig)), so
-//! `thanks, now restart plex` is routed as usual. Bare confirmations (`yes`, `ok do
-//! it`, `go with immich`) are not chit-chat: they are follow-ups that carry over the
-//! last turn's tools.
+//! Korean) and every other word is filler (`ok`, `that's all`, `you`): `thanks, now
+//! restart plex` is routed as usual. Bare confirmations (`yes`, `ok do it`, `go with
+//! immich`) are not chit-chat: they are follow-ups that carry over the last turn's
+//! tools. Filler holds no word that asks for something (`set it up` is a request).
 
 /// Longest chit-chat message, in words.
 const MAX_WORDS: usize = 8;
@@ -51,7 +49,7 @@ const FILLER: &[&str] = &[
     "good", "going", "how's", "got", "how", "i", "i'll", "i'm", "it", "it's", "later", "lot",
     "man", "mate", "mind", "much", "never", "now", "ok", "okay", "oh", "so", "that", "that's",
     "thats", "the", "then", "there", "this", "to", "try", "very", "was", "we're", "well", "what's",
-    "works", "worked", "you", "your", "fixed", "done", "up", "is", "it's", "has", "have", "been",
+    "works", "worked", "you", "your", "fixed", "done", "is", "it's", "has", "have", "been",
     "helpful", "glad", "great", "s", "all", "set", "bro", "dude", "friend", "everyone", "buddy",
     "see", "soon", "talk", "today", "tonight", "tomorrow", "ya", "catch",
 ];
@@ -141,6 +139,7 @@ mod tests {
             "thanks, now restart plex",
             "nice, add the second one too",
             "thanks, see what's failing",
+            "great, set it up",
             "거실 불 꺼줘",
             "",
         ] {

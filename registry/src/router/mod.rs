@@ -101,11 +101,8 @@ pub struct RouterConfig {
     pub dense_ceiling: f32,
     /// Reciprocal-rank fusion constant: a rank `r` counts `1 / (rrf_k + r)`.
     pub rrf_k: f32,
-    /// Greetings, thanks and chit-chat with no evidence send core only.
+    /// Greetings, thanks and chit-chat send core only.
     pub no_tool_for_chitchat: bool,
-    /// A chit-chat message is still routed when a domain's similarity (0..1) reaches
-    /// this.
-    pub chitchat_max_similarity: f32,
     /// Results of [`Router::search`].
     pub search_limit: usize,
     /// A selection whose tools come to fewer tokens than this also takes the domains
@@ -138,7 +135,6 @@ impl Default for RouterConfig {
             dense_ceiling: 0.7,
             rrf_k: 10.0,
             no_tool_for_chitchat: true,
-            chitchat_max_similarity: 0.5,
             search_limit: 10,
             backfill_tokens: 2_500,
             backfill_tools: 25,
@@ -827,25 +823,13 @@ impl Router {
         let budget = input.token_budget.unwrap_or(config.token_budget);
         let evidence = self.gather_evidence(input.message, input.settings);
         let mut notes = evidence.notes.clone();
-        // Core is sent with chit-chat anyway, so only an optional domain's keyword
-        // makes a social message a request: "thanks, that's all for now" must not
-        // route on core's `now`.
-        let any_keyword = (0..n_domains).any(|d| {
-            !self.domain_is_core[d]
-                && (evidence.domain_keyword_hits[d] > 0
-                    || self.tools_by_domain[d]
-                        .iter()
-                        .any(|&t| evidence.tool_keyword_hits[t] > 0))
-        });
-        let best_similarity = (0..n_domains)
-            .filter(|&d| evidence.active[d] && !self.domain_is_core[d])
-            .map(|d| evidence.domain_similarity[d])
-            .fold(0.0f32, f32::max);
+        // Every word of a chit-chat message is social or filler, so a keyword or a
+        // similarity it has comes from those words ("good morning" against a
+        // scheduler's "every morning", "I'll try it later" against a `later`
+        // keyword), never from a request.
         let chit_chat = config.no_tool_for_chitchat
             && !session.load_all_this_turn
             && session.loaded_tools.is_empty()
-            && !any_keyword
-            && best_similarity < config.chitchat_max_similarity
             && chitchat::is_chitchat(input.message);
 
         // Domain stages. `verdicts[d]` is `Some` once a stage has decided the domain.

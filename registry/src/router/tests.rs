@@ -18,7 +18,7 @@ fn catalog() -> Vec<serde_json::Value> {
                "tools": [tool("list_domains", "List tool domains and whether each is active."),
                          tool("get_setting", "Read a setting by key.")]}),
         json!({"domain": "weather", "description": "Weather forecasts and current conditions.",
-               "keywords": ["weather", "forecast", "umbrella", "날씨"], "settings_keys": ["weather_key"],
+               "keywords": ["weather", "forecast", "umbrella", "morning", "날씨"], "settings_keys": ["weather_key"],
                "tools": [tool("get_current_weather", "Current weather conditions for a place."),
                          tool("get_weather_forecast", "Daily weather forecast for the next days.")]}),
         json!({"domain": "homeassistant", "description": "Smart home control: lights, switches, climate.",
@@ -599,6 +599,8 @@ fn chit_chat_exposes_core_only() {
         "고마워",
         "hey!",
         "thanks, that's all for now",
+        // "morning" is a weather keyword here, but the message asks for nothing.
+        "good morning! how's it going",
     ] {
         let selection = route(&router, message, &SessionView::new(1));
         assert!(
