@@ -225,12 +225,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         .build()
         .context("building the registry")?;
     let registry = Arc::new(registry);
-    let mut config = options.config.clone();
-    if options.tool_ranks {
-        // `search` ranks every active tool for the diagnostic.
-        config.search_limit = registry.all_tools().len();
-    }
-    let router = Router::new(registry.clone(), config);
+    let router = Router::new(registry.clone(), options.config.clone());
     let build_ms = started.elapsed().as_secs_f64() * 1e3;
     let embedder_line =
         attach_embedder(&router, options.embedder, options.vector_cache.as_deref())?;
@@ -288,7 +283,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                 token_budget: options.budget,
             };
             if options.tool_ranks && !turn.needed.is_empty() {
-                let ranking = router.search(&turn.user, &settings);
+                let ranking = router.search(&turn.user, Some(&settings), usize::MAX);
                 let worst = turn
                     .needed
                     .iter()

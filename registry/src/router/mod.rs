@@ -103,8 +103,6 @@ pub struct RouterConfig {
     pub rrf_k: f32,
     /// Greetings, thanks and chit-chat send core only.
     pub no_tool_for_chitchat: bool,
-    /// Results of [`Router::search`].
-    pub search_limit: usize,
     /// A selection whose tools come to fewer tokens than this also takes the domains
     /// that came closest to the similarity gates, best first, while they fit (0: off).
     /// Recall first: a small selection means the router was unsure, and the room is
@@ -135,7 +133,6 @@ impl Default for RouterConfig {
             dense_ceiling: 0.7,
             rrf_k: 10.0,
             no_tool_for_chitchat: true,
-            search_limit: 10,
             backfill_tokens: 2_500,
             backfill_tools: 25,
         }
@@ -560,10 +557,18 @@ impl Router {
         )
     }
 
-    /// `search_tools(query)`: hints for the active tools that best match `query`, by
-    /// keyword and BM25, best first.
-    pub fn search(&self, query: &str, settings: &BTreeMap<String, String>) -> Vec<Hint> {
-        let evidence = self.gather_evidence(query, settings);
+    /// `search_tools(query)`: hints for the tools that best match `query`, by keyword,
+    /// BM25 and (once attached) the dense stage, best first, at most `limit`. `active`:
+    /// the settings that make a domain active, so that only active tools are found
+    /// (chat); `None` finds every tool (MCP lists every tool, and one that needs
+    /// settings says which).
+    pub fn search(
+        &self,
+        query: &str,
+        active: Option<&BTreeMap<String, String>>,
+        limit: usize,
+    ) -> Vec<Hint> {
+        let evidence = self.gather_evidence(query, active);
         let tools = self.registry.all_tools();
         let mut scored: Vec<(f32, usize)> = (0..tools.len())
             .filter(|&t| {
@@ -587,7 +592,7 @@ impl Router {
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         scored
             .into_iter()
-            .take(self.config.search_limit)
+            .take(limit)
             .map(|(_, t)| self.hint_for(t))
             .collect()
     }
@@ -616,11 +621,16 @@ impl Router {
         matched
     }
 
-    fn gather_evidence(&self, message: &str, settings: &BTreeMap<String, String>) -> Evidence {
+    /// The message's evidence; `settings: None` counts every domain as active.
+    fn gather_evidence(
+        &self,
+        message: &str,
+        settings: Option<&BTreeMap<String, String>>,
+    ) -> Evidence {
         let n_domains = self.registry.domains().len();
         let n_tools = self.registry.all_tools().len();
         let active: Vec<bool> = (0..n_domains)
-            .map(|d| self.is_active(d, settings))
+            .map(|d| settings.is_none_or(|settings| self.is_active(d, settings)))
             .collect();
 
         let lowered = message.to_lowercase();
@@ -821,7 +831,7 @@ impl Router {
         let config = &self.config;
         let session = input.session;
         let budget = input.token_budget.unwrap_or(config.token_budget);
-        let evidence = self.gather_evidence(input.message, input.settings);
+        let evidence = self.gather_evidence(input.message, Some(input.settings));
         let mut notes = evidence.notes.clone();
         // Every word of a chit-chat message is social or filler, so a keyword or a
         // similarity it has comes from those words ("good morning" against a

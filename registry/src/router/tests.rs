@@ -403,10 +403,15 @@ fn follow_ups_without_evidence_see_last_turns_tools() {
 #[test]
 fn search_returns_matching_active_tools() {
     let router = router();
-    let hints = router.search("dim the light", &all_settings());
+    let hints = router.search("dim the light", Some(&all_settings()), 10);
     assert!(hints.iter().any(|h| h.name == "ha_set_light"));
-    let hints = router.search("weather", &BTreeMap::new());
+    // Only active tools, unless every tool is asked for.
+    let hints = router.search("weather", Some(&BTreeMap::new()), 10);
     assert!(hints.iter().all(|h| h.domain != "weather"));
+    let hints = router.search("weather", None, 10);
+    assert!(hints.iter().any(|h| h.domain == "weather"));
+    assert_eq!(router.search("weather", None, 1).len(), 1);
+    assert!(router.search("zzzz qqqq", None, 10).is_empty());
 }
 
 #[test]

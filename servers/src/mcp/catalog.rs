@@ -3,8 +3,9 @@
 //! upstream server's tool list changes.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use loadout::router::{Hint, Router, RouterConfig};
 use loadout::{Registry, Tool};
 use rmcp::model::Tool as McpTool;
 
@@ -15,6 +16,9 @@ pub struct Catalog {
     pub tools: Vec<McpTool>,
     /// Position of each tool in `tools`, by name.
     positions: HashMap<String, usize>,
+    /// The ranking `search_tools` uses, the chat's own: built on the first search,
+    /// since a client that never searches should not pay for its indexes.
+    router: OnceLock<Router>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -41,11 +45,20 @@ impl Catalog {
             registry,
             tools,
             positions,
+            router: OnceLock::new(),
         }
     }
 
     pub fn mcp_tool(&self, name: &str) -> Option<&McpTool> {
         self.positions.get(name).map(|&i| &self.tools[i])
+    }
+
+    /// `search_tools` over MCP: every tool (one that needs settings says so when
+    /// called), ranked by keywords and BM25 as the router ranks them for chat.
+    pub fn search(&self, query: &str, limit: usize) -> Vec<Hint> {
+        self.router
+            .get_or_init(|| Router::new(self.registry.clone(), RouterConfig::default()))
+            .search(query, None, limit)
     }
 }
 

@@ -7,7 +7,7 @@
 //! `unload_tools`: one definition for chat and MCP); over MCP their calls are answered
 //! here, since they change what this connection lists, which the registry knows
 //! nothing about. Core's `load_all_for_this_turn` is not listed: an MCP connection has
-//! no turns. [`search`] is the one place that ranks tools for `search_tools` over MCP.
+//! no turns. `search_tools` ranks with the router (see [`super::catalog::Catalog::search`]).
 
 use std::collections::BTreeSet;
 use std::sync::LazyLock;
@@ -153,73 +153,6 @@ pub fn resolve_names(registry: &Registry, names: &[String]) -> (BTreeSet<String>
     (tools, unknown)
 }
 
-/// One `search_tools` result.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct SearchHit {
-    pub name: String,
-    pub domain: String,
-    pub hint: String,
-    #[serde(skip)]
-    pub score: u32,
-}
-
-/// Ranks every tool against a query: whole-word and substring matches of the query's
-/// words in the tool's name, keywords, domain and description, case-insensitive and
-/// Unicode-aware. Ties go to the name order.
-pub fn search(registry: &Registry, query: &str, limit: usize) -> Vec<SearchHit> {
-    let query = query.to_lowercase();
-    let words: Vec<&str> = query
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| w.chars().count() >= 2)
-        .collect();
-    let mut hits: Vec<SearchHit> = registry
-        .all_tools()
-        .iter()
-        .filter_map(|tool| {
-            let domain = registry.domain(&tool.domain);
-            let name = tool.name.to_lowercase();
-            let description = tool.description.to_lowercase();
-            let keywords: Vec<String> = tool.keywords.iter().map(|k| k.to_lowercase()).collect();
-            let domain_keywords: Vec<String> = domain
-                .map(|d| d.keywords.iter().map(|k| k.to_lowercase()).collect())
-                .unwrap_or_default();
-            let mut score = 0;
-            // The whole query as a keyword or inside the name is the strongest signal.
-            if keywords.iter().any(|k| *k == query.trim()) || name.contains(query.trim()) {
-                score += 6;
-            }
-            for word in &words {
-                if name.split(['_', '-']).any(|part| part == *word) {
-                    score += 4;
-                } else if name.contains(word) {
-                    score += 2;
-                }
-                if keywords
-                    .iter()
-                    .any(|k| k.split_whitespace().any(|kw| kw == *word))
-                {
-                    score += 3;
-                }
-                if tool.domain == *word || domain_keywords.iter().any(|k| k == word) {
-                    score += 2;
-                }
-                if description.contains(word) {
-                    score += 1;
-                }
-            }
-            (score > 0).then(|| SearchHit {
-                name: tool.name.clone(),
-                domain: tool.domain.clone(),
-                hint: tool.hint.clone(),
-                score,
-            })
-        })
-        .collect();
-    hits.sort_by(|a, b| b.score.cmp(&a.score).then_with(|| a.name.cmp(&b.name)));
-    hits.truncate(limit);
-    hits
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,13 +184,21 @@ mod tests {
     }
 
     #[test]
-    fn search_finds_tools_by_words_of_their_purpose() {
-        let registry = registry();
-        let hits = search(&registry, "read a file", 5);
+    fn search_finds_every_tool_by_words_of_its_purpose() {
+        let catalog = super::super::catalog::Catalog::new(std::sync::Arc::new(registry()));
+        let hits = catalog.search("read a file", 5);
         assert_eq!(hits.first().map(|h| h.name.as_str()), Some("read_file"));
-        let hits = search(&registry, "파일 읽기", 5);
+        let hits = catalog.search("파일 읽기", 5);
         assert!(hits.iter().any(|h| h.name == "read_file"), "{hits:?}");
-        assert!(search(&registry, "zzzz qqqq", 5).is_empty());
+        assert!(catalog.search("zzzz qqqq", 5).is_empty());
+        // Found although its domain needs settings no one has set.
+        assert!(
+            catalog
+                .search("list the files in a folder", 5)
+                .iter()
+                .any(|h| h.domain == "filesystem")
+        );
+        assert_eq!(catalog.search("memory", 3).len(), 3);
     }
 
     #[test]

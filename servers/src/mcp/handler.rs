@@ -178,11 +178,15 @@ impl McpHandler {
             dynamic::SEARCH_TOOLS => {
                 let search = dynamic::parse_search_args(args)?;
                 let loaded = lock(&self.connection.loaded).clone();
-                let results: Vec<Value> = dynamic::search(registry, &search.query, search.limit)
+                let results: Vec<Value> = catalog
+                    .search(&search.query, search.limit)
                     .into_iter()
                     .map(|hit| {
-                        let listed = dynamic::is_core(registry, &hit.name) || loaded.contains(&hit.name);
-                        json!({"name": hit.name, "domain": hit.domain, "hint": hit.hint, "loaded": listed})
+                        let listed = dynamic::is_core(registry, &hit.name)
+                            || loaded.contains(hit.name.as_str());
+                        let mut result = hit.to_json();
+                        result["loaded"] = json!(listed);
+                        result
                     })
                     .collect();
                 let note = if results.is_empty() {

@@ -121,9 +121,8 @@ impl SessionControl for TurnControl {
             let results: Vec<Value> = self
                 .routing
                 .router
-                .search(query, &state.routed.settings)
+                .search(query, Some(&state.routed.settings), limit)
                 .into_iter()
-                .take(limit)
                 .map(|hint| {
                     let mut value = hint.to_json();
                     value["loaded"] = json!(selection.contains(&hint.name));
