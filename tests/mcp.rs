@@ -233,6 +233,8 @@ async fn lists_every_tool_with_schemas_and_calls_them() {
         .await;
     assert!(text.contains("14"), "{text}");
     mcp.close().await;
+    // Every tool is listed: nothing to rank, so the encoder is never loaded.
+    assert!(!data.path().join("vectors").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,6 +380,19 @@ async fn dynamic_mode_lists_core_and_loads_on_request() {
         .call_ok("search_tools", json!({"query": "read a file"}))
         .await;
     assert!(found.contains("read_file"), "{found}");
+    // The first search also starts the dense stage of the ranking, in the
+    // background; its vectors land in the data dir's cache.
+    if loadout::embed::builtin_available() {
+        let started = std::time::Instant::now();
+        while !data.path().join("vectors").is_dir() {
+            assert!(started.elapsed() < WAIT, "no vector cache after a search");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let found = mcp
+            .call_ok("search_tools", json!({"query": "read a file"}))
+            .await;
+        assert!(found.contains("read_file"), "{found}");
+    }
 
     // A tool that is not loaded is refused with directions.
     let result = mcp

@@ -80,6 +80,13 @@ impl App {
     /// are ready the router runs lexical-only and says so in its notes. Only servers
     /// that route call this (`loadout mcp` never loads the model).
     pub async fn attach_dense_stage(&self) -> Option<DenseStageBuild> {
+        self.attach_dense_stage_to(self.routing().router.clone())
+            .await
+    }
+
+    /// Like [`App::attach_dense_stage`], for another router over this app's settings
+    /// and data dir (the MCP server's `search_tools` ranks with one of its own).
+    pub async fn attach_dense_stage_to(&self, router: Arc<Router>) -> Option<DenseStageBuild> {
         let settings = match self.settings.snapshot().await {
             Ok(settings) => settings,
             Err(e) => {
@@ -96,7 +103,7 @@ impl App {
         let http = crate::embeddings::HttpEmbedder::from_settings(&settings);
         let cache_dir = self.store().data_dir().join("vectors");
         let build = loadout::embed::spawn_dense_stage(
-            self.routing().router.clone(),
+            router,
             move || match http {
                 Some(Ok(embedder)) => Ok(Arc::new(embedder) as Arc<dyn loadout::router::Embedder>),
                 Some(Err(e)) => Err(e),

@@ -18,7 +18,7 @@ pub struct Catalog {
     positions: HashMap<String, usize>,
     /// The ranking `search_tools` uses, the chat's own: built on the first search,
     /// since a client that never searches should not pay for its indexes.
-    router: OnceLock<Router>,
+    router: OnceLock<Arc<Router>>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -54,11 +54,23 @@ impl Catalog {
     }
 
     /// `search_tools` over MCP: every tool (one that needs settings says so when
-    /// called), ranked by keywords and BM25 as the router ranks them for chat.
-    pub fn search(&self, query: &str, limit: usize) -> Vec<Hint> {
-        self.router
-            .get_or_init(|| Router::new(self.registry.clone(), RouterConfig::default()))
-            .search(query, None, limit)
+    /// called), ranked as the router ranks them for chat. `on_build` gets the router
+    /// when this search built it (to attach its dense stage).
+    pub fn search(
+        &self,
+        query: &str,
+        limit: usize,
+        on_build: impl FnOnce(&Arc<Router>),
+    ) -> Vec<Hint> {
+        let mut built = false;
+        let router = self.router.get_or_init(|| {
+            built = true;
+            Arc::new(Router::new(self.registry.clone(), RouterConfig::default()))
+        });
+        if built {
+            on_build(router);
+        }
+        router.search(query, None, limit)
     }
 }
 

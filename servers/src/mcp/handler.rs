@@ -178,8 +178,15 @@ impl McpHandler {
             dynamic::SEARCH_TOOLS => {
                 let search = dynamic::parse_search_args(args)?;
                 let loaded = lock(&self.connection.loaded).clone();
+                // The first search builds the ranking; its dense stage follows in the
+                // background (lexical until then), from the data dir's vector cache.
+                let app = &self.shared.app;
+                let attach = |router: &Arc<loadout::router::Router>| {
+                    let (app, router) = (app.clone(), router.clone());
+                    tokio::spawn(async move { app.attach_dense_stage_to(router).await });
+                };
                 let results: Vec<Value> = catalog
-                    .search(&search.query, search.limit)
+                    .search(&search.query, search.limit, attach)
                     .into_iter()
                     .map(|hit| {
                         let listed = dynamic::is_core(registry, &hit.name)
