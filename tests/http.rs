@@ -489,3 +489,47 @@ async fn a_database_outage_answers_503_and_service_resumes_without_a_restart() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+/// The decision log's table is gone (a damaged log file): routing answers as usual,
+/// and the rows it could not write are counted as dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_decision_log_never_fails_a_routing_request() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = loadout_server::app::Config {
+        data_dir: dir.path().to_path_buf(),
+        database_url: None,
+    };
+    let app_state = loadout_server::app::App::open(&config)
+        .await
+        .expect("open app");
+    let state = loadout_server::http::HttpState::new(app_state, None);
+    let app = loadout_server::http::app(state.clone());
+    let loadout::store::StoreBackend::Sqlite(sqlite) = state.app.store().backend() else {
+        unreachable!("the default store is SQLite");
+    };
+    sqlite
+        .call(|c| Ok(c.execute_batch("DROP TABLE decisions.tool_history;")?))
+        .await
+        .expect("drop the log's table");
+    for turn in 1..=20 {
+        let (status, body) = send(
+            &app,
+            "POST",
+            "/api/route",
+            Some(json!({"session": "unlogged", "message": "remember my parrot is Polly"})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["turn"], turn);
+    }
+    let decisions = &state.app.routing().decisions;
+    let started = std::time::Instant::now();
+    while decisions.n_dropped() < 20 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{} rows counted as dropped",
+            decisions.n_dropped()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
