@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use loadout::Store;
 use loadout::StoreError;
-use loadout::store::{AuditRow, DecisionRow};
+use loadout::store::{AuditRow, DecisionRow, LogPace};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -26,6 +26,10 @@ pub const MAX_BATCH: usize = 1024;
 /// it touched, a cost per transaction, not per row). A row after a quiet spell is
 /// written at once.
 pub const LINGER: Duration = Duration::from_millis(50);
+/// Rows still queued behind a batch from which the writer counts as behind: the
+/// batch is written at normal priority ([`LogPace::CatchUp`]) instead of on idle CPU
+/// time. A quarter of the queue leaves three quarters of headroom before rows drop.
+pub const BEHIND_ROWS: usize = QUEUE_CAPACITY / 4;
 
 /// Handle to the writer task; cheap to clone, clones share the queue.
 #[derive(Clone)]
@@ -135,24 +139,35 @@ async fn write_rows<R: LogRow>(
                         batch.push(row);
                     }
                 }
-                insert(&store, &mut batch, &n_dropped).await;
+                let pace = if rows.len() >= BEHIND_ROWS {
+                    LogPace::CatchUp
+                } else {
+                    LogPace::Idle
+                };
+                insert(&store, &mut batch, pace, &n_dropped).await;
                 last_write = Some(Instant::now());
             }
         }
     }
     // No new rows from now on; what is already queued is still written.
     rows.close();
+    // Shutting down: nothing is served any more, and nobody should wait for idle time.
     while rows.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        insert(&store, &mut batch, &n_dropped).await;
+        insert(&store, &mut batch, LogPace::CatchUp, &n_dropped).await;
     }
 }
 
-async fn insert<R: LogRow>(store: &Store, batch: &mut Vec<R>, n_dropped: &AtomicU64) {
+async fn insert<R: LogRow>(
+    store: &Store,
+    batch: &mut Vec<R>,
+    pace: LogPace,
+    n_dropped: &AtomicU64,
+) {
     // The store takes the batch and frees it where it writes it (on SQLite, its log
     // thread): a request's thread never copies or frees a thousand rows at once.
     let rows = std::mem::replace(batch, Vec::with_capacity(MAX_BATCH));
     let n = rows.len();
-    if let Err(e) = R::insert(store, rows).await {
+    if let Err(e) = R::insert(store, rows, pace).await {
         n_dropped.fetch_add(n as u64, Ordering::Relaxed);
         tracing::warn!("{}: {n} rows lost: {e}", R::LOG);
     }
@@ -166,6 +181,7 @@ pub trait LogRow: Send + 'static {
     fn insert(
         store: &Store,
         rows: Vec<Self>,
+        pace: LogPace,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_
     where
         Self: Sized;
@@ -176,8 +192,9 @@ impl LogRow for AuditRow {
     fn insert(
         store: &Store,
         rows: Vec<Self>,
+        pace: LogPace,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_ {
-        store.audit_insert(rows)
+        store.audit_insert(rows, pace)
     }
 }
 
@@ -186,8 +203,9 @@ impl LogRow for DecisionRow {
     fn insert(
         store: &Store,
         rows: Vec<Self>,
+        pace: LogPace,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_ {
-        store.decisions_insert(rows)
+        store.decisions_insert(rows, pace)
     }
 }
 

@@ -118,7 +118,10 @@ mod tests {
             .iter()
             .map(|age| row(now - age * DAY_MS - 1))
             .collect();
-        store.decisions_insert(rows.clone()).await.expect("insert");
+        store
+            .decisions_insert(rows.clone(), loadout::store::LogPace::Idle)
+            .await
+            .expect("insert");
         prune_decisions(&store, &days(setting), now)
             .await
             .expect("prune");

@@ -24,6 +24,17 @@ pub struct FixedRate {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub errors: u64,
+    /// Every answered request's latency, sorted, for pooling rounds.
+    pub latencies: Vec<Duration>,
+}
+
+/// The `q` quantile of sorted latencies, in milliseconds (NaN when empty).
+pub fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
 }
 
 /// Runs `POST path` with `bodies` in turn at `rate` requests/s over `connections`
@@ -83,18 +94,12 @@ pub fn run(
         errors += e;
     }
     latencies.sort_unstable();
-    let at = |q: f64| -> f64 {
-        if latencies.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((latencies.len() - 1) as f64 * q).round() as usize;
-        latencies[i].as_secs_f64() * 1e3
-    };
     Ok(FixedRate {
         achieved_per_s: latencies.len() as f64 / duration.as_secs_f64(),
-        p50_ms: at(0.5),
-        p99_ms: at(0.99),
+        p50_ms: quantile_ms(&latencies, 0.5),
+        p99_ms: quantile_ms(&latencies, 0.99),
         errors,
+        latencies,
     })
 }
 

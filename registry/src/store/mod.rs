@@ -138,6 +138,20 @@ pub struct DecisionRow {
     pub reasons: Reasons,
 }
 
+/// How urgently a batch of log rows must be written, as the background writer that
+/// queued them sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogPace {
+    /// Whenever the CPU has time: on SQLite the log thread runs under `SCHED_IDLE`,
+    /// so requests being served never wait for it.
+    Idle,
+    /// The writer is behind (its queue is filling) or shutting down: written at
+    /// normal priority, so that rows are not dropped at saturation, where idle CPU
+    /// time never comes. The batch's size says nothing about this: at a steady
+    /// high rate every batch is large and the writer still keeps up.
+    CatchUp,
+}
+
 /// A decision's reasons as JSON text. The routing path serializes them once, straight
 /// from the selection (no JSON tree), and readers serve the text as it is.
 #[derive(Clone)]
@@ -439,8 +453,12 @@ impl Store {
     /// Writes a batch of decision rows in one transaction, retried once after
     /// [`RETRY_AFTER`] if it fails. The batch is taken by value so that the
     /// SQLite backend frees it on its log thread, off the request threads.
-    pub async fn decisions_insert(&self, rows: Vec<DecisionRow>) -> Result<(), StoreError> {
-        dispatch!(self, s => s.decisions_insert(rows).await)
+    pub async fn decisions_insert(
+        &self,
+        rows: Vec<DecisionRow>,
+        pace: LogPace,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.decisions_insert(rows, pace).await)
     }
 
     pub async fn decisions(&self, session: &str) -> Result<Vec<DecisionRow>, StoreError> {
@@ -454,8 +472,8 @@ impl Store {
     }
 
     /// Writes a batch of audit rows, like [`Store::decisions_insert`].
-    pub async fn audit_insert(&self, rows: Vec<AuditRow>) -> Result<(), StoreError> {
-        dispatch!(self, s => s.audit_insert(rows).await)
+    pub async fn audit_insert(&self, rows: Vec<AuditRow>, pace: LogPace) -> Result<(), StoreError> {
+        dispatch!(self, s => s.audit_insert(rows, pace).await)
     }
 
     /// The newest `n` audit rows, oldest first.

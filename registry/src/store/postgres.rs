@@ -28,8 +28,8 @@ use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::{
-    AuditRow, DecisionRow, MessageRow, Reasons, SessionDomainState, SettingsChange, StoreError,
-    called_tool, carry_json, mask_url_password, new_session_id, now_ms, parse_carry,
+    AuditRow, DecisionRow, LogPace, MessageRow, Reasons, SessionDomainState, SettingsChange,
+    StoreError, called_tool, carry_json, mask_url_password, new_session_id, now_ms, parse_carry,
     validate_session_id,
 };
 
@@ -556,7 +556,12 @@ impl PostgresStore {
     }
 
     /// One statement per batch: the rows travel as arrays and are unnested in order.
-    pub async fn decisions_insert(&self, rows: Vec<DecisionRow>) -> Result<(), StoreError> {
+    /// PostgreSQL writes in its own processes; `_pace` changes nothing here.
+    pub async fn decisions_insert(
+        &self,
+        rows: Vec<DecisionRow>,
+        _pace: LogPace,
+    ) -> Result<(), StoreError> {
         retry_once(|| self.decisions_insert_once(&rows)).await
     }
 
@@ -619,7 +624,11 @@ impl PostgresStore {
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
-    pub async fn audit_insert(&self, rows: Vec<AuditRow>) -> Result<(), StoreError> {
+    pub async fn audit_insert(
+        &self,
+        rows: Vec<AuditRow>,
+        _pace: LogPace,
+    ) -> Result<(), StoreError> {
         retry_once(|| self.audit_insert_once(&rows)).await
     }
 

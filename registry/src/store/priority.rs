@@ -9,8 +9,9 @@
 //! request's thread wakes up.
 //!
 //! The risk of `SCHED_IDLE` is starvation: at saturation the thread would never run
-//! and the queue would fill until rows are dropped. So a batch big enough to mean
-//! the writer is behind is written at normal priority ([`LogPriority::catch_up`]).
+//! and the queue would fill until rows are dropped. So a batch the background writer
+//! marks [`LogPace::CatchUp`](super::LogPace::CatchUp) (its queue is filling) is
+//! written at normal priority ([`LogPriority::catch_up`]).
 //! Leaving `SCHED_IDLE` needs `CAP_SYS_NICE` or a high enough `RLIMIT_NICE`; where a
 //! probe shows that the way back is refused, the thread stays at nice 19 instead,
 //! which can never starve completely.

@@ -11,8 +11,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::priority::LogPriority;
 use super::{
-    AuditRow, DecisionRow, MessageRow, Reasons, SessionDomainState, SessionSnapshot, StoreError,
-    called_tool, carry_json, new_session_id, now_ms, parse_carry, validate_session_id,
+    AuditRow, DecisionRow, LogPace, MessageRow, Reasons, SessionDomainState, SessionSnapshot,
+    StoreError, called_tool, carry_json, new_session_id, now_ms, parse_carry, validate_session_id,
 };
 
 /// Versioned migrations, applied in order at open. Never edit a shipped one: add one.
@@ -235,12 +235,12 @@ impl SqliteStore {
 
     /// Like [`call`](Self::call), on the log writers' connection, for a job that
     /// writes `n_rows` rows (0 for other jobs).
-    async fn call_log<R, F>(&self, n_rows: usize, f: F) -> Result<R, StoreError>
+    async fn call_log<R, F>(&self, pace: LogPace, f: F) -> Result<R, StoreError>
     where
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
         R: Send + 'static,
     {
-        self.log_conn.run(n_rows, f).await
+        self.log_conn.run(pace, f).await
     }
 
     pub async fn settings_all(&self) -> Result<BTreeMap<String, String>, StoreError> {
@@ -472,8 +472,12 @@ impl SqliteStore {
             .await
     }
 
-    pub async fn decisions_insert(&self, rows: Vec<DecisionRow>) -> Result<(), StoreError> {
-        self.call_log(rows.len(), move |c| {
+    pub async fn decisions_insert(
+        &self,
+        rows: Vec<DecisionRow>,
+        pace: LogPace,
+    ) -> Result<(), StoreError> {
+        self.call_log(pace, move |c| {
             insert_batch(
                 c,
                 "INSERT INTO decisions.tool_history(at_ms, session_id, turn, message, n_tools, tokens, reasons)
@@ -511,7 +515,7 @@ impl SqliteStore {
 
     pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.call_log(0, move |c| {
+        self.call_log(LogPace::Idle, move |c| {
             // The oldest row first: when it is recent, nothing is old and no scan runs.
             let oldest: Option<i64> = c
                 .prepare_cached("SELECT at_ms FROM decisions.tool_history ORDER BY id LIMIT 1")?
@@ -531,8 +535,8 @@ impl SqliteStore {
         .await
     }
 
-    pub async fn audit_insert(&self, rows: Vec<AuditRow>) -> Result<(), StoreError> {
-        self.call_log(rows.len(), move |c| {
+    pub async fn audit_insert(&self, rows: Vec<AuditRow>, pace: LogPace) -> Result<(), StoreError> {
+        self.call_log(pace, move |c| {
             insert_batch(
                 c,
                 "INSERT INTO audit_log(at_ms, client, tool, args, outcome, detail, duration_ms)
@@ -844,11 +848,6 @@ const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(2
 /// before the timer (SQLite's default).
 const LOG_AUTOCHECKPOINT_PAGES: i64 = 1_000;
 
-/// A batch of at least this many rows means the log writer is behind (it gathers
-/// rows for 50 ms, up to 1,024 per batch): the batch is written at normal priority
-/// instead of waiting for idle CPU time.
-const CATCH_UP_ROWS: usize = 1_000;
-
 type LogJob = Box<dyn FnOnce(&mut Connection, LogPriority) + Send>;
 
 /// A connection owned by one OS thread that runs the jobs sent to it in order.
@@ -879,16 +878,15 @@ impl LogConnection {
         })
     }
 
-    /// Runs `f` on the log thread; a job writing `n_rows` rows or more runs at
-    /// normal priority (see [`CATCH_UP_ROWS`]).
-    async fn run<R, F>(&self, n_rows: usize, f: F) -> Result<R, StoreError>
+    /// Runs `f` on the log thread, at normal priority when `pace` asks to catch up.
+    async fn run<R, F>(&self, pace: LogPace, f: F) -> Result<R, StoreError>
     where
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
         R: Send + 'static,
     {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let job: LogJob = Box::new(move |conn, priority| {
-            let _catch_up = (n_rows >= CATCH_UP_ROWS).then(|| priority.catch_up());
+            let _catch_up = (pace == LogPace::CatchUp).then(|| priority.catch_up());
             // A panic in `f` is reported like a failed storage task; the thread and
             // its connection carry on (an open transaction rolls back when dropped).
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn)))
@@ -928,7 +926,7 @@ fn spawn_checkpoints(jobs: std::sync::Weak<LogJobs>) {
             };
             let log_conn = LogConnection { jobs };
             let result = log_conn
-                .run(0, |c| {
+                .run(LogPace::Idle, |c| {
                     c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
                     Ok(())
                 })
@@ -938,4 +936,44 @@ fn spawn_checkpoints(jobs: std::sync::Weak<LogJobs>) {
             }
         }
     });
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use thread_priority::{NormalThreadSchedulePolicy, ThreadSchedulePolicy};
+
+    /// The policy the log thread runs a job of `pace` under.
+    async fn policy_for(store: &SqliteStore, pace: LogPace) -> ThreadSchedulePolicy {
+        store
+            .call_log(pace, |_| {
+                thread_priority::unix::thread_schedule_policy()
+                    .map_err(|e| StoreError::Database(format!("reading the policy: {e:?}")))
+            })
+            .await
+            .expect("policy")
+    }
+
+    #[tokio::test]
+    async fn the_writers_pace_decides_the_log_threads_priority() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(&dir.path().join("loadout.db"))
+            .await
+            .expect("open");
+        let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
+        let other = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Other);
+        let here = std::thread::spawn(LogPriority::lower)
+            .join()
+            .expect("probe");
+        if here != LogPriority::Idle {
+            // This machine refuses the way back from SCHED_IDLE: the thread stays
+            // at nice 19 for every pace.
+            assert_eq!(policy_for(&store, LogPace::CatchUp).await, other);
+            return;
+        }
+        assert_eq!(policy_for(&store, LogPace::Idle).await, idle);
+        assert_eq!(policy_for(&store, LogPace::CatchUp).await, other);
+        // Catching up is for one batch; the next idle-paced job is idle again.
+        assert_eq!(policy_for(&store, LogPace::Idle).await, idle);
+    }
 }

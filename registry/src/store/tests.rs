@@ -104,15 +104,18 @@ async fn settings_version_ignores_other_writes() {
         store.setting_set("a", "1").await.expect("set");
         let before = store.settings_version().await.expect("version");
         store
-            .decisions_insert(vec![DecisionRow {
-                at_ms: 1,
-                session: None,
-                turn: 1,
-                message: "hello".into(),
-                n_tools: 0,
-                tokens: 0,
-                reasons: Reasons::to_json(&serde_json::json!({})),
-            }])
+            .decisions_insert(
+                vec![DecisionRow {
+                    at_ms: 1,
+                    session: None,
+                    turn: 1,
+                    message: "hello".into(),
+                    n_tools: 0,
+                    tokens: 0,
+                    reasons: Reasons::to_json(&serde_json::json!({})),
+                }],
+                LogPace::Idle,
+            )
             .await
             .expect("log");
         store
@@ -512,9 +515,12 @@ async fn sessions_router_state_and_decisions() {
                 reasons: Reasons::to_json(&serde_json::json!([])),
             }))
             .collect();
-        store.decisions_insert(rows.clone()).await.expect("insert");
         store
-            .decisions_insert(Vec::new())
+            .decisions_insert(rows.clone(), LogPace::Idle)
+            .await
+            .expect("insert");
+        store
+            .decisions_insert(Vec::new(), LogPace::Idle)
             .await
             .expect("empty batch");
         // PostgreSQL text holds no NUL: the row is still written.
@@ -524,7 +530,7 @@ async fn sessions_router_state_and_decisions() {
             ..rows[0].clone()
         };
         store
-            .decisions_insert(vec![nul])
+            .decisions_insert(vec![nul], LogPace::Idle)
             .await
             .expect("NUL in a message");
         let stored = &store.decisions("nul").await.expect("decisions")[0].message;
@@ -562,7 +568,10 @@ async fn pruning_the_decision_log_deletes_old_rows_oldest_first() {
             .into_iter()
             .map(row)
             .collect();
-        store.decisions_insert(rows.clone()).await.expect("insert");
+        store
+            .decisions_insert(rows.clone(), LogPace::Idle)
+            .await
+            .expect("insert");
         assert_eq!(
             store.decisions_prune(100, 4).await.expect("prune"),
             4,
@@ -724,11 +733,11 @@ async fn audit_tail_returns_newest_rows_in_order() {
             })
             .collect();
         t.store
-            .audit_insert(rows[..2].to_vec())
+            .audit_insert(rows[..2].to_vec(), LogPace::Idle)
             .await
             .expect("insert");
         t.store
-            .audit_insert(rows[2..].to_vec())
+            .audit_insert(rows[2..].to_vec(), LogPace::Idle)
             .await
             .expect("insert");
         let tail = t.store.audit_tail(2).await.expect("tail");
@@ -979,7 +988,7 @@ async fn a_new_sqlite_decision_log_has_large_pages_and_an_old_one_keeps_its_own(
         "the main file keeps SQLite's default"
     );
     t.store
-        .decisions_insert(vec![decision("s-1", "logged")])
+        .decisions_insert(vec![decision("s-1", "logged")], LogPace::Idle)
         .await
         .expect("log");
     // A log file made with 4 KB pages by an older binary stays as it is.
@@ -991,7 +1000,7 @@ async fn a_new_sqlite_decision_log_has_large_pages_and_an_old_one_keeps_its_own(
         .expect("old log");
     let store = Store::connect(None, old.path()).await.expect("open");
     store
-        .decisions_insert(vec![decision("s-1", "logged")])
+        .decisions_insert(vec![decision("s-1", "logged")], LogPace::Idle)
         .await
         .expect("log");
     assert_eq!(store.decisions("s-1").await.expect("read").len(), 1);
@@ -1004,7 +1013,7 @@ async fn an_unreadable_sqlite_decision_log_is_moved_aside_and_started_anew() {
     let (t, main) = sqlite_of(&stores);
     t.store.setting_set("kept", "yes").await.expect("set");
     t.store
-        .decisions_insert(vec![decision("s-1", "before the power cut")])
+        .decisions_insert(vec![decision("s-1", "before the power cut")], LogPace::Idle)
         .await
         .expect("log");
     let log = sqlite::decisions_path(&main);
@@ -1019,7 +1028,7 @@ async fn an_unreadable_sqlite_decision_log_is_moved_aside_and_started_anew() {
     assert_eq!(reopened.settings_all().await.expect("all")["kept"], "yes");
     assert_eq!(reopened.decisions("s-1").await.expect("read"), vec![]);
     reopened
-        .decisions_insert(vec![decision("s-2", "after")])
+        .decisions_insert(vec![decision("s-2", "after")], LogPace::Idle)
         .await
         .expect("log again");
     assert_eq!(reopened.decisions("s-2").await.expect("read").len(), 1);
