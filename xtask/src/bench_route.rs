@@ -181,8 +181,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                 * FIXED_RATE_SHARE
         };
         // Rounds alternate which setting goes first, so that a slow spell of the
-        // machine does not land on one setting only; each p99 is the median of the
-        // rounds.
+        // machine does not land on one setting only.
         let mut samples: Vec<(&str, &str, fixed_rate::FixedRate)> = Vec::new();
         for round in 0..options.repeat {
             let order = if round % 2 == 0 {
@@ -222,9 +221,9 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                 drop(server);
             }
         }
-        // Two summaries of the rounds: the median of their p99s, and the p99 of all
-        // their requests pooled (one round's p99 rests on a few hundred requests; the
-        // pool's on a few thousand). The spread of the rounds' p99s with the log off
+        // Two summaries of the rounds: the median of their p99s (a round with a slow
+        // spell is outvoted), and the p99 of all their requests pooled (it counts).
+        // The spread of the rounds' p99s with the log off
         // is the machine's own noise, the yardstick for the ratio.
         let mut median = Vec::new();
         let mut pooled = Vec::new();

@@ -233,8 +233,8 @@ impl SqliteStore {
         run_on(&self.conn, f).await
     }
 
-    /// Like [`call`](Self::call), on the log writers' connection, for a job that
-    /// writes `n_rows` rows (0 for other jobs).
+    /// Like [`call`](Self::call), on the log writers' connection, at the priority
+    /// `pace` asks for.
     async fn call_log<R, F>(&self, pace: LogPace, f: F) -> Result<R, StoreError>
     where
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
