@@ -12,6 +12,10 @@
 //! - a bare `id`/`ids` takes its nouns from its description, the word before each
 //!   "id"/"ids" ("Series ids (Sonarr) or movie ids (Radarr)" → series, movie), and
 //!   is found by each noun's finder.
+//! - a recipient argument (`to`, `attendees`, "Recipient addresses", required or
+//!   not) of a tool that sends or creates (no finding verb in its name) is found by
+//!   an address-book search in any domain (`search_contacts`): "forward the invoice
+//!   to my accountant" names a person, the tool takes an address.
 
 use crate::Tool;
 
@@ -28,6 +32,7 @@ pub(super) fn prerequisites(
     tool_idx: impl Fn(&str) -> Option<usize>,
 ) -> Vec<Vec<usize>> {
     let finders = Finders::new(tools, tool_domain, tools_by_domain, &tool_idx);
+    let address_book = address_book(&finders.words);
     (0..tools.len())
         .map(|t| {
             let mut found = Vec::new();
@@ -38,9 +43,70 @@ pub(super) fn prerequisites(
                     }
                 }
             }
+            if let Some(u) = address_book
+                && u != t
+                && takes_recipients(&tools[t], &finders.words[t])
+                && !found.contains(&u)
+            {
+                found.push(u);
+            }
             found
         })
         .collect()
+}
+
+/// Names of arguments that take people to send to or invite.
+const RECIPIENT_NAMES: [&str; 6] = [
+    "to",
+    "cc",
+    "recipient",
+    "recipients",
+    "attendees",
+    "invitees",
+];
+/// Name words of an address book's entries.
+const CONTACT_NOUNS: [&str; 4] = ["contact", "contacts", "people", "person"];
+
+/// Whether a tool that sends or creates takes recipients: an argument named like
+/// one, or described as recipients or email addresses.
+fn takes_recipients(tool: &Tool, name_words: &[&str]) -> bool {
+    if name_words
+        .iter()
+        .any(|w| FINDERS.iter().any(|verbs| verbs.contains(w)) || *w == "read")
+    {
+        return false;
+    }
+    let Some(properties) = tool
+        .input_schema
+        .get("properties")
+        .and_then(|p| p.as_object())
+    else {
+        return false;
+    };
+    properties.iter().any(|(name, property)| {
+        let description = property
+            .get("description")
+            .and_then(|d| d.as_str())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        RECIPIENT_NAMES.contains(&name.as_str())
+            || description.contains("recipient")
+            || description.contains("email address")
+    })
+}
+
+/// The address book's search: a tool with a finding verb and a contact noun in its
+/// name, the most specific verb first (`search_contacts` before `list_contacts`),
+/// then the plainest name.
+fn address_book(words: &[Vec<&str>]) -> Option<usize> {
+    [&["search", "find"][..], &["lookup"], &["list"]]
+        .iter()
+        .find_map(|verbs| {
+            (0..words.len())
+                .filter(|&u| words[u].iter().any(|w| verbs.contains(w)))
+                .filter(|&u| words[u].iter().any(|w| CONTACT_NOUNS.contains(w)))
+                .min_by_key(|&u| (words[u].len(), u))
+        })
 }
 
 /// Required id arguments (`<noun>_id`, `<noun>_ids`) no tool is found to find, as

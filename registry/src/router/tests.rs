@@ -739,6 +739,83 @@ fn prerequisites_are_the_finders_of_required_ids() {
     assert!(finders("media_list_series").is_empty());
 }
 
+/// Mail and an address book in two domains, and a calendar that invites.
+fn mail_router() -> Router {
+    let with = |name: &str, description: &str, properties: serde_json::Value| {
+        json!({"name": name, "description": description,
+               "input_schema": {"type": "object", "properties": properties}})
+    };
+    let recipients = json!({"type": "array", "items": {"type": "string"}, "description": "Recipient addresses."});
+    let toolkits = [
+        json!({"domain": "mail", "description": "Email.", "keywords": ["email", "forward", "draft"],
+               "tools": [with("forward_email", "Forward an email.", json!({"message_id": {"type": "string"}, "to": recipients})),
+                         with("create_draft", "Save a draft.", json!({"body": {"type": "string"}, "to": recipients})),
+                         with("search_email", "Search the mailbox by sender or recipient.",
+                              json!({"to": {"type": "string", "description": "Recipient address or name."}})),
+                         with("list_folders", "List mail folders.", json!({}))]}),
+        json!({"domain": "people", "description": "Address book.", "keywords": ["contact"],
+               "tools": [with("list_contacts", "List every contact.", json!({})),
+                         with("search_contacts", "Search contacts by name; returns their email.",
+                              json!({"query": {"type": "string"}}))]}),
+        json!({"domain": "agenda", "description": "Calendar.", "keywords": ["meeting"],
+               "tools": [with("create_event", "Create an event.",
+                              json!({"title": {"type": "string"},
+                                     "guests": {"type": "array", "description": "Email addresses to invite."}}))]}),
+    ];
+    let mut builder = Registry::builder();
+    for (i, value) in toolkits.into_iter().enumerate() {
+        let parsed = toolkit::parse(&value.to_string(), &format!("mail{i}.json"))
+            .unwrap_or_else(|e| panic!("mail catalog {i}: {e}"));
+        builder = builder.toolkit(parsed);
+    }
+    let registry = builder
+        .build()
+        .unwrap_or_else(|e| panic!("mail registry: {e}"));
+    // No backfill: in a catalog this small it would send the address book anyway.
+    let config = RouterConfig {
+        backfill_tokens: 0,
+        ..RouterConfig::default()
+    };
+    Router::new(Arc::new(registry), config)
+}
+
+#[test]
+fn recipients_are_found_in_the_address_book() {
+    let router = mail_router();
+    let registry = router.registry();
+    let finders = |name: &str| -> Vec<String> {
+        let t = registry
+            .tool_idx(name)
+            .unwrap_or_else(|| panic!("no tool {name}"));
+        router.prerequisites[t]
+            .iter()
+            .map(|&p| router.tool_names[p].to_string())
+            .collect()
+    };
+    // Sending and creating tools take people; a search beats a listing.
+    assert_eq!(finders("forward_email"), ["search_contacts"]);
+    assert_eq!(finders("create_draft"), ["search_contacts"]);
+    assert_eq!(finders("create_event"), ["search_contacts"]);
+    // A search by recipient does not need the address; nor does a tool without one.
+    assert!(finders("search_email").is_empty());
+    assert!(finders("list_folders").is_empty());
+
+    // "to my accountant" names a person: the address book goes along.
+    let selection = router.select(&RouteInput {
+        message: "forward the invoice email to my accountant",
+        settings: &BTreeMap::new(),
+        session: &SessionView::new(1),
+        token_budget: None,
+    });
+    assert!(selection.contains("forward_email"));
+    let stage = selection
+        .tools
+        .iter()
+        .find(|t| t.name.as_ref() == "search_contacts")
+        .map(|t| t.stage);
+    assert_eq!(stage, Some(Stage::Prerequisite));
+}
+
 #[test]
 fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
     // One tool per domain: without the rule the listing would be ranked out.
