@@ -182,7 +182,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         };
         // Rounds alternate which setting goes first, so that a slow spell of the
         // machine does not land on one setting only.
-        let mut samples: Vec<(&str, &str, fixed_rate::FixedRate)> = Vec::new();
+        let mut samples: Vec<(&str, &str, fixed_rate::FixedRate, cpu::PerRequest)> = Vec::new();
         for round in 0..options.repeat {
             let order = if round % 2 == 0 {
                 ["plain", "off"]
@@ -200,6 +200,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                     if !rate.is_finite() || rate < 1.0 {
                         continue;
                     }
+                    let before = cpu::Usage::of(server.child.id());
                     let load = fixed_rate::run(
                         &server.addr,
                         "/api/route",
@@ -208,15 +209,18 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                         options.connections as usize,
                         Duration::from_secs(options.duration),
                     )?;
+                    let used = cpu::Usage::of(server.child.id()).since(&before);
+                    let per_request = used.per_request(load.latencies.len());
                     println!(
-                        "{backend:<11} {log:<13} {:<11} {:>10.0} {:>9.2} {:>9.2} {:>7}",
+                        "{backend:<11} {log:<13} {:<11} {:>10.0} {:>9.2} {:>9.2} {:>7}  cpu {}",
                         format!("{requests}@{rate:.0}"),
                         load.achieved_per_s,
                         load.p50_ms,
                         load.p99_ms,
-                        load.errors
+                        load.errors,
+                        per_request.describe()
                     );
-                    samples.push((log, requests, load));
+                    samples.push((log, requests, load, per_request));
                 }
                 drop(server);
             }
@@ -227,15 +231,25 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         // is the machine's own noise, the yardstick for the ratio.
         let mut median = Vec::new();
         let mut pooled = Vec::new();
+        let mut cpu_median = Vec::new();
         for log in ["plain", "off"] {
             for requests in ["one-off", "session"] {
                 let rounds: Vec<&fixed_rate::FixedRate> = samples
                     .iter()
-                    .filter(|(l, r, _)| *l == log && *r == requests)
-                    .map(|(_, _, load)| load)
+                    .filter(|(l, r, _, _)| *l == log && *r == requests)
+                    .map(|(_, _, load, _)| load)
                     .collect();
                 if rounds.is_empty() {
                     continue;
+                }
+                let mut cpu_us: Vec<f64> = samples
+                    .iter()
+                    .filter(|(l, r, _, _)| *l == log && *r == requests)
+                    .filter_map(|(_, _, _, cpu)| cpu.total_us)
+                    .collect();
+                cpu_us.sort_by(f64::total_cmp);
+                if let Some(us) = cpu_us.get(cpu_us.len() / 2) {
+                    cpu_median.push((log, requests, *us));
                 }
                 let mut p99: Vec<f64> = rounds.iter().map(|load| load.p99_ms).collect();
                 p99.sort_by(f64::total_cmp);
@@ -259,9 +273,30 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         print_log_cost(backend, &label, &median);
         let label = format!("fixed rate, pooled over {}", options.repeat);
         print_log_cost(backend, &label, &pooled);
+        print_cpu_cost(backend, options.repeat, &cpu_median);
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
+}
+
+/// The decision log's cost in the server's CPU time per request, the median over
+/// the fixed-rate rounds: unlike p99 it barely moves from one run to the next, so it
+/// says how much of the p99 ratio is work the log adds rather than noise.
+fn print_cpu_cost(backend: &str, rounds: usize, cpu_us: &[(&str, &str, f64)]) {
+    for requests in ["one-off", "session"] {
+        let of = |log: &str| {
+            cpu_us
+                .iter()
+                .find(|(l, r, _)| *l == log && *r == requests)
+                .map(|(_, _, us)| *us)
+        };
+        if let (Some(on), Some(off)) = (of("plain"), of("off")) {
+            println!(
+                "{backend}: decision log on/off, server CPU per request, {requests}, fixed rate, median of {rounds}: {:.2}x ({on:.1} us vs {off:.1} us)",
+                on / off.max(1e-6)
+            );
+        }
+    }
 }
 
 /// The decision log's cost at p99 per kind of request: `(log, requests, p99 ms)`
@@ -491,4 +526,131 @@ pub fn load(args: &[String]) -> anyhow::Result<()> {
         load.achieved_per_s, load.p50_ms, load.p99_ms, load.errors
     );
     Ok(())
+}
+
+/// The server's CPU time, from `/proc` (Linux; elsewhere nothing is measured).
+mod cpu {
+    use std::collections::HashMap;
+
+    /// `/proc` counts CPU time in clock ticks of 1/USER_HZ s; USER_HZ is 100 on every
+    /// Linux architecture that exposes it to user space.
+    const TICK_US: f64 = 10_000.0;
+
+    /// CPU ticks used so far by a process, in all and per thread name.
+    pub struct Usage {
+        total: Option<u64>,
+        by_thread: HashMap<String, u64>,
+    }
+
+    impl Usage {
+        pub fn of(pid: u32) -> Usage {
+            let total = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| ticks(&stat));
+            let mut by_thread = HashMap::new();
+            if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+                for task in tasks.flatten() {
+                    let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+                        continue;
+                    };
+                    if let (Some(name), Some(t)) = (thread_name(&stat), ticks(&stat)) {
+                        *by_thread.entry(name.to_owned()).or_default() += t;
+                    }
+                }
+            }
+            Usage { total, by_thread }
+        }
+
+        /// The ticks used between `before` and now. Threads that ended in between
+        /// are missing from the per-thread figures, never from the total.
+        pub fn since(&self, before: &Usage) -> Usage {
+            Usage {
+                total: self
+                    .total
+                    .zip(before.total)
+                    .map(|(now, then)| now.saturating_sub(then)),
+                by_thread: self
+                    .by_thread
+                    .iter()
+                    .map(|(name, now)| {
+                        let then = before.by_thread.get(name).copied().unwrap_or(0);
+                        (name.clone(), now.saturating_sub(then))
+                    })
+                    .collect(),
+            }
+        }
+
+        pub fn per_request(&self, requests: usize) -> PerRequest {
+            let per = |ticks: u64| (requests > 0).then(|| ticks as f64 * TICK_US / requests as f64);
+            PerRequest {
+                total_us: self.total.and_then(per),
+                log_thread_us: self
+                    .by_thread
+                    .iter()
+                    .filter(|(name, _)| name.starts_with("loadout-sqlite"))
+                    .map(|(_, t)| *t)
+                    .max()
+                    .and_then(per),
+            }
+        }
+    }
+
+    /// Server CPU microseconds per answered request.
+    pub struct PerRequest {
+        pub total_us: Option<f64>,
+        /// Of which the SQLite log thread's.
+        pub log_thread_us: Option<f64>,
+    }
+
+    impl PerRequest {
+        pub fn describe(&self) -> String {
+            match (self.total_us, self.log_thread_us) {
+                (Some(total), Some(log)) if log > 0.0 => {
+                    format!("{total:.1} us/req ({log:.1} on the log thread)")
+                }
+                (Some(total), _) => format!("{total:.1} us/req"),
+                (None, _) => "unmeasured".into(),
+            }
+        }
+    }
+
+    /// `utime + stime` from a `stat` line. The command name may hold spaces and
+    /// parentheses, so fields are counted from the last `)`.
+    fn ticks(stat: &str) -> Option<u64> {
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let mut fields = rest.split_whitespace();
+        // After the name: state is field 3; utime and stime are fields 14 and 15.
+        let utime: u64 = fields.nth(11)?.parse().ok()?;
+        let stime: u64 = fields.next()?.parse().ok()?;
+        Some(utime + stime)
+    }
+
+    fn thread_name(stat: &str) -> Option<&str> {
+        Some(&stat[stat.find('(')? + 1..stat.rfind(')')?])
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn ticks_are_read_after_a_name_with_spaces_and_parentheses() {
+            let stat = "42 (a (b) c) S 1 42 42 0 -1 4194304 100 0 0 0 7 5 0 0 20 0 3 0";
+            assert_eq!(ticks(stat), Some(12));
+            assert_eq!(thread_name(stat), Some("a (b) c"));
+            assert_eq!(ticks("42 (x) S 1"), None);
+        }
+
+        #[test]
+        fn this_process_has_used_some_cpu() {
+            let mut spin = 0u64;
+            for i in 0..20_000_000u64 {
+                spin = spin.wrapping_add(i * i);
+            }
+            std::hint::black_box(spin);
+            let usage = Usage::of(std::process::id());
+            assert!(usage.total.is_some_and(|t| t > 0));
+            assert!(!usage.by_thread.is_empty());
+        }
+    }
 }
