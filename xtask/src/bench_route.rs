@@ -169,7 +169,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             drop(server);
         }
         let saturated: Vec<_> = p99.iter().map(|&(l, r, ms, _)| (l, r, ms)).collect();
-        print_log_cost(backend, "saturated", &saturated);
+        print_log_cost(backend, "saturated", &P99, &saturated);
 
         // The same load for both settings, below saturation: half the lower of the
         // two saturated rates, per kind of request.
@@ -270,47 +270,48 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             }
         }
         let label = format!("fixed rate, median of {}", options.repeat);
-        print_log_cost(backend, &label, &median);
+        print_log_cost(backend, &label, &P99, &median);
         let label = format!("fixed rate, pooled over {}", options.repeat);
-        print_log_cost(backend, &label, &pooled);
-        print_cpu_cost(backend, options.repeat, &cpu_median);
+        print_log_cost(backend, &label, &P99, &pooled);
+        let label = format!("fixed rate, median of {}", options.repeat);
+        print_log_cost(backend, &label, &CPU_PER_REQUEST, &cpu_median);
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
 }
 
-/// The decision log's cost in the server's CPU time per request, the median over
-/// the fixed-rate rounds: unlike p99 it barely moves from one run to the next, so it
-/// says how much of the p99 ratio is work the log adds rather than noise.
-fn print_cpu_cost(backend: &str, rounds: usize, cpu_us: &[(&str, &str, f64)]) {
-    for requests in ["one-off", "session"] {
-        let of = |log: &str| {
-            cpu_us
-                .iter()
-                .find(|(l, r, _)| *l == log && *r == requests)
-                .map(|(_, _, us)| *us)
-        };
-        if let (Some(on), Some(off)) = (of("plain"), of("off")) {
-            println!(
-                "{backend}: decision log on/off, server CPU per request, {requests}, fixed rate, median of {rounds}: {:.2}x ({on:.1} us vs {off:.1} us)",
-                on / off.max(1e-6)
-            );
-        }
-    }
+/// What a measure is and its unit, for the log-cost lines.
+struct Measure {
+    what: &'static str,
+    unit: &'static str,
 }
 
-/// The decision log's cost at p99 per kind of request: `(log, requests, p99 ms)`
-/// rows with `plain` and `off` for the same kind give one ratio line.
-fn print_log_cost(backend: &str, load: &str, p99: &[(&str, &str, f64)]) {
+const P99: Measure = Measure {
+    what: "at p99",
+    unit: "ms",
+};
+/// The server's CPU time per request: unlike p99 it barely moves from one run to
+/// the next, so it says how much of the p99 ratio is work the log adds rather than
+/// noise.
+const CPU_PER_REQUEST: Measure = Measure {
+    what: "in server CPU per request",
+    unit: "us",
+};
+
+/// The decision log's cost per kind of request: `(log, requests, value)` rows with
+/// `plain` and `off` for the same kind give one ratio line.
+fn print_log_cost(backend: &str, load: &str, measure: &Measure, values: &[(&str, &str, f64)]) {
     for requests in ["one-off", "session"] {
         let of = |log: &str| {
-            p99.iter()
+            values
+                .iter()
                 .find(|(l, r, _)| *l == log && *r == requests)
-                .map(|(_, _, ms)| *ms)
+                .map(|(_, _, value)| *value)
         };
         if let (Some(on), Some(off)) = (of("plain"), of("off")) {
+            let Measure { what, unit } = measure;
             println!(
-                "{backend}: decision log on/off at p99, {requests}, {load}: {:.2}x ({on:.2} ms vs {off:.2} ms)",
+                "{backend}: decision log on/off {what}, {requests}, {load}: {:.2}x ({on:.2} {unit} vs {off:.2} {unit})",
                 on / off.max(1e-6)
             );
         }

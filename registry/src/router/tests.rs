@@ -709,19 +709,22 @@ fn media_router(config: RouterConfig) -> Router {
     Router::new(Arc::new(registry), config)
 }
 
+/// The names of the tools that find what tool `name` takes.
+fn finders_of(router: &Router, name: &str) -> Vec<String> {
+    let t = router
+        .registry()
+        .tool_idx(name)
+        .unwrap_or_else(|| panic!("no tool {name}"));
+    router.prerequisites[t]
+        .iter()
+        .map(|&p| router.tool_names[p].to_string())
+        .collect()
+}
+
 #[test]
 fn prerequisites_are_the_finders_of_required_ids() {
     let router = media_router(RouterConfig::default());
-    let registry = router.registry();
-    let finders = |name: &str| -> Vec<String> {
-        let t = registry
-            .tool_idx(name)
-            .unwrap_or_else(|| panic!("no tool {name}"));
-        router.prerequisites[t]
-            .iter()
-            .map(|&p| router.tool_names[p].to_string())
-            .collect()
-    };
+    let finders = |name: &str| finders_of(&router, name);
     // A listing beats a lookup; a tool that needs the id itself finds nothing.
     assert_eq!(finders("media_delete_series"), ["media_list_series"]);
     assert_eq!(finders("media_get_series_status"), ["media_list_series"]);
@@ -782,16 +785,7 @@ fn mail_router() -> Router {
 #[test]
 fn recipients_are_found_in_the_address_book() {
     let router = mail_router();
-    let registry = router.registry();
-    let finders = |name: &str| -> Vec<String> {
-        let t = registry
-            .tool_idx(name)
-            .unwrap_or_else(|| panic!("no tool {name}"));
-        router.prerequisites[t]
-            .iter()
-            .map(|&p| router.tool_names[p].to_string())
-            .collect()
-    };
+    let finders = |name: &str| finders_of(&router, name);
     // Sending and creating tools take people; a search beats a listing.
     assert_eq!(finders("forward_email"), ["search_contacts"]);
     assert_eq!(finders("create_draft"), ["search_contacts"]);
