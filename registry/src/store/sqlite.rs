@@ -591,6 +591,14 @@ pub fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.pragma_update(None, "foreign_keys", "ON")?;
     // Every statement of the store stays prepared (rusqlite keeps 16 by default).
     conn.set_prepared_statement_cache_capacity(64);
+    // The bundled SQLite is built with STAT4, under which a statement comparing a
+    // bound parameter with an indexed column is compiled again whenever the value
+    // changes (in case another plan suits it better): the session reads were
+    // re-prepared on almost every routed turn. Our queries have one right plan.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     Ok(())
 }
 
@@ -728,10 +736,17 @@ fn read_session_turn(c: &Connection, session: &str) -> rusqlite::Result<i64> {
     )
 }
 
+const SESSION_HEAD_SQL: &str = "SELECT n_turns, carry FROM sessions WHERE id = ?1";
+const CALLS_SINCE_SQL: &str = "SELECT turn, called FROM messages
+     WHERE session_id = ?1 AND turn >= ?2 AND called IS NOT NULL
+     ORDER BY id";
+const SESSION_DOMAINS_SQL: &str = "SELECT domain, last_used_turn, pinned, unloaded
+     FROM session_domains WHERE session_id = ?1 ORDER BY domain";
+
 /// The session's turn count and the latest turn's carry-over list.
 fn read_session_head(c: &Connection, session: &str) -> rusqlite::Result<(i64, Vec<String>)> {
     let head: Option<(i64, String)> = c
-        .prepare_cached("SELECT n_turns, carry FROM sessions WHERE id = ?1")?
+        .prepare_cached(SESSION_HEAD_SQL)?
         .query_row([session], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     Ok(head.map_or((0, Vec::new()), |(turn, carry)| (turn, parse_carry(&carry))))
@@ -744,11 +759,7 @@ fn read_calls_since(
     session: &str,
     turn: i64,
 ) -> rusqlite::Result<Vec<(i64, String)>> {
-    let mut stmt = c.prepare_cached(
-        "SELECT turn, called FROM messages
-         WHERE session_id = ?1 AND turn >= ?2 AND called IS NOT NULL
-         ORDER BY id",
-    )?;
+    let mut stmt = c.prepare_cached(CALLS_SINCE_SQL)?;
     let rows = stmt.query_map(params![session, turn], |r| Ok((r.get(0)?, r.get(1)?)))?;
     rows.collect()
 }
@@ -757,10 +768,7 @@ fn read_session_domains(
     c: &Connection,
     session: &str,
 ) -> rusqlite::Result<Vec<SessionDomainState>> {
-    let mut stmt = c.prepare_cached(
-        "SELECT domain, last_used_turn, pinned, unloaded FROM session_domains
-         WHERE session_id = ?1 ORDER BY domain",
-    )?;
+    let mut stmt = c.prepare_cached(SESSION_DOMAINS_SQL)?;
     let rows = stmt.query_map([session], |r| {
         Ok(SessionDomainState {
             domain: r.get(0)?,
@@ -975,5 +983,48 @@ mod tests {
         assert_eq!(policy_for(&store, LogPace::CatchUp).await, other);
         // Catching up is for one batch; the next idle-paced job is idle again.
         assert_eq!(policy_for(&store, LogPace::Idle).await, idle);
+    }
+
+    /// The statements of a routed session turn stay compiled from one turn to the
+    /// next, whatever session they are bound to (see `configure`).
+    #[tokio::test]
+    async fn a_session_turns_statements_are_not_compiled_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(&dir.path().join("loadout.db"))
+            .await
+            .expect("store");
+        for i in 0..5 {
+            let session = format!("session-{i}");
+            let state = SessionDomainState {
+                domain: "weather".into(),
+                last_used_turn: 1,
+                pinned: false,
+                unloaded: false,
+            };
+            store
+                .session_domain_put(&session, &state)
+                .await
+                .expect("domain");
+            store
+                .message_append(&session, "user", &serde_json::json!("hello"), &[])
+                .await
+                .expect("turn");
+            store.session_snapshot(&session, 0).await.expect("snapshot");
+        }
+        let (runs, recompiled) = store
+            .call(|c| {
+                let mut runs = 0;
+                let mut recompiled = 0;
+                for sql in [SESSION_DOMAINS_SQL, CALLS_SINCE_SQL, SESSION_HEAD_SQL] {
+                    let statement = c.prepare_cached(sql)?;
+                    runs += statement.get_status(rusqlite::StatementStatus::Run);
+                    recompiled += statement.get_status(rusqlite::StatementStatus::RePrepare);
+                }
+                Ok((runs, recompiled))
+            })
+            .await
+            .expect("status");
+        assert_eq!(runs, 15, "the snapshot's three reads ran once per turn");
+        assert_eq!(recompiled, 0);
     }
 }
