@@ -110,6 +110,11 @@ pub struct RouterConfig {
     pub backfill_tokens: usize,
     /// ... and to fewer tools than this.
     pub backfill_tools: usize,
+    /// When nothing matched and not every active tool fits the budget, each domain
+    /// in the fallback sends only its best this many tools (the rest become hints),
+    /// so that the budget covers more domains: unsure, the router goes wide rather
+    /// than deep. 0 sends whole domains.
+    pub fallback_tool_cap: usize,
 }
 
 impl Default for RouterConfig {
@@ -135,6 +140,7 @@ impl Default for RouterConfig {
             no_tool_for_chitchat: true,
             backfill_tokens: 2_500,
             backfill_tools: 25,
+            fallback_tool_cap: 4,
         }
     }
 }
@@ -1517,8 +1523,8 @@ impl Router {
     }
 
     /// Nothing optional was selected: send every active tool if that fits the budget,
-    /// else the best domains (by similarity, warm ones first on ties) that fit, and hint
-    /// the rest.
+    /// else the best domains (by similarity, warm ones first on ties) that fit, each
+    /// with its best [`RouterConfig::fallback_tool_cap`] tools, and hint the rest.
     #[allow(clippy::too_many_arguments)]
     fn fallback(
         &self,
@@ -1564,16 +1570,39 @@ impl Router {
                 .then(domain_tokens(a).cmp(&domain_tokens(b)))
                 .then(a.cmp(&b))
         });
+        let cap = self.config.fallback_tool_cap;
         for d in order {
-            let cost = domain_tokens(d);
             let score = evidence.domain_similarity[d];
+            let stage = if is_warm(d) {
+                Stage::Warm
+            } else {
+                Stage::Fallback
+            };
+            let members = &self.tools_by_domain[d];
+            if !fits_whole && cap > 0 && members.len() > cap {
+                let mut best = members.clone();
+                best.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
+                let rest = best.split_off(cap);
+                let cost: usize = best.iter().map(|&t| self.tool_tokens[t]).sum();
+                if tokens + cost <= budget {
+                    tokens += cost;
+                    verdicts[d] = DomainVerdict::ranked(
+                        stage,
+                        score,
+                        Cow::Owned(format!(
+                            "nothing matched: its best {cap} tools, among the best domains that fit {budget} tokens"
+                        )),
+                    );
+                    for &t in &best {
+                        sent[t] = Some((stage, tool_score(t)));
+                    }
+                    ranked_out.extend(rest);
+                    continue;
+                }
+            }
+            let cost = domain_tokens(d);
             if fits_whole || tokens + cost <= budget {
                 tokens += cost;
-                let stage = if is_warm(d) {
-                    Stage::Warm
-                } else {
-                    Stage::Fallback
-                };
                 let reason = if fits_whole {
                     Cow::Borrowed("nothing matched: every active tool fits the budget")
                 } else {
@@ -1582,7 +1611,7 @@ impl Router {
                     ))
                 };
                 verdicts[d] = DomainVerdict::whole(stage, score, reason);
-                for &t in &self.tools_by_domain[d] {
+                for &t in members {
                     sent[t] = Some((stage, tool_score(t)));
                 }
             } else {

@@ -329,6 +329,47 @@ fn fallback_over_budget_sends_the_best_domains_that_fit_and_hints_the_rest() {
 }
 
 #[test]
+fn fallback_over_budget_goes_wide_with_each_domains_best_tools() {
+    // A budget one token short of every active tool: whole domains leave at least
+    // one domain out; four tools per domain (docker has 13) reach every one of them.
+    let select = |fallback_tool_cap: usize| {
+        let router = router_with(RouterConfig {
+            fallback_tool_cap,
+            ..RouterConfig::default()
+        });
+        let all = route(&router, "hmm", &SessionView::new(1)).all_tools_tokens;
+        router.select(&RouteInput {
+            message: "hmm",
+            settings: &all_settings(),
+            session: &SessionView::new(1),
+            token_budget: Some(all - 1),
+        })
+    };
+    let optional = [
+        "weather",
+        "homeassistant",
+        "scratchpad",
+        "memory",
+        "news",
+        "docker",
+    ];
+    let included =
+        |selection: &Selection, domain: &str| selection.domain(domain).is_some_and(|d| d.included);
+
+    let wide = select(4);
+    for domain in optional {
+        assert!(included(&wide, domain), "{domain} has no tool sent");
+        assert_eq!(stage_of(&wide, domain), Stage::Fallback);
+    }
+    let docker_sent = wide.tools.iter().filter(|t| t.domain == "docker").count();
+    assert_eq!(docker_sent, 4);
+    assert!(wide.hints.iter().any(|h| h.domain == "docker"));
+
+    let deep = select(0);
+    assert!(optional.iter().any(|domain| !included(&deep, domain)));
+}
+
+#[test]
 fn large_domains_send_their_best_tools_and_hint_the_rest() {
     let router = router_with(RouterConfig {
         domain_tool_cap: 4,
