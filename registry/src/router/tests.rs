@@ -83,6 +83,15 @@ fn route(router: &Router, message: &str, session: &SessionView) -> Selection {
     })
 }
 
+/// The stage a sent tool was sent by (`None`: not sent).
+fn stage_of_tool(selection: &Selection, name: &str) -> Option<Stage> {
+    selection
+        .tools
+        .iter()
+        .find(|t| t.name.as_ref() == name)
+        .map(|t| t.stage)
+}
+
 fn stage_of(selection: &Selection, domain: &str) -> Stage {
     selection
         .domain(domain)
@@ -843,12 +852,10 @@ fn recipients_are_found_in_the_address_book() {
         token_budget: None,
     });
     assert!(selection.contains("forward_email"));
-    let stage = selection
-        .tools
-        .iter()
-        .find(|t| t.name.as_ref() == "search_contacts")
-        .map(|t| t.stage);
-    assert_eq!(stage, Some(Stage::Prerequisite));
+    assert_eq!(
+        stage_of_tool(&selection, "search_contacts"),
+        Some(Stage::Prerequisite)
+    );
 }
 
 #[test]
@@ -866,12 +873,10 @@ fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
     });
     assert!(selection.contains("media_delete_series"));
     assert!(selection.contains("media_list_series"));
-    let stage = selection
-        .tools
-        .iter()
-        .find(|t| t.name.as_ref() == "media_list_series")
-        .map(|t| t.stage);
-    assert_eq!(stage, Some(Stage::Prerequisite));
+    assert_eq!(
+        stage_of_tool(&selection, "media_list_series"),
+        Some(Stage::Prerequisite)
+    );
     assert!(
         selection
             .hints
@@ -893,13 +898,6 @@ fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
             session: view,
             token_budget: None,
         })
-    };
-    let stage_of_tool = |selection: &Selection, name: &str| {
-        selection
-            .tools
-            .iter()
-            .find(|t| t.name.as_ref() == name)
-            .map(|t| t.stage)
     };
     let mut view = SessionView::new(1);
     let first = select(&view, "which series do I have?");
