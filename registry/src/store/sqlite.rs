@@ -137,9 +137,10 @@ pub const SCHEMA_VERSION: i64 = 5;
 /// main file with `synchronous = NORMAL`.
 const DECISIONS: &str = "decisions";
 
-const DECISIONS_MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    r#"
+const DECISIONS_MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        r#"
     CREATE TABLE decisions.tool_history (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         at_ms INTEGER NOT NULL,
@@ -152,10 +153,36 @@ const DECISIONS_MIGRATIONS: &[(i64, &str)] = &[(
     );
     CREATE INDEX decisions.tool_history_by_session ON tool_history(session_id, id);
     "#,
-)];
+    ),
+    (
+        2,
+        // Two writes fewer per row; the log thread's cost per row is what logging
+        // costs a loaded server. AUTOINCREMENT updated `sqlite_sequence` after every
+        // insert (ids are only ever ordered, and retention deletes the oldest rows,
+        // so the plain rowid stays increasing), and rows of one-off requests, which
+        // have no session, were indexed under NULL, where nothing looks them up.
+        r#"
+    CREATE TABLE decisions.tool_history_new (
+        id INTEGER PRIMARY KEY,
+        at_ms INTEGER NOT NULL,
+        session_id TEXT,
+        turn INTEGER NOT NULL,
+        message TEXT NOT NULL,
+        n_tools INTEGER NOT NULL,
+        tokens INTEGER NOT NULL,
+        reasons TEXT NOT NULL
+    );
+    INSERT INTO decisions.tool_history_new SELECT * FROM decisions.tool_history;
+    DROP TABLE decisions.tool_history;
+    ALTER TABLE decisions.tool_history_new RENAME TO tool_history;
+    CREATE INDEX decisions.tool_history_by_session ON tool_history(session_id, id)
+        WHERE session_id IS NOT NULL;
+    "#,
+    ),
+];
 
 /// Newest schema version of the decision log's file this binary knows.
-const DECISIONS_SCHEMA_VERSION: i64 = 1;
+const DECISIONS_SCHEMA_VERSION: i64 = 2;
 
 /// The decision log's file next to the main one: `loadout.db` → `loadout.decisions.db`.
 pub fn decisions_path(path: &Path) -> PathBuf {
@@ -1026,5 +1053,86 @@ mod tests {
             .expect("status");
         assert_eq!(runs, 15, "the snapshot's three reads ran once per turn");
         assert_eq!(recompiled, 0);
+    }
+
+    /// Version 2 of the decision log's file keeps every row and its id, numbers new
+    /// rows after them, and indexes only rows with a session, which the session
+    /// lookup still uses.
+    #[tokio::test]
+    async fn the_decision_log_upgrades_to_plain_rowids_and_a_session_only_index() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("loadout.db");
+        let store = SqliteStore::open(&path).await.expect("open");
+        store
+            .call(|c| {
+                c.execute_batch(
+                    "DROP TABLE decisions.tool_history;
+                     CREATE TABLE decisions.tool_history (
+                         id INTEGER PRIMARY KEY AUTOINCREMENT,
+                         at_ms INTEGER NOT NULL,
+                         session_id TEXT,
+                         turn INTEGER NOT NULL,
+                         message TEXT NOT NULL,
+                         n_tools INTEGER NOT NULL,
+                         tokens INTEGER NOT NULL,
+                         reasons TEXT NOT NULL
+                     );
+                     CREATE INDEX decisions.tool_history_by_session ON tool_history(session_id, id);
+                     INSERT INTO decisions.tool_history VALUES
+                         (41, 1, 's', 1, 'first', 3, 100, '{}'),
+                         (42, 2, NULL, 1, 'one-off', 3, 100, '{}');
+                     DELETE FROM decisions.schema_version WHERE version > 1;",
+                )?;
+                Ok(())
+            })
+            .await
+            .expect("downgrade");
+        drop(store);
+        let store = SqliteStore::open(&path).await.expect("upgrade");
+        let row = |at_ms: i64, session: Option<&str>| DecisionRow {
+            at_ms,
+            session: session.map(str::to_owned),
+            turn: 2,
+            message: "second".into(),
+            n_tools: 3,
+            tokens: 100,
+            reasons: Reasons::from_text("{}".into()),
+        };
+        store
+            .decisions_insert(vec![row(3, Some("s")), row(4, None)], LogPace::CatchUp)
+            .await
+            .expect("insert");
+        let kept = store.decisions("s").await.expect("decisions");
+        let messages: Vec<&str> = kept.iter().map(|r| r.message.as_str()).collect();
+        assert_eq!(messages, ["first", "second"]);
+        let (ids, table, plan) = store
+            .call(|c| {
+                let ids = c
+                    .prepare("SELECT id FROM decisions.tool_history ORDER BY id")?
+                    .query_map([], |r| r.get::<_, i64>(0))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                let sql_of = |name: &str| -> rusqlite::Result<String> {
+                    c.query_row(
+                        "SELECT sql FROM decisions.sqlite_master WHERE name = ?1",
+                        [name],
+                        |r| r.get(0),
+                    )
+                };
+                let table = sql_of("tool_history")? + &sql_of("tool_history_by_session")?;
+                let plan = c
+                    .prepare(
+                        "EXPLAIN QUERY PLAN SELECT at_ms FROM decisions.tool_history
+                         WHERE session_id = ?1 ORDER BY id",
+                    )?
+                    .query_map(["s"], |r| r.get::<_, String>(3))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok((ids, table, plan.join("; ")))
+            })
+            .await
+            .expect("inspect");
+        assert_eq!(ids, [41, 42, 43, 44]);
+        assert!(!table.contains("AUTOINCREMENT"), "{table}");
+        assert!(table.contains("WHERE session_id IS NOT NULL"), "{table}");
+        assert!(plan.contains("tool_history_by_session"), "{plan}");
     }
 }
