@@ -1065,20 +1065,11 @@ mod tests {
         let store = SqliteStore::open(&path).await.expect("open");
         store
             .call(|c| {
+                // Back to version 1, as that version made it.
+                c.execute_batch("DROP TABLE decisions.tool_history;")?;
+                c.execute_batch(DECISIONS_MIGRATIONS[0].1)?;
                 c.execute_batch(
-                    "DROP TABLE decisions.tool_history;
-                     CREATE TABLE decisions.tool_history (
-                         id INTEGER PRIMARY KEY AUTOINCREMENT,
-                         at_ms INTEGER NOT NULL,
-                         session_id TEXT,
-                         turn INTEGER NOT NULL,
-                         message TEXT NOT NULL,
-                         n_tools INTEGER NOT NULL,
-                         tokens INTEGER NOT NULL,
-                         reasons TEXT NOT NULL
-                     );
-                     CREATE INDEX decisions.tool_history_by_session ON tool_history(session_id, id);
-                     INSERT INTO decisions.tool_history VALUES
+                    "INSERT INTO decisions.tool_history VALUES
                          (41, 1, 's', 1, 'first', 3, 100, '{}'),
                          (42, 2, NULL, 1, 'one-off', 3, 100, '{}');
                      DELETE FROM decisions.schema_version WHERE version > 1;",
