@@ -234,19 +234,15 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         let mut cpu_median = Vec::new();
         for log in ["plain", "off"] {
             for requests in ["one-off", "session"] {
-                let rounds: Vec<&fixed_rate::FixedRate> = samples
+                let (rounds, cpu): (Vec<&fixed_rate::FixedRate>, Vec<&cpu::PerRequest>) = samples
                     .iter()
                     .filter(|(l, r, _, _)| *l == log && *r == requests)
-                    .map(|(_, _, load, _)| load)
-                    .collect();
+                    .map(|(_, _, load, cpu)| (load, cpu))
+                    .unzip();
                 if rounds.is_empty() {
                     continue;
                 }
-                let mut cpu_us: Vec<f64> = samples
-                    .iter()
-                    .filter(|(l, r, _, _)| *l == log && *r == requests)
-                    .filter_map(|(_, _, _, cpu)| cpu.total_us)
-                    .collect();
+                let mut cpu_us: Vec<f64> = cpu.iter().filter_map(|cpu| cpu.total_us).collect();
                 cpu_us.sort_by(f64::total_cmp);
                 if let Some(us) = cpu_us.get(cpu_us.len() / 2) {
                     cpu_median.push((log, requests, *us));
@@ -269,12 +265,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                 }
             }
         }
-        let label = format!("fixed rate, median of {}", options.repeat);
-        print_log_cost(backend, &label, &P99, &median);
-        let label = format!("fixed rate, pooled over {}", options.repeat);
-        print_log_cost(backend, &label, &P99, &pooled);
-        let label = format!("fixed rate, median of {}", options.repeat);
-        print_log_cost(backend, &label, &CPU_PER_REQUEST, &cpu_median);
+        let median_of = format!("fixed rate, median of {}", options.repeat);
+        print_log_cost(backend, &median_of, &P99, &median);
+        let pooled_over = format!("fixed rate, pooled over {}", options.repeat);
+        print_log_cost(backend, &pooled_over, &P99, &pooled);
+        print_log_cost(backend, &median_of, &CPU_PER_REQUEST, &cpu_median);
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
@@ -531,16 +526,18 @@ pub fn load(args: &[String]) -> anyhow::Result<()> {
 
 /// The server's CPU time, from `/proc` (Linux; elsewhere nothing is measured).
 mod cpu {
-    use std::collections::HashMap;
-
     /// `/proc` counts CPU time in clock ticks of 1/USER_HZ s; USER_HZ is 100 on every
     /// Linux architecture that exposes it to user space.
     const TICK_US: f64 = 10_000.0;
 
-    /// CPU ticks used so far by a process, in all and per thread name.
+    /// Name of the SQLite log thread as `/proc` shows it (cut to 15 bytes).
+    const LOG_THREAD: &str = "loadout-sqlite";
+
+    /// CPU ticks used so far by a process, in all and by its SQLite log thread.
     pub struct Usage {
         total: Option<u64>,
-        by_thread: HashMap<String, u64>,
+        /// `None` when the process's threads could not be listed.
+        log_thread: Option<u64>,
     }
 
     impl Usage {
@@ -548,36 +545,27 @@ mod cpu {
             let total = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
                 .and_then(|stat| ticks(&stat));
-            let mut by_thread = HashMap::new();
-            if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-                for task in tasks.flatten() {
-                    let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-                        continue;
-                    };
-                    if let (Some(name), Some(t)) = (thread_name(&stat), ticks(&stat)) {
-                        *by_thread.entry(name.to_owned()).or_default() += t;
-                    }
-                }
-            }
-            Usage { total, by_thread }
+            let log_thread = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .ok()
+                .map(|tasks| {
+                    tasks
+                        .flatten()
+                        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
+                        .filter(|stat| thread_name(stat).is_some_and(|n| n.starts_with(LOG_THREAD)))
+                        .filter_map(|stat| ticks(&stat))
+                        .sum()
+                });
+            Usage { total, log_thread }
         }
 
-        /// The ticks used between `before` and now. Threads that ended in between
-        /// are missing from the per-thread figures, never from the total.
+        /// The ticks used between `before` and now.
         pub fn since(&self, before: &Usage) -> Usage {
+            let since = |now: Option<u64>, then: Option<u64>| {
+                now.zip(then).map(|(now, then)| now.saturating_sub(then))
+            };
             Usage {
-                total: self
-                    .total
-                    .zip(before.total)
-                    .map(|(now, then)| now.saturating_sub(then)),
-                by_thread: self
-                    .by_thread
-                    .iter()
-                    .map(|(name, now)| {
-                        let then = before.by_thread.get(name).copied().unwrap_or(0);
-                        (name.clone(), now.saturating_sub(then))
-                    })
-                    .collect(),
+                total: since(self.total, before.total),
+                log_thread: since(self.log_thread, before.log_thread),
             }
         }
 
@@ -585,13 +573,7 @@ mod cpu {
             let per = |ticks: u64| (requests > 0).then(|| ticks as f64 * TICK_US / requests as f64);
             PerRequest {
                 total_us: self.total.and_then(per),
-                log_thread_us: self
-                    .by_thread
-                    .iter()
-                    .filter(|(name, _)| name.starts_with("loadout-sqlite"))
-                    .map(|(_, t)| *t)
-                    .max()
-                    .and_then(per),
+                log_thread_us: self.log_thread.and_then(per),
             }
         }
     }
@@ -651,7 +633,8 @@ mod cpu {
             std::hint::black_box(spin);
             let usage = Usage::of(std::process::id());
             assert!(usage.total.is_some_and(|t| t > 0));
-            assert!(!usage.by_thread.is_empty());
+            // The threads were listed; none of a test process is the log thread.
+            assert_eq!(usage.log_thread, Some(0));
         }
     }
 }
