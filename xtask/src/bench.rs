@@ -13,7 +13,7 @@
 //! the shared catalog (262 tools) and of Seal-Tools (4,077 tools), and cold start
 //! (router + encoder + vectors) with and without the vector cache.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use loadout::Registry;
-use loadout::router::{RouteInput, Router, RouterConfig, SessionView};
+use loadout::router::{MessageLogging, RouteInput, Router, RouterConfig, Selection, SessionView};
 
 use crate::eval::{EmbedderChoice, attach_embedder};
 
@@ -165,6 +165,15 @@ fn bench_one(
         black_box(router.keyword_domains(m));
     });
     let keyword_p50 = percentile(&keyword_times, 0.5);
+    // The decision log's row (reasons serialized) for each message's selection: the
+    // part of the log's cost that runs wherever the row is built.
+    let selections: HashMap<&str, Selection> =
+        messages.iter().map(|m| (m.as_str(), route(m))).collect();
+    let row_times = time_per_message(messages, rounds, |m| {
+        if let Some(selection) = selections.get(m) {
+            black_box(selection.decision_row(Some("bench"), 1, m, MessageLogging::Plain, 0));
+        }
+    });
     let (router_p50, router_p95) = (
         percentile(&router_times, 0.5),
         percentile(&router_times, 0.95),
@@ -188,9 +197,11 @@ fn bench_one(
         speedup(keyword_p50),
     );
     println!(
-        "{:<34} router built in {:.1} ms",
+        "{:<34} router built in {:.1} ms; decision-log row p50 {} p95 {}",
         "",
-        build_time.as_secs_f64() * 1e3
+        build_time.as_secs_f64() * 1e3,
+        micros(percentile(&row_times, 0.5)),
+        micros(percentile(&row_times, 0.95)),
     );
     Ok(())
 }
@@ -334,7 +345,7 @@ fn dev_messages(cases: &PathBuf) -> anyhow::Result<Vec<String>> {
 }
 
 /// Deterministic pseudo-random numbers (a 64-bit LCG): the same catalog every run.
-struct Lcg(u64);
+pub(crate) struct Lcg(pub(crate) u64);
 
 impl Lcg {
     fn next(&mut self) -> u64 {
@@ -345,7 +356,7 @@ impl Lcg {
         self.0 >> 33
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
     }
 }
