@@ -27,7 +27,7 @@ use crate::fixed_rate;
 /// decision-log settings.
 const FIXED_RATE_SHARE: f64 = 0.5;
 
-const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL] [--duration SECONDS] [--connections N]
+const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL] [--duration SECONDS] [--connections N] [--repeat N] [--dense]
   --bin          the loadout binary (default target/release/loadout; build it with
                  `cargo build --release -p loadout-server`)
   --postgres     also run against this PostgreSQL database (its tables are created
@@ -35,7 +35,10 @@ const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL
   --duration     seconds per wrk run (default 10)
   --connections  wrk connections (default 32)
   --repeat       fixed-rate rounds per decision-log setting, alternating which goes
-                 first; the reported p99 is their median (default 3)";
+                 first; the reported p99 is their median (default 3)
+  --dense        also route with the dense stage (the built-in encoder) on SQLite,
+                 saturated, with a cheap GET beside it: what the encoder costs per
+                 request and whether it holds up the rest of the server";
 
 const MESSAGES: &[&str] = &[
     "what time is it in Seoul",
@@ -52,6 +55,7 @@ struct Options {
     duration: u64,
     connections: u32,
     repeat: usize,
+    dense: bool,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
@@ -61,6 +65,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         duration: 10,
         connections: 32,
         repeat: 3,
+        dense: false,
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -92,6 +97,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
                     .filter(|&n| n > 0)
                     .with_context(|| format!("--repeat {text}: not a positive number"))?;
             }
+            "--dense" => options.dense = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -271,8 +277,87 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         print_log_cost(backend, &pooled_over, &P99, &pooled);
         print_median_log_cost(backend, &median_of, &CPU_PER_REQUEST, &cpu_rounds);
     }
+    if options.dense {
+        bench_dense(&options, &scripts, &scratch)?;
+    }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
+}
+
+/// `--dense`: the same saturated runs with the built-in encoder on (SQLite, decision
+/// log on), and, beside the one-off load, one connection asking `GET /api/domains`
+/// (no routing): its latency says whether encoding holds up requests that do not
+/// need it.
+fn bench_dense(options: &Options, scripts: &Scripts, scratch: &Path) -> anyhow::Result<()> {
+    let data_dir = scratch.join("sqlite-dense");
+    std::fs::create_dir_all(&data_dir)?;
+    let server = Server::start(&options.bin, &data_dir, None)?;
+    // Tool vectors are computed in the background after start; until then routing
+    // is lexical and its notes say so.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let answer = post_once(
+            &server.addr,
+            "/api/route",
+            r#"{"message": "what's it like outside"}"#,
+        )?;
+        if answer.contains("dense stage off") {
+            bail!("the dense stage did not start: {answer}");
+        }
+        if !answer.contains("dense stage not ready") {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the dense stage was not ready within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let endpoint = format!("http://{}/api/route", server.addr);
+    wrk(&scripts.plain, &endpoint, 4, 2)?;
+    println!("\n# dense stage on (built-in encoder), SQLite, decision log on, saturated");
+    for (requests, script) in [("one-off", &scripts.plain), ("session", &scripts.session)] {
+        let beside = (requests == "one-off").then(|| {
+            let url = format!("http://{}/api/domains", server.addr);
+            let (get, seconds) = (scripts.get.clone(), options.duration);
+            std::thread::spawn(move || wrk(&get, &url, 1, seconds))
+        });
+        let load = wrk(script, &endpoint, options.connections, options.duration)?;
+        println!(
+            "{:<11} {:<13} {:<11} {:>10.0} {:>9.2} {:>9.2} {:>7}",
+            "sqlite",
+            "plain",
+            format!("{requests}+dense"),
+            load.requests_per_s,
+            load.p50_ms,
+            load.p99_ms,
+            load.errors
+        );
+        if let Some(beside) = beside {
+            let get = beside
+                .join()
+                .map_err(|_| anyhow::anyhow!("the GET load's thread panicked"))??;
+            println!(
+                "  GET /api/domains beside it (1 connection): {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms",
+                get.requests_per_s, get.p50_ms, get.p99_ms
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One request on a connection of its own; the answer's body.
+fn post_once(addr: &str, path: &str, body: &str) -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let mut stream =
+        std::net::TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
 }
 
 /// What a measure is and its unit, for the log-cost lines.
@@ -478,6 +563,8 @@ fn gcd(a: usize, b: usize) -> usize {
 struct Scripts {
     plain: PathBuf,
     session: PathBuf,
+    /// `GET` of whatever URL wrk is given, with the same result line.
+    get: PathBuf,
 }
 
 fn write_scripts(dir: &Path) -> anyhow::Result<Scripts> {
@@ -523,7 +610,16 @@ function request()
 end
 "#
     )?;
-    Ok(Scripts { plain, session })
+    let get = dir.join("get.lua");
+    std::fs::write(
+        &get,
+        common.replace(r#"wrk.method = "POST""#, r#"wrk.method = "GET""#),
+    )?;
+    Ok(Scripts {
+        plain,
+        session,
+        get,
+    })
 }
 
 fn wrk(script: &Path, url: &str, connections: u32, seconds: u64) -> anyhow::Result<Load> {
