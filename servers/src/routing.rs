@@ -201,18 +201,10 @@ impl Routing {
     /// decision is logged as another row of the same turn. The caller stores the new
     /// carry-over with [`Routing::persist`].
     pub fn reselect(&self, routed: &mut RoutedTurn, session: Option<&str>, message: &str) {
-        let select = || self.select(&routed.settings, &routed.view, message, None);
-        // A meta-tool's call runs this inside a task: with the dense stage, the
-        // worker hands its other tasks to another thread while the encoder runs.
-        routed.selection = match tokio::runtime::Handle::try_current() {
-            Ok(handle)
-                if self.router.dense().is_some()
-                    && handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread =>
-            {
-                tokio::task::block_in_place(select)
-            }
-            _ => select(),
-        };
+        // A meta-tool's call runs this inside a task, holding the turn's lock.
+        routed.selection = encoder_work(&self.router, || {
+            self.select(&routed.settings, &routed.view, message, None)
+        });
         routed.carry = carry_over(&routed.selection);
         self.log(
             &routed.settings,
@@ -331,6 +323,32 @@ impl Routing {
                 now_ms(),
             ));
         }
+    }
+}
+
+/// Runs `f`, which may run the dense encoder (milliseconds), without holding up the
+/// runtime worker it is called on ([`off_worker`] when the dense stage is attached;
+/// lexical work takes microseconds and just runs). For calls inside a task that
+/// cannot move to the blocking pool (they hold a lock or borrow); a turn's selection
+/// goes through [`Routing::select_off_runtime`] instead.
+pub fn encoder_work<T>(router: &Router, f: impl FnOnce() -> T) -> T {
+    if router.dense().is_some() {
+        off_worker(f)
+    } else {
+        f()
+    }
+}
+
+/// Runs slow, blocking `f` so that the runtime worker it is called on is not held
+/// up: on a worker of a multi-threaded runtime, the worker's other tasks move to
+/// another thread until `f` returns. Anywhere else (a blocking thread, a
+/// current-thread runtime, no runtime) `f` just runs.
+pub fn off_worker<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 

@@ -63,14 +63,18 @@ impl Catalog {
         on_build: impl FnOnce(&Arc<Router>),
     ) -> Vec<Hint> {
         let mut built = false;
+        // Building the router counts every tool's tokens: a tenth of a second or
+        // more for a few hundred tools, once.
         let router = self.router.get_or_init(|| {
             built = true;
-            Arc::new(Router::new(self.registry.clone(), RouterConfig::default()))
+            crate::routing::off_worker(|| {
+                Arc::new(Router::new(self.registry.clone(), RouterConfig::default()))
+            })
         });
         if built {
             on_build(router);
         }
-        router.search(query, None, limit)
+        crate::routing::encoder_work(router, || router.search(query, None, limit))
     }
 }
 

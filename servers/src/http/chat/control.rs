@@ -13,7 +13,7 @@ use loadout::store::SessionDomainState;
 use loadout::{ControlFuture, SessionControl, Store};
 use serde_json::{Value, json};
 
-use crate::routing::{RoutedTurn, Routing};
+use crate::routing::{RoutedTurn, Routing, encoder_work};
 
 /// The routed state of one turn, shared by the chat loop and the meta-tools.
 #[derive(Debug)]
@@ -118,10 +118,11 @@ impl SessionControl for TurnControl {
         Box::pin(async move {
             let state = self.lock();
             let selection = &state.routed.selection;
-            let results: Vec<Value> = self
-                .routing
-                .router
-                .search(query, Some(&state.routed.settings), limit)
+            let router = &self.routing.router;
+            let hints = encoder_work(router, || {
+                router.search(query, Some(&state.routed.settings), limit)
+            });
+            let results: Vec<Value> = hints
                 .into_iter()
                 .map(|hint| {
                     let mut value = hint.to_json();
