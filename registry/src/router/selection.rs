@@ -318,8 +318,8 @@ impl Selection {
     }
 
     /// The decision-log row for this selection. `at_ms` is passed in so the router
-    /// stays free of clocks. The reasons are serialized straight from the selection
-    /// (no JSON tree): this runs on every routed message.
+    /// stays free of clocks. The reasons are written straight from the selection
+    /// ([`Selection::write_logged_reasons`]): this runs on every routed message.
     pub fn decision_row(
         &self,
         session: Option<&str>,
@@ -339,18 +339,198 @@ impl Selection {
             message,
             n_tools: self.n_tools as i64,
             tokens: self.tokens as i64,
-            reasons: Reasons::to_json(&LoggedReasons::new(self)),
+            reasons: Reasons::from_json_writer(|out| self.write_logged_reasons(out)),
         }
     }
 }
 
-/// The decision log's `reasons` column: the decision without what it would repeat
+impl Selection {
+    /// The decision log's `reasons` column (see [`LoggedReasons`] for what it keeps),
+    /// written by hand: through serde it took about a quarter of a lexical
+    /// selection's time, half of it escaping keys and identifiers that never need it,
+    /// a fifth formatting floats. Same JSON as serializing [`LoggedReasons`] (test).
+    fn write_logged_reasons(&self, out: &mut String) {
+        // As `LoggedReasons::new` sorts them: by name only when not sent, with no
+        // score above 0, and stage `inactive` or `not_matched`; in full otherwise.
+        let by_name = |d: &DomainDecision| {
+            !d.included && d.score <= 0.0 && matches!(d.stage, Stage::Inactive | Stage::NotMatched)
+        };
+        out.push_str("{\"domains\":[");
+        for (i, d) in self.domains.iter().filter(|d| !by_name(d)).enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str("{\"domain\":");
+            push_json_str(out, &d.domain);
+            out.push_str(if d.included {
+                ",\"included\":true,\"stage\":"
+            } else {
+                ",\"included\":false,\"stage\":"
+            });
+            push_json_str(out, d.stage.as_str());
+            out.push_str(",\"score\":");
+            push_score(out, d.score);
+            out.push_str(",\"reason\":");
+            push_json_str(out, &d.reason);
+            out.push('}');
+        }
+        out.push(']');
+        for (key, stage) in [
+            ("inactive", Stage::Inactive),
+            ("unmatched", Stage::NotMatched),
+        ] {
+            let mut names = self
+                .domains
+                .iter()
+                .filter(|d| d.stage == stage && by_name(d))
+                .peekable();
+            if names.peek().is_none() {
+                continue;
+            }
+            out.push_str(",\"");
+            out.push_str(key);
+            out.push_str("\":[");
+            for (i, d) in names.enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_json_str(out, &d.domain);
+            }
+            out.push(']');
+        }
+        out.push_str(",\"tools\":[");
+        for (i, t) in self.tools.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_str(out, &t.name);
+        }
+        out.push(']');
+        let mut hinted = self
+            .tool_decisions
+            .iter()
+            .filter(|d| !d.included)
+            .peekable();
+        if hinted.peek().is_some() {
+            out.push_str(",\"tool_decisions\":[");
+            for (i, d) in hinted.enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str("{\"tool\":");
+                push_json_str(out, &d.tool);
+                out.push_str(",\"domain\":");
+                push_json_str(out, &d.domain);
+                out.push_str(",\"stage\":");
+                push_json_str(out, d.stage.as_str());
+                out.push_str(",\"score\":");
+                push_score(out, d.score);
+                out.push('}');
+            }
+            out.push(']');
+        }
+        out.push_str(",\"hint_tokens\":");
+        out.push_str(itoa(self.hint_tokens).as_str());
+        out.push_str(",\"all_tools_tokens\":");
+        out.push_str(itoa(self.all_tools_tokens).as_str());
+        if !self.notes.is_empty() {
+            out.push_str(",\"notes\":[");
+            for (i, note) in self.notes.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                push_json_str(out, note);
+            }
+            out.push(']');
+        }
+        out.push('}');
+    }
+}
+
+/// `text` as a JSON string. Names and stages are printable ASCII with nothing to
+/// escape and are copied as they are; anything else goes through serde_json.
+pub(super) fn push_json_str(out: &mut String, text: &str) {
+    if text
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.push('"');
+        out.push_str(text);
+        out.push('"');
+    } else if let Ok(escaped) = serde_json::to_string(text) {
+        out.push_str(&escaped);
+    } else {
+        out.push_str("\"\"");
+    }
+}
+
+/// A score with 3 decimals, as serde_json writes the rounded `f64`: `0.6`, `1.0`,
+/// `0.125`; `null` when it is not finite (serde_json's choice too).
+pub(super) fn push_score(out: &mut String, score: f32) {
+    let milli = (f64::from(score) * 1000.0).round();
+    if !milli.is_finite() || milli.abs() >= 1e15 {
+        out.push_str("null");
+        return;
+    }
+    let milli = milli as i64;
+    if milli < 0 {
+        out.push('-');
+    }
+    let (whole, mut frac) = (milli.unsigned_abs() / 1000, milli.unsigned_abs() % 1000);
+    out.push_str(itoa(whole as usize).as_str());
+    out.push('.');
+    if frac == 0 {
+        out.push('0');
+        return;
+    }
+    let mut digits = 3;
+    while frac % 10 == 0 {
+        frac /= 10;
+        digits -= 1;
+    }
+    for shift in (0..digits).rev() {
+        let digit = (frac / 10u64.pow(shift)) % 10;
+        out.push(char::from(b'0' + digit as u8));
+    }
+}
+
+/// A number's decimal digits without `format!`'s machinery.
+fn itoa(mut n: usize) -> ItoaBuf {
+    let mut buf = ItoaBuf {
+        bytes: [0; 20],
+        start: 20,
+    };
+    loop {
+        buf.start -= 1;
+        buf.bytes[buf.start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return buf;
+        }
+    }
+}
+
+struct ItoaBuf {
+    bytes: [u8; 20],
+    start: usize,
+}
+
+impl ItoaBuf {
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[self.start..]).unwrap_or("0")
+    }
+}
+
+/// The decision log's `reasons` column, as serde would write it: the definition of
+/// the format, which [`Selection::write_logged_reasons`] writes by hand and the tests
+/// hold it to. The decision without what it would repeat
 /// from one row to the next. With the 262-tool shared catalog a row listing every
 /// domain and every ranked tool was 3-8 KB, and the log's bytes are what its writes
 /// cost. Domains with no evidence go by name (`inactive`, `unmatched`), ranked
 /// tools that were sent are already in `tools`, and scores keep 3 decimals.
+#[cfg(test)]
 #[derive(Serialize)]
-struct LoggedReasons<'a> {
+pub(super) struct LoggedReasons<'a> {
     /// Domains that are sent, had evidence (a score above 0) or a stage of their
     /// own (sticky, unloaded, trimmed…).
     domains: Vec<LoggedDomain<'a>>,
@@ -369,6 +549,7 @@ struct LoggedReasons<'a> {
     notes: &'a [String],
 }
 
+#[cfg(test)]
 #[derive(Serialize)]
 struct LoggedDomain<'a> {
     domain: &'a str,
@@ -379,6 +560,7 @@ struct LoggedDomain<'a> {
     reason: &'a str,
 }
 
+#[cfg(test)]
 #[derive(Serialize)]
 struct LoggedTool<'a> {
     tool: &'a str,
@@ -388,8 +570,9 @@ struct LoggedTool<'a> {
     score: f32,
 }
 
+#[cfg(test)]
 impl<'a> LoggedReasons<'a> {
-    fn new(selection: &'a Selection) -> LoggedReasons<'a> {
+    pub(super) fn new(selection: &'a Selection) -> LoggedReasons<'a> {
         let mut logged = LoggedReasons {
             domains: Vec::new(),
             inactive: Vec::new(),
@@ -430,6 +613,7 @@ impl<'a> LoggedReasons<'a> {
     }
 }
 
+#[cfg(test)]
 fn three_decimals<S: serde::Serializer>(score: &f32, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_f64((f64::from(*score) * 1000.0).round() / 1000.0)
 }

@@ -486,6 +486,109 @@ fn summary_line_lists_included_domains_with_stage_and_score() {
 }
 
 #[test]
+fn the_logged_reasons_are_the_json_serde_writes_for_them() {
+    let router = router();
+    let mail = mail_router();
+    // Every other text a little like the message: evidence below the gates.
+    let mut dense = router_with(RouterConfig::default());
+    let rows = weather_rows(&dense, [0.2, 1.0]);
+    dense.set_dense(Some(DenseIndex::new(Arc::new(OutsideIsWeather), rows)));
+    let mut sticky = SessionView::new(4);
+    sticky.record_calls(&router, &["get_current_weather".to_owned()]);
+    let fresh = SessionView::new(1);
+    let cases: Vec<(&Router, &str, &SessionView, Option<usize>)> = vec![
+        (&router, "weather", &fresh, None),
+        (
+            &router,
+            "weather forecast for the week and the latest stories",
+            &fresh,
+            None,
+        ),
+        (&dense, "what's it like outside", &fresh, None),
+        (&router, "is it going to rain \"tomorrow\"?", &sticky, None),
+        (&router, "hello there", &fresh, None),
+        (&router, "날씨 어때", &fresh, None),
+        (&router, "zzqx unknown words", &fresh, Some(300)),
+        (&router, "make a table of my expenses", &sticky, Some(1)),
+        (&mail, "forward the invoice to my accountant", &fresh, None),
+    ];
+    let mut seen_hints = false;
+    let mut seen = Vec::new();
+    for (router, message, session, budget) in cases {
+        // An odd budget also leaves the weather key unset: its domain is inactive.
+        let settings = match budget {
+            Some(1) => BTreeMap::new(),
+            _ => all_settings(),
+        };
+        let mut selection = router.select(&RouteInput {
+            message,
+            settings: &settings,
+            session,
+            token_budget: budget,
+        });
+        // A domain left out with some evidence is logged in full, not by name.
+        if let Some(d) = selection
+            .domains
+            .iter_mut()
+            .filter(|d| d.stage == Stage::NotMatched)
+            .nth(1)
+        {
+            d.score = 0.125;
+        }
+        seen_hints |= selection.tool_decisions.iter().any(|d| !d.included);
+        let row = selection.decision_row(None, 1, message, MessageLogging::Plain, 0);
+        let oracle = serde_json::to_string(&super::selection::LoggedReasons::new(&selection))
+            .expect("serializes");
+        assert_eq!(row.reasons.as_str(), oracle, "{message}");
+        seen.extend(
+            ["\"inactive\"", "\"unmatched\"", "\"notes\""]
+                .into_iter()
+                .filter(|part| oracle.contains(part)),
+        );
+    }
+    assert!(seen_hints, "no case had a ranked-out tool");
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(
+        seen.len(),
+        3,
+        "cases left a part of the format out: {seen:?}"
+    );
+}
+
+#[test]
+fn logged_scores_and_strings_are_written_as_serde_writes_them() {
+    for score in [
+        0.0f32, 1.0, 0.6, 0.125, 0.1, 0.0005, 0.9996, 12.5, 3.33349, -0.25,
+    ] {
+        let mut text = String::new();
+        super::selection::push_score(&mut text, score);
+        let expected = serde_json::to_string(&((f64::from(score) * 1000.0).round() / 1000.0))
+            .expect("serializes");
+        assert_eq!(text, expected, "{score}");
+    }
+    let mut text = String::new();
+    super::selection::push_score(&mut text, f32::NAN);
+    assert_eq!(text, "null");
+    for name in [
+        "get_current_weather",
+        "say \"hi\"",
+        "back\\slash",
+        "tab\there",
+        "날씨",
+        "~",
+    ] {
+        let mut text = String::new();
+        super::selection::push_json_str(&mut text, name);
+        assert_eq!(
+            text,
+            serde_json::to_string(name).expect("serializes"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn decision_row_hashes_the_message_when_asked() {
     let router = router();
     let selection = route(&router, "weather", &SessionView::new(3));

@@ -152,57 +152,69 @@ pub enum LogPace {
     CatchUp,
 }
 
-/// A decision's reasons as JSON text. The routing path serializes them once, straight
-/// from the selection (no JSON tree), and readers serve the text as it is.
-#[derive(Clone)]
-pub struct Reasons(Box<serde_json::value::RawValue>);
+/// A decision's reasons as JSON text. The routing path writes them once, straight
+/// from the selection (no JSON tree), and readers serve the text as it is. Always
+/// one JSON value: made by serde_json or the router's writer, or checked when read
+/// back from storage.
+#[derive(Clone, PartialEq)]
+pub struct Reasons(String);
 
 impl Reasons {
     /// Serializes `value`; a value that cannot be serialized logs as `null`.
     pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Reasons {
-        serde_json::value::to_raw_value(value)
+        serde_json::to_string(value)
             .map(Reasons)
             .unwrap_or_else(|_| Reasons::null())
+    }
+
+    /// Reasons `write` writes, which must be one JSON value (checked in debug
+    /// builds): the router's hand-written form of a selection.
+    pub(crate) fn from_json_writer(write: impl FnOnce(&mut String)) -> Reasons {
+        let mut text = String::with_capacity(2048);
+        write(&mut text);
+        debug_assert!(
+            serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(),
+            "not JSON: {text}"
+        );
+        Reasons(text)
     }
 
     /// Reasons read back from storage; text that is not JSON reads as `null`.
     pub fn from_text(text: String) -> Reasons {
-        serde_json::value::RawValue::from_string(text)
-            .map(Reasons)
-            .unwrap_or_else(|_| Reasons::null())
+        match serde_json::from_str::<serde::de::IgnoredAny>(&text) {
+            Ok(_) => Reasons(text),
+            Err(_) => Reasons::null(),
+        }
     }
 
     fn null() -> Reasons {
-        Reasons(
-            serde_json::value::RawValue::from_string("null".to_owned()).expect("`null` is JSON"),
-        )
+        Reasons("null".to_owned())
     }
 
     pub fn as_str(&self) -> &str {
-        self.0.get()
+        &self.0
     }
 
     /// The reasons as a JSON tree (tests, tools that inspect the log).
     pub fn value(&self) -> serde_json::Value {
-        serde_json::from_str(self.0.get()).unwrap_or(serde_json::Value::Null)
+        serde_json::from_str(&self.0).unwrap_or(serde_json::Value::Null)
     }
 }
 
 impl std::fmt::Debug for Reasons {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0.get())
-    }
-}
-
-impl PartialEq for Reasons {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.get() == other.0.get()
+        f.write_str(&self.0)
     }
 }
 
 impl Serialize for Reasons {
+    /// As the JSON it is, not as a string. Only readers of the log serialize
+    /// reasons; they pay for one more scan of the text.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+        match serde_json::from_str::<&serde_json::value::RawValue>(&self.0) {
+            Ok(raw) => raw.serialize(serializer),
+            Err(_) => serializer.serialize_unit(),
+        }
     }
 }
 
