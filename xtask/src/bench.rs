@@ -345,7 +345,7 @@ fn dev_messages(cases: &PathBuf) -> anyhow::Result<Vec<String>> {
 }
 
 /// Deterministic pseudo-random numbers (a 64-bit LCG): the same catalog every run.
-pub(crate) struct Lcg(pub(crate) u64);
+struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self) -> u64 {
@@ -356,7 +356,7 @@ impl Lcg {
         self.0 >> 33
     }
 
-    pub(crate) fn below(&mut self, n: usize) -> usize {
+    fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
     }
 }
