@@ -5,8 +5,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokio::sync::Mutex;
-
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::priority::LogPriority;
@@ -193,12 +191,14 @@ pub fn decisions_path(path: &Path) -> PathBuf {
 #[derive(Clone)]
 pub struct SqliteStore {
     path: PathBuf,
-    conn: Arc<Mutex<Connection>>,
+    /// The connection for requests, owned by a thread of its own that runs their
+    /// jobs in arrival order. See [`ConnectionThread`].
+    conn: ConnectionThread<()>,
     /// The background log writers' own connection, on a thread of its own at a lower
     /// CPU priority: a batch of decision or audit rows being written never holds the
     /// lock that routing and tool calls wait on (WAL lets the main connection read
     /// meanwhile), and on a saturated machine requests get the CPU first.
-    log_conn: LogConnection,
+    log_conn: ConnectionThread<LogPriority>,
 }
 
 impl SqliteStore {
@@ -237,11 +237,15 @@ impl SqliteStore {
             })
             .await
             .map_err(|e| StoreError::Database(e.to_string()))??;
-        let log_conn = LogConnection::start(log_conn)?;
+        let log_conn = ConnectionThread::start("loadout-sqlite-log", log_conn, || {
+            let priority = LogPriority::lower();
+            tracing::debug!("log writer thread priority: {priority:?}");
+            priority
+        })?;
         spawn_checkpoints(log_conn.downgrade());
         Ok(SqliteStore {
             path,
-            conn: Arc::new(Mutex::new(conn)),
+            conn: ConnectionThread::start("loadout-sqlite", conn, || ())?,
             log_conn,
         })
     }
@@ -257,7 +261,7 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
         R: Send + 'static,
     {
-        run_on(&self.conn, f).await
+        self.conn.run(|conn, ()| f(conn)).await
     }
 
     /// Like [`call`](Self::call), on the log writers' connection, at the priority
@@ -267,7 +271,12 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
         R: Send + 'static,
     {
-        self.log_conn.run(pace, f).await
+        self.log_conn
+            .run(move |conn, priority| {
+                let _catch_up = (pace == LogPace::CatchUp).then(|| priority.catch_up());
+                f(conn)
+            })
+            .await
     }
 
     pub async fn settings_all(&self) -> Result<BTreeMap<String, String>, StoreError> {
@@ -854,23 +863,6 @@ fn insert_batch<R>(
     })
 }
 
-/// Takes the connection's lock in arrival order (tokio's mutex is fair), then runs
-/// `f` on a blocking thread with it. Waiting on the async side keeps a burst of
-/// requests from parking one blocking thread each on the lock, and a fair queue keeps
-/// the slowest request's wait near the queue length instead of unbounded.
-async fn run_on<R, F>(conn: &Arc<Mutex<Connection>>, f: F) -> Result<R, StoreError>
-where
-    F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
-    R: Send + 'static,
-{
-    let mut guard = conn.clone().lock_owned().await;
-    // A panic in `f` leaves the connection consistent (an open transaction rolls
-    // back when dropped), so the next caller keeps using it.
-    tokio::task::spawn_blocking(move || f(&mut guard))
-        .await
-        .map_err(|e| StoreError::Database(format!("storage task failed: {e}")))?
-}
-
 /// How often the WAL is copied back into the database file. Each checkpoint ends in
 /// two `fsync`s, and on the small virtual machines this is measured on, an `fsync`
 /// stalls every thread of the process for a few milliseconds, longer the more it
@@ -883,60 +875,73 @@ const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(2
 /// before the timer (SQLite's default).
 const LOG_AUTOCHECKPOINT_PAGES: i64 = 1_000;
 
-type LogJob = Box<dyn FnOnce(&mut Connection, LogPriority) + Send>;
+/// A job for a [`ConnectionThread`], with the thread's own state `S`.
+type Job<S> = Box<dyn FnOnce(&mut Connection, &S) + Send>;
 
-/// A connection owned by one OS thread that runs the jobs sent to it in order.
-/// Senders of the log connection's jobs; the thread ends when the last one is gone.
-type LogJobs = std::sync::mpsc::Sender<LogJob>;
-
-#[derive(Clone)]
-struct LogConnection {
-    jobs: Arc<LogJobs>,
+/// A connection owned by one OS thread that runs the jobs sent to it, in arrival
+/// order; the thread ends when the last sender is gone (the store was dropped).
+///
+/// The request connection used to be a fair async mutex plus one `spawn_blocking`
+/// per call. Each call then cost a hand-off to a pool thread and back, and the next
+/// waiter only started once its own task had been scheduled again: under session
+/// load the profile was mostly context switches. A thread of its own drains its
+/// queue without waiting in between.
+struct ConnectionThread<S> {
+    jobs: Arc<std::sync::mpsc::Sender<Job<S>>>,
 }
 
-impl LogConnection {
-    fn start(mut conn: Connection) -> Result<LogConnection, StoreError> {
-        let (jobs, queue) = std::sync::mpsc::channel::<LogJob>();
+impl<S> Clone for ConnectionThread<S> {
+    fn clone(&self) -> Self {
+        ConnectionThread {
+            jobs: self.jobs.clone(),
+        }
+    }
+}
+
+impl<S: 'static> ConnectionThread<S> {
+    /// Starts the thread; `state` runs on it first (the log thread lowers its own
+    /// priority there).
+    fn start(
+        name: &str,
+        mut conn: Connection,
+        state: impl FnOnce() -> S + Send + 'static,
+    ) -> Result<ConnectionThread<S>, StoreError> {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job<S>>();
         std::thread::Builder::new()
-            .name("loadout-sqlite-log".into())
+            .name(name.into())
             .spawn(move || {
-                let priority = LogPriority::lower();
-                tracing::debug!("log writer thread priority: {priority:?}");
-                // Ends when every sender is gone: the store was dropped.
+                let state = state();
                 for job in queue {
-                    job(&mut conn, priority);
+                    job(&mut conn, &state);
                 }
             })
-            .map_err(|e| StoreError::Database(format!("starting the log writer thread: {e}")))?;
-        Ok(LogConnection {
+            .map_err(|e| StoreError::Database(format!("starting the thread {name}: {e}")))?;
+        Ok(ConnectionThread {
             jobs: Arc::new(jobs),
         })
     }
 
-    /// Runs `f` on the log thread, at normal priority when `pace` asks to catch up.
-    async fn run<R, F>(&self, pace: LogPace, f: F) -> Result<R, StoreError>
+    /// Runs `f` on the thread and waits for its result without holding a runtime
+    /// thread.
+    async fn run<R, F>(&self, f: F) -> Result<R, StoreError>
     where
-        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection, &S) -> Result<R, StoreError> + Send + 'static,
         R: Send + 'static,
     {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let job: LogJob = Box::new(move |conn, priority| {
-            let _catch_up = (pace == LogPace::CatchUp).then(|| priority.catch_up());
+        let job: Job<S> = Box::new(move |conn, state| {
             // A panic in `f` is reported like a failed storage task; the thread and
             // its connection carry on (an open transaction rolls back when dropped).
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn)))
-                .unwrap_or_else(|_| Err(StoreError::Database("log write panicked".into())));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(conn, state)))
+                .unwrap_or_else(|_| Err(StoreError::Database("storage task panicked".into())));
             let _ = reply.send(result);
         });
-        self.jobs
-            .send(job)
-            .map_err(|_| StoreError::Database("the log writer thread has stopped".into()))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Database("the log writer thread has stopped".into()))?
+        let stopped = || StoreError::Database("the storage thread has stopped".into());
+        self.jobs.send(job).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 
-    fn downgrade(&self) -> std::sync::Weak<LogJobs> {
+    fn downgrade(&self) -> std::sync::Weak<std::sync::mpsc::Sender<Job<S>>> {
         Arc::downgrade(&self.jobs)
     }
 }
@@ -946,7 +951,7 @@ impl LogConnection {
 /// The log connection also checkpoints on its own commits past
 /// [`LOG_AUTOCHECKPOINT_PAGES`]. The last connection to close checkpoints what is
 /// left.
-fn spawn_checkpoints(jobs: std::sync::Weak<LogJobs>) {
+fn spawn_checkpoints(jobs: std::sync::Weak<std::sync::mpsc::Sender<Job<LogPriority>>>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -959,9 +964,9 @@ fn spawn_checkpoints(jobs: std::sync::Weak<LogJobs>) {
             let Some(jobs) = jobs.upgrade() else {
                 return;
             };
-            let log_conn = LogConnection { jobs };
+            let log_conn = ConnectionThread { jobs };
             let result = log_conn
-                .run(LogPace::Idle, |c| {
+                .run(|c, _| {
                     c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
                     Ok(())
                 })
