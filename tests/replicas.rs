@@ -71,8 +71,18 @@ impl Replica {
         data_dir: tempfile::TempDir,
         database_url: Option<&str>,
     ) -> Replica {
+        Replica::start_with(name, data_dir, database_url, &[]).await
+    }
+
+    /// [`Replica::start_in`] with more arguments for `loadout serve`.
+    async fn start_with(
+        name: &'static str,
+        data_dir: tempfile::TempDir,
+        database_url: Option<&str>,
+        args: &[&str],
+    ) -> Replica {
         let mut command = loadout();
-        command.args(["serve", "--addr", "127.0.0.1:0"]);
+        command.args(["serve", "--addr", "127.0.0.1:0"]).args(args);
         if let Some(url) = database_url {
             command.args(["--database-url", url]);
         }
@@ -804,4 +814,53 @@ async fn a_stopped_server_writes_every_queued_log_row_first() {
         assert_eq!(calls, CALLS, "audit rows ({url:?})");
     }
     drop(postgres);
+}
+
+/// `serve --catalog DIR`: the toolkit's domain is routed for chat, listed with the
+/// others, and its tools are served over `/mcp`, answering "no backend" when called.
+#[tokio::test]
+async fn serve_routes_and_serves_the_toolkit_files_it_is_given() {
+    let catalog = tempfile::tempdir().expect("tempdir");
+    let toolkit = json!({
+        "domain": "recipes",
+        "description": "Recipes from the family cookbook.",
+        "keywords": ["recipe", "cookbook"],
+        "settings_keys": [],
+        "tools": [{
+            "name": "find_recipe",
+            "description": "Find a recipe in the family cookbook by dish or ingredient.",
+            "input_schema": {"type": "object",
+                             "properties": {"dish": {"type": "string", "description": "The dish"}},
+                             "required": ["dish"]}
+        }]
+    });
+    std::fs::write(catalog.path().join("recipes.json"), toolkit.to_string()).expect("write");
+    let dir = catalog.path().to_str().expect("utf-8 path").to_owned();
+    let data_dir = tempfile::tempdir().expect("tempdir");
+    let replica = Replica::start_with("catalog", data_dir, None, &["--catalog", &dir]).await;
+
+    let routed = replica
+        .route("cook", "find grandma's pancake recipe", &[])
+        .await;
+    let sent: Vec<&str> = routed["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(sent.contains(&"find_recipe"), "{routed}");
+    assert!(replica.domain_active("recipes").await);
+
+    let mcp = McpHttp::connect(&replica).await;
+    let response = mcp
+        .post(json!({
+            "jsonrpc": "2.0", "id": 99, "method": "tools/call",
+            "params": {"name": "find_recipe", "arguments": {"dish": "pancakes"}}
+        }))
+        .await;
+    let text = response.text().await.expect("tools/call body");
+    assert!(text.contains("no backend"), "{text}");
 }

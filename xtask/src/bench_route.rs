@@ -722,7 +722,8 @@ mod cpu {
     /// Linux architecture that exposes it to user space.
     const TICK_US: f64 = 10_000.0;
 
-    /// Name of the SQLite log thread as `/proc` shows it (cut to 15 bytes).
+    /// Name of the SQLite log thread as `/proc` shows it (cut to 15 bytes; the
+    /// request connection's thread is `loadout-db`).
     const LOG_THREAD: &str = "loadout-sqlite";
 
     /// CPU ticks used so far by a process, in all and by its SQLite log thread.

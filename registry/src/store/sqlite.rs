@@ -245,7 +245,7 @@ impl SqliteStore {
         spawn_checkpoints(log_conn.downgrade());
         Ok(SqliteStore {
             path,
-            conn: ConnectionThread::start("loadout-sqlite", conn, || ())?,
+            conn: ConnectionThread::start("loadout-db", conn, || ())?,
             log_conn,
         })
     }

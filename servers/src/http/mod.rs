@@ -46,6 +46,10 @@ pub struct Args {
     /// Address to listen on; anything but loopback requires a bearer token.
     #[arg(long, default_value = "127.0.0.1:7878")]
     addr: SocketAddr,
+    /// Also route and serve the toolkit files (`*.json`) of this directory; their
+    /// tools answer "no backend" when called.
+    #[arg(long, value_name = "DIR")]
+    catalog: Option<std::path::PathBuf>,
 }
 
 /// What every handler can reach.
@@ -177,6 +181,15 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 
 pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
     let token = auth::token_for(args.addr)?;
+    // Before anything is built from the registry: chat, `/api/route` and `/mcp` all
+    // see the toolkit domains (a toolkit domain named like a linked one is skipped).
+    let app = match &args.catalog {
+        Some(dir) => App::with_registry(
+            crate::app::with_toolkits(&app.registry, dir)?,
+            app.settings.clone(),
+        ),
+        None => app,
+    };
     // Built before listening: the first routed message would otherwise wait for the
     // router's indexes and token counts (a third of a second) on a runtime thread.
     app.routing();
