@@ -193,7 +193,7 @@ pub struct SqliteStore {
     path: PathBuf,
     /// The connection for requests, owned by a thread of its own that runs their
     /// jobs in arrival order. See [`ConnectionThread`].
-    conn: ConnectionThread<()>,
+    conn: ConnectionThread<LogThreadAlive>,
     /// The background log writers' own connection, on a thread of its own at a lower
     /// CPU priority: a batch of decision or audit rows being written never holds the
     /// lock that routing and tool calls wait on (WAL lets the main connection read
@@ -245,7 +245,10 @@ impl SqliteStore {
         spawn_checkpoints(log_conn.downgrade());
         Ok(SqliteStore {
             path,
-            conn: ConnectionThread::start("loadout-db", conn, || ())?,
+            conn: ConnectionThread::start("loadout-db", conn, {
+                let log = log_conn.clone();
+                move || LogThreadAlive { _log: log }
+            })?,
             log_conn,
         })
     }
@@ -261,7 +264,7 @@ impl SqliteStore {
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
         R: Send + 'static,
     {
-        self.conn.run(|conn, ()| f(conn)).await
+        self.conn.run(|conn, _| f(conn)).await
     }
 
     /// Like [`call`](Self::call), on the log writers' connection, at the priority
@@ -875,6 +878,14 @@ const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(2
 /// before the timer (SQLite's default).
 const LOG_AUTOCHECKPOINT_PAGES: i64 = 1_000;
 
+/// The request thread's own state: a handle on the log thread, let go only after
+/// the request connection has closed, so that the log connection always closes last.
+/// The last connection to close checkpoints the WAL into the file and deletes it;
+/// two closing at once can each see the other still open and leave the WAL behind.
+struct LogThreadAlive {
+    _log: ConnectionThread<LogPriority>,
+}
+
 /// A job for a [`ConnectionThread`], with the thread's own state `S`.
 type Job<S> = Box<dyn FnOnce(&mut Connection, &S) + Send>;
 
@@ -914,6 +925,9 @@ impl<S: 'static> ConnectionThread<S> {
                 for job in queue {
                     job(&mut conn, &state);
                 }
+                // The connection closes before the state goes (see `LogThreadAlive`).
+                drop(conn);
+                drop(state);
             })
             .map_err(|e| StoreError::Database(format!("starting the thread {name}: {e}")))?;
         Ok(ConnectionThread {
