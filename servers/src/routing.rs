@@ -256,12 +256,7 @@ impl Routing {
         message: &str,
         token_budget: Option<usize>,
     ) -> Selection {
-        self.router.select(&RouteInput {
-            message,
-            settings,
-            session: view,
-            token_budget,
-        })
+        select(&self.router, settings, view, message, token_budget)
     }
 
     /// [`Routing::select`], on a blocking thread when the dense stage is attached.
@@ -288,13 +283,8 @@ impl Routing {
         let owned = (settings.clone(), view.clone(), message.to_owned());
         let selected = tokio::task::spawn_blocking(move || {
             let _slot = slot;
-            let (settings, session, message) = owned;
-            router.select(&RouteInput {
-                message: &message,
-                settings: &settings,
-                session: &session,
-                token_budget,
-            })
+            let (settings, view, message) = owned;
+            select(&router, &settings, &view, &message, token_budget)
         })
         .await;
         match selected {
@@ -324,6 +314,21 @@ impl Routing {
             ));
         }
     }
+}
+
+fn select(
+    router: &Router,
+    settings: &BTreeMap<String, String>,
+    view: &SessionView,
+    message: &str,
+    token_budget: Option<usize>,
+) -> Selection {
+    router.select(&RouteInput {
+        message,
+        settings,
+        session: view,
+        token_budget,
+    })
 }
 
 /// Runs `f`, which may run the dense encoder (milliseconds), without holding up the

@@ -10,8 +10,9 @@
 //! from the same run. Then, for each setting again, the same fixed request rate (half
 //! the lower saturated rate; see [`fixed_rate`]) in `--repeat` rounds that alternate
 //! which setting goes first: the decision log's cost at p99 at equal load, as the
-//! ratio of the median p99s (one run's p99 varies by tens of percent on a small VM)
-//! with its bootstrap interval, and the server's CPU per request read from `/proc`.
+//! ratio of the median p99s (one run's p99 varies by tens of percent on a small VM),
+//! and as the median ratio of runs made back to back, each with a distribution-free
+//! interval; and the server's CPU per request read from `/proc`.
 //! Nothing here asserts on time.
 
 use std::io::Write as _;
@@ -24,10 +25,10 @@ use anyhow::{Context, bail};
 use crate::fixed_rate;
 
 /// The fixed-rate runs offer this share of the lower saturated rate of the two
-/// decision-log settings.
+/// decision-log settings, unless `--share` says otherwise.
 const FIXED_RATE_SHARE: f64 = 0.5;
 
-const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL] [--duration SECONDS] [--connections N] [--repeat N] [--dense]
+const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL] [--duration SECONDS] [--connections N] [--repeat N] [--share F] [--dense]
   --bin          the loadout binary (default target/release/loadout; build it with
                  `cargo build --release -p loadout-server`)
   --postgres     also run against this PostgreSQL database (its tables are created
@@ -36,6 +37,8 @@ const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL
   --connections  wrk connections (default 32)
   --repeat       fixed-rate rounds per decision-log setting, alternating which goes
                  first; the reported p99 is their median (default 3)
+  --share        the fixed rate, as a share of the lower saturated rate (default
+                 0.5); the log's cost at p99 grows with the load the cores carry
   --dense        also route with the dense stage (the built-in encoder) on SQLite,
                  saturated, with a cheap GET beside it: what the encoder costs per
                  request and whether it holds up the rest of the server";
@@ -55,6 +58,7 @@ struct Options {
     duration: u64,
     connections: u32,
     repeat: usize,
+    share: f64,
     dense: bool,
 }
 
@@ -65,6 +69,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         duration: 10,
         connections: 32,
         repeat: 3,
+        share: FIXED_RATE_SHARE,
         dense: false,
     };
     let mut args = args.iter();
@@ -96,6 +101,14 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
                     .ok()
                     .filter(|&n| n > 0)
                     .with_context(|| format!("--repeat {text}: not a positive number"))?;
+            }
+            "--share" => {
+                let text = value("--share")?;
+                options.share = text
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|&f| f > 0.0 && f <= 1.0)
+                    .with_context(|| format!("--share {text}: not a share in (0, 1]"))?;
             }
             "--dense" => options.dense = true,
             "-h" | "--help" => {
@@ -178,35 +191,45 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         let saturated: Vec<_> = p99.iter().map(|&(l, r, ms, _)| (l, r, ms)).collect();
         print_log_cost(backend, "saturated", &P99, &saturated);
 
-        // The same load for both settings, below saturation: half the lower of the
+        // The same load for both settings, below saturation: by default half the lower of the
         // two saturated rates, per kind of request.
         let rate_for = |requests: &str| {
             p99.iter()
                 .filter(|(_, r, _, _)| *r == requests)
                 .map(|(_, _, _, rps)| *rps)
                 .fold(f64::INFINITY, f64::min)
-                * FIXED_RATE_SHARE
+                * options.share
         };
-        // Rounds alternate which setting goes first, so that a slow spell of the
-        // machine does not land on one setting only.
+        // Both settings' servers stay up for every round, and each kind of request is
+        // run with the log on and off back to back, alternating which goes first: the
+        // two runs of a pair share the machine's spell, fast or slow, so their ratio
+        // is measured against the other's noise of the same moment, not of minutes
+        // before. One idle server costs the other nothing.
+        let mut servers = Vec::new();
+        for log in ["plain", "off"] {
+            let data_dir = scratch.join(format!("{backend}-{log}"));
+            let server = Server::start(&options.bin, &data_dir, url)?;
+            wrk(
+                &scripts.plain,
+                &format!("http://{}/api/route", server.addr),
+                4,
+                2,
+            )?;
+            servers.push((log, server));
+        }
         let mut samples: Vec<(&str, &str, fixed_rate::FixedRate, cpu::PerRequest)> = Vec::new();
+        // Per kind of request, each round's on/off ratio of p99 and of CPU per request.
+        let mut paired: Vec<(&str, &Measure, Vec<f64>)> = Vec::new();
         for round in 0..options.repeat {
-            let order = if round % 2 == 0 {
-                ["plain", "off"]
-            } else {
-                ["off", "plain"]
-            };
-            for log in order {
-                let data_dir = scratch.join(format!("{backend}-{log}"));
-                let server = Server::start(&options.bin, &data_dir, url)?;
-                let endpoint = format!("http://{}/api/route", server.addr);
-                wrk(&scripts.plain, &endpoint, 4, 2)?;
-                for (requests, bodies) in [("one-off", &bodies.plain), ("session", &bodies.session)]
-                {
-                    let rate = rate_for(requests);
-                    if !rate.is_finite() || rate < 1.0 {
-                        continue;
-                    }
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for (requests, bodies) in [("one-off", &bodies.plain), ("session", &bodies.session)] {
+                let rate = rate_for(requests);
+                if !rate.is_finite() || rate < 1.0 {
+                    continue;
+                }
+                let mut pair = [None, None];
+                for i in order {
+                    let (log, server) = &servers[i];
                     let before = cpu::Usage::of(server.child.id());
                     let load = fixed_rate::run(
                         &server.addr,
@@ -227,15 +250,25 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                         load.errors,
                         per_request.describe()
                     );
+                    pair[i] = Some((load.p99_ms, per_request.total_us));
                     samples.push((log, requests, load, per_request));
                 }
-                drop(server);
+                if let [Some((p99_on, cpu_on)), Some((p99_off, cpu_off))] = pair {
+                    let mut push = |measure: &'static Measure, ratio: f64| match paired
+                        .iter_mut()
+                        .find(|(r, m, _)| *r == requests && std::ptr::eq(*m, measure))
+                    {
+                        Some((_, _, ratios)) => ratios.push(ratio),
+                        None => paired.push((requests, measure, vec![ratio])),
+                    };
+                    push(&P99, p99_on / p99_off.max(1e-9));
+                    if let (Some(on), Some(off)) = (cpu_on, cpu_off) {
+                        push(&CPU_PER_REQUEST, on / off.max(1e-9));
+                    }
+                }
             }
         }
-        // Two summaries of the rounds: the median of their p99s (a round with a slow
-        // spell is outvoted), and the p99 of all their requests pooled (it counts).
-        // The spread of the rounds' p99s with the log off
-        // is the machine's own noise, the yardstick for the ratio.
+        drop(servers);
         let mut p99_rounds = Vec::new();
         let mut pooled = Vec::new();
         let mut cpu_rounds = Vec::new();
@@ -276,6 +309,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         let pooled_over = format!("fixed rate, pooled over {}", options.repeat);
         print_log_cost(backend, &pooled_over, &P99, &pooled);
         print_median_log_cost(backend, &median_of, &CPU_PER_REQUEST, &cpu_rounds);
+        print_paired_log_cost(backend, options.repeat, &paired);
     }
     if options.dense {
         bench_dense(&options, &scripts, &scratch)?;
@@ -441,6 +475,37 @@ fn print_median_log_cost(
         println!(
             "{backend}: decision log on/off {what}, {requests}, {load}: {:.2}x ({on_median:.2} {unit} vs {off_median:.2} {unit}{sureness})",
             on_median / off_median.max(1e-6)
+        );
+    }
+}
+
+/// The log's cost from pairs of runs made back to back: the median of the rounds'
+/// on/off ratios, with its distribution-free 95 % interval ([`median_interval`]) and,
+/// at p99, whether it settles the target. Pairing takes out what drifts between
+/// rounds (the machine's slow and fast spells), which the medians of the two
+/// settings' rounds ([`print_median_log_cost`]) keep: the same rounds give a narrower
+/// interval, narrower still with more of them (with 8 rounds it runs from the
+/// smallest ratio to the largest, with 40 from the 14th to the 27th).
+fn print_paired_log_cost(backend: &str, rounds: usize, paired: &[(&str, &Measure, Vec<f64>)]) {
+    for (requests, measure, ratios) in paired {
+        let Some(ratio) = median(ratios) else {
+            continue;
+        };
+        let Measure { what, .. } = measure;
+        let sureness = match median_interval(ratios, 0.95) {
+            None => "; too few rounds for a 95 % interval: 6 or more".to_owned(),
+            Some((low, high)) => {
+                let verdict = match std::ptr::eq(*measure, &P99) {
+                    false => "",
+                    true if high <= LOG_COST_TARGET => "; within the 10 % target",
+                    true if low > LOG_COST_TARGET => "; over the 10 % target",
+                    true => "; this run cannot tell the 10 % target",
+                };
+                format!("; 95 % interval {low:.2}x-{high:.2}x{verdict}")
+            }
+        };
+        println!(
+            "{backend}: decision log on/off {what}, {requests}, fixed rate, paired over {rounds} rounds: median ratio {ratio:.2}x{sureness}"
         );
     }
 }
@@ -819,13 +884,19 @@ mod cpu {
 
         #[test]
         fn this_process_has_used_some_cpu() {
+            // Spins until the kernel has counted a tick (10 ms) or 10 s have gone by:
+            // a fixed amount of work can come in under one tick on a fast machine.
             // Opaque to the optimizer at every step: a release build would sum the
             // series in closed form and use no CPU time.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
             let mut spin = 0u64;
-            for i in 0..20_000_000u64 {
-                spin = std::hint::black_box(spin.wrapping_add(i * i));
+            let mut usage = Usage::of(std::process::id());
+            while usage.total == Some(0) && std::time::Instant::now() < deadline {
+                for i in 0..1_000_000u64 {
+                    spin = std::hint::black_box(spin.wrapping_add(i * i));
+                }
+                usage = Usage::of(std::process::id());
             }
-            let usage = Usage::of(std::process::id());
             assert!(usage.total.is_some_and(|t| t > 0));
             // The threads were listed; none of a test process is the log thread.
             assert_eq!(usage.log_thread, Some(0));
@@ -860,6 +931,14 @@ mod tests {
         assert_eq!(median_interval(&values[..8], 0.975), Some((1.0, 8.0)));
         assert_eq!(median_interval(&values[..8], 0.90), Some((2.0, 7.0)));
         assert_eq!(median_interval(&values[..3], 0.975), None);
+    }
+
+    #[test]
+    fn paired_rounds_narrow_the_interval_to_the_middle_ratios() {
+        let ratios: Vec<f64> = (1..=40).map(f64::from).collect();
+        assert_eq!(median_interval(&ratios, 0.95), Some((14.0, 27.0)));
+        assert_eq!(median_interval(&ratios[..6], 0.95), Some((1.0, 6.0)));
+        assert_eq!(median_interval(&ratios[..5], 0.95), None);
     }
 
     #[test]
