@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask lint | eval | bench | bench-route`.
+//! Project tasks: `cargo xtask lint | eval | bench | bench-route | load`.
 //!
 //! Each task lives in its own module; this file only dispatches.
 
@@ -10,7 +10,7 @@ mod lint;
 
 use anyhow::bail;
 
-const USAGE: &str = "usage: cargo xtask <lint | eval | bench> [options]
+const USAGE: &str = "usage: cargo xtask <lint | eval | bench | bench-route | load> [options]
   lint                      check domains and tools (keywords, names, descriptions, schemas, linking)
   eval  --catalog DIR --cases FILE [--json]   replay labeled conversations through the router
   bench [--quick]           routing time per message against a naive baseline

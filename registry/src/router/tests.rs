@@ -1112,6 +1112,27 @@ fn a_small_selection_takes_the_nearest_misses_while_it_has_room() {
     let selection = route(&router_with(off), message, &SessionView::new(1));
     assert_eq!(stage_of(&selection, "news"), Stage::NotMatched);
 
+    // A backfilled domain sends only its best tools and hints the others: the
+    // room goes to more domains rather than deeper ones.
+    let shallow = RouterConfig {
+        backfill_tool_cap: 1,
+        ..strict.clone()
+    };
+    let selection = route(&router_with(shallow), message, &SessionView::new(1));
+    assert_eq!(stage_of(&selection, "news"), Stage::Backfill);
+    assert!(
+        selection.contains("search_news"),
+        "{}",
+        selection.summary_line()
+    );
+    assert!(!selection.contains("get_article"));
+    assert!(
+        selection
+            .hints
+            .iter()
+            .any(|h| h.name.as_ref() == "get_article")
+    );
+
     // A selection already at the tool limit takes nothing more.
     let full = RouterConfig {
         backfill_tools: 3,
