@@ -1344,13 +1344,18 @@ impl Router {
                 };
                 let reason = if evidence.dense_on {
                     format!(
-                        "{piece_name}: bm25 {:.2} (#{}), dense {:.2} (#{}), fused {:.2}",
-                        bm25_scores[d], bm25_rank[d], dense_scores[d], dense_rank[d], fused[d]
+                        "{piece_name}: bm25 {:.2} ({}), dense {:.2} ({}), fused {:.2}",
+                        bm25_scores[d],
+                        Rank(bm25_rank[d]),
+                        dense_scores[d],
+                        Rank(dense_rank[d]),
+                        fused[d]
                     )
                 } else {
                     format!(
-                        "{piece_name}: bm25 {:.2} (#{}) above threshold, among the best",
-                        bm25_scores[d], bm25_rank[d]
+                        "{piece_name}: bm25 {:.2} ({}) above threshold, among the best",
+                        bm25_scores[d],
+                        Rank(bm25_rank[d])
                     )
                 };
                 verdicts[d] = DomainVerdict::ranked(stage, score, Cow::Owned(reason));
@@ -1365,9 +1370,9 @@ impl Router {
                 }
                 let best_bm25 = pieces.iter().map(|p| p.domain_bm25[d]).fold(0.0, f32::max);
                 let best_dense = evidence.best_dense(d);
-                let rank = best_dense_rank[d];
+                let rank = Rank(best_dense_rank[d]);
                 verdicts[d].reason = Cow::Owned(format!(
-                    "no keyword; bm25 {best_bm25:.2}, dense {best_dense:.2} (#{rank}): below the gates or not among the best"
+                    "no keyword; bm25 {best_bm25:.2}, dense {best_dense:.2} ({rank}): below the gates or not among the best"
                 ));
             }
         }
@@ -1723,6 +1728,19 @@ fn is_collision_protected(stage: Stage) -> bool {
 
 /// 1-based rank of each item by descending score among items scoring above 0; 0 for
 /// the others.
+/// A rank from [`ranks`] in a reason: `#1`, or `unranked` for an item that scored
+/// nothing (rank 0, or never ranked at all).
+struct Rank(usize);
+
+impl std::fmt::Display for Rank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            0 | usize::MAX => f.write_str("unranked"),
+            rank => write!(f, "#{rank}"),
+        }
+    }
+}
+
 fn ranks(scores: &[f32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).filter(|&i| scores[i] > 0.0).collect();
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));

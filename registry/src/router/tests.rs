@@ -1141,3 +1141,12 @@ fn a_small_selection_takes_the_nearest_misses_while_it_has_room() {
     let selection = route(&router_with(full), message, &SessionView::new(1));
     assert_eq!(stage_of(&selection, "news"), Stage::NotMatched);
 }
+
+#[test]
+fn a_domain_no_stage_ranked_reads_unranked_in_its_reason() {
+    assert_eq!(super::Rank(3).to_string(), "#3");
+    assert_eq!(super::Rank(0).to_string(), "unranked");
+    // Never ranked by any request of the message (its cosine was 0 or below for
+    // every one): not `#18446744073709551615`.
+    assert_eq!(super::Rank(usize::MAX).to_string(), "unranked");
+}
