@@ -1,21 +1,23 @@
-//! Project tasks: `cargo xtask lint | eval | bench | bench-route | load`.
+//! Project tasks: `cargo xtask lint | eval | bench | bench-route | load | ci`.
 //!
 //! Each task lives in its own module; this file only dispatches.
 
 mod bench;
 mod bench_route;
+mod ci;
 mod eval;
 mod fixed_rate;
 mod lint;
 
 use anyhow::bail;
 
-const USAGE: &str = "usage: cargo xtask <lint | eval | bench | bench-route | load> [options]
+const USAGE: &str = "usage: cargo xtask <lint | eval | bench | bench-route | load | ci> [options]
   lint                      check domains and tools (keywords, names, descriptions, schemas, linking)
   eval  --catalog DIR --cases FILE [--json]   replay labeled conversations through the router
   bench [--quick]           routing time per message against a naive baseline
   bench-route [--postgres URL]   /api/route under wrk: SQLite vs PostgreSQL, decision log on/off
-  load --addr HOST:PORT --rate N [--session]   the fixed-rate load alone, against a running server";
+  load --addr HOST:PORT --rate N [--session]   the fixed-rate load alone, against a running server
+  ci [--shared DIR] [--skip PHASE,...]   fmt, clippy, lint, tests and the eval gate, each timed";
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -28,6 +30,7 @@ fn main() -> anyhow::Result<()> {
         "bench" => bench::run(rest),
         "bench-route" => bench_route::run(rest),
         "load" => bench_route::load(rest),
+        "ci" => ci::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
