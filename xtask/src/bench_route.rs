@@ -460,18 +460,7 @@ fn print_median_log_cost(
             continue;
         };
         let Measure { what, unit } = measure;
-        let (low, high) = median_ratio_interval(on, off);
-        let sureness = if low.is_nan() || high.is_nan() {
-            "; too few rounds for a 95 % interval: 7 or more".to_owned()
-        } else {
-            let verdict = match std::ptr::eq(measure, &P99) {
-                false => "",
-                true if high <= LOG_COST_TARGET => "; within the 10 % target",
-                true if low > LOG_COST_TARGET => "; over the 10 % target",
-                true => "; this run cannot tell the 10 % target",
-            };
-            format!("; 95 % interval {low:.2}x-{high:.2}x{verdict}")
-        };
+        let sureness = sureness(measure, median_ratio_interval(on, off), 7);
         println!(
             "{backend}: decision log on/off {what}, {requests}, {load}: {:.2}x ({on_median:.2} {unit} vs {off_median:.2} {unit}{sureness})",
             on_median / off_median.max(1e-6)
@@ -492,22 +481,26 @@ fn print_paired_log_cost(backend: &str, rounds: usize, paired: &[(&str, &Measure
             continue;
         };
         let Measure { what, .. } = measure;
-        let sureness = match median_interval(ratios, 0.95) {
-            None => "; too few rounds for a 95 % interval: 6 or more".to_owned(),
-            Some((low, high)) => {
-                let verdict = match std::ptr::eq(*measure, &P99) {
-                    false => "",
-                    true if high <= LOG_COST_TARGET => "; within the 10 % target",
-                    true if low > LOG_COST_TARGET => "; over the 10 % target",
-                    true => "; this run cannot tell the 10 % target",
-                };
-                format!("; 95 % interval {low:.2}x-{high:.2}x{verdict}")
-            }
-        };
+        let sureness = sureness(measure, median_interval(ratios, 0.95), 6);
         println!(
             "{backend}: decision log on/off {what}, {requests}, fixed rate, paired over {rounds} rounds: median ratio {ratio:.2}x{sureness}"
         );
     }
+}
+
+/// `; 95 % interval LOWx-HIGHx` and, at p99, whether that settles the target; or, with
+/// no interval, how many rounds one needs.
+fn sureness(measure: &Measure, interval: Option<(f64, f64)>, min_rounds: usize) -> String {
+    let Some((low, high)) = interval else {
+        return format!("; too few rounds for a 95 % interval: {min_rounds} or more");
+    };
+    let verdict = match std::ptr::eq(measure, &P99) {
+        false => "",
+        true if high <= LOG_COST_TARGET => "; within the 10 % target",
+        true if low > LOG_COST_TARGET => "; over the 10 % target",
+        true => "; this run cannot tell the 10 % target",
+    };
+    format!("; 95 % interval {low:.2}x-{high:.2}x{verdict}")
 }
 
 /// The upper median, as the rounds' summaries have always taken it.
@@ -522,15 +515,12 @@ fn median(values: &[f64]) -> Option<f64> {
 /// ([`median_interval`]), and the ratio from their ends (both hold together with
 /// at least 95 %). A percentile bootstrap of a median from 8 rounds was tried first:
 /// it came out narrow and contradicted itself from one run to the next (one run
-/// "within" the target at 0.53x-0.92x, the next "over" it). NaN when there are too
+/// "within" the target at 0.53x-0.92x, the next "over" it). `None` when there are too
 /// few rounds for the confidence.
-fn median_ratio_interval(on: &[f64], off: &[f64]) -> (f64, f64) {
-    match (median_interval(on, 0.975), median_interval(off, 0.975)) {
-        (Some((on_low, on_high)), Some((off_low, off_high))) => {
-            (on_low / off_high.max(1e-9), on_high / off_low.max(1e-9))
-        }
-        _ => (f64::NAN, f64::NAN),
-    }
+fn median_ratio_interval(on: &[f64], off: &[f64]) -> Option<(f64, f64)> {
+    let (on_low, on_high) = median_interval(on, 0.975)?;
+    let (off_low, off_high) = median_interval(off, 0.975)?;
+    Some((on_low / off_high.max(1e-9), on_high / off_low.max(1e-9)))
 }
 
 /// The interval between the k-th smallest and k-th largest of `values`, with the
@@ -911,15 +901,15 @@ mod tests {
     #[test]
     fn the_interval_holds_the_ratio_and_narrows_as_rounds_agree() {
         let off = [1.0, 1.2, 0.9, 1.1, 1.0, 1.3, 0.8, 1.0];
-        let (low, high) = median_ratio_interval(&off, &off);
+        let (low, high) = median_ratio_interval(&off, &off).expect("8 rounds");
         assert!(low < 1.0 && high > 1.0, "{low}-{high}");
         // Rounds that agree: a 20 % cost stands out of them.
         let steady = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0, 1.01];
         let costly: Vec<f64> = steady.iter().map(|v| v * 1.2).collect();
-        let (low, high) = median_ratio_interval(&costly, &steady);
+        let (low, high) = median_ratio_interval(&costly, &steady).expect("8 rounds");
         assert!(low > LOG_COST_TARGET && high < 1.3, "{low}-{high}");
         // Three rounds cannot hold a median with 97.5 %.
-        assert!(median_ratio_interval(&costly[..3], &steady[..3]).0.is_nan());
+        assert_eq!(median_ratio_interval(&costly[..3], &steady[..3]), None);
     }
 
     #[test]
