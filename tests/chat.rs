@@ -863,3 +863,90 @@ async fn a_turn_whose_writes_fail_says_how_many_were_not_saved() {
     assert_eq!(finals.len(), 1);
     assert_eq!(finals[0]["unsaved"], unsaved);
 }
+
+/// An upstream MCP server's tools (`loadout.toml`) are routed for chat and
+/// `/api/route` like linked ones, and a chat turn's call reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_tools_are_routed_and_called_in_chat() {
+    let python = ["python3", "python"].into_iter().find(|p| {
+        std::process::Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok()
+    });
+    let Some(python) = python else {
+        eprintln!("skipped: no python3 for the fake upstream server");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/fake_upstream.py");
+    std::fs::write(
+        dir.path().join("loadout.toml"),
+        format!(
+            "[servers.fake]\ncommand = {python:?}\nargs = [{script:?}]\nkeywords = [\"echo\"]\n",
+            script = script.display().to_string(),
+        ),
+    )
+    .expect("write config");
+    let model = FakeModel::start(Arc::new(|request: &Value| match step_of(request) {
+        0 => call("u1", "fake__echo", json!({"text": "hi"})),
+        _ => answer(&format!("it said: {}", last_tool_result(request))),
+    }))
+    .await;
+    let state = open(dir.path())
+        .await
+        .with_mcp()
+        .await
+        .expect("mcp")
+        .with_upstream_tools();
+    let settings = &state.app.settings;
+    settings
+        .set("llm_base_url", &model.base_url())
+        .await
+        .expect("set");
+    settings.set("llm_model", "scripted").await.expect("set");
+
+    let (status, body) = send(&state, "GET", "/api/domains", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.to_string().contains("\"mcp_fake\""), "{body}");
+
+    // Routed by the upstream's keyword; one-off messages route it too.
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/route",
+        Some(json!({"message": "echo this back to me"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let routed: Vec<&str> = body["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert!(routed.contains(&"fake__echo"), "{routed:?}");
+    // A message that does not ask for it leaves it out.
+    let (_, body) = send(
+        &state,
+        "POST",
+        "/api/route",
+        Some(json!({"message": "remember that my parrot is called Polly"})),
+    )
+    .await;
+    assert!(!body["tools"].to_string().contains("fake__echo"), "{body}");
+
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "up1", "message": "echo hi back to me"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["answer"], "it said: echo: hi", "{body}");
+    let results = events_of(&body, "tool_result");
+    assert_eq!(results.len(), 1, "{body}");
+    assert_eq!(results[0]["ok"], true, "{body}");
+    state.shutdown().await;
+}

@@ -95,6 +95,25 @@ impl HttpState {
         Ok(self)
     }
 
+    /// Chat and `/api/route` route the upstream MCP servers' tools too (`loadout.toml`):
+    /// the app's registry becomes the one `/mcp` serves, linked, toolkit and upstream
+    /// domains, as listed at start. Calls to upstream tools go through the live
+    /// connections; a tool an upstream adds later is served at `/mcp` at once and
+    /// routed for chat from the next start. Call before anything routes: the router
+    /// is built from the registry on first use.
+    pub fn with_upstream_tools(mut self) -> HttpState {
+        let Some(mcp) = &self.mcp else {
+            return self;
+        };
+        let registry = mcp.registry();
+        if Arc::ptr_eq(&registry, &self.app.registry) {
+            return self;
+        }
+        self.openai_definitions = Arc::new(route::OpenAiDefinitions::new(&registry));
+        self.app = App::with_registry(registry, self.app.settings.clone());
+        self
+    }
+
     /// Ends open MCP streams and writes every queued log row.
     pub async fn shutdown(&self) {
         if let Some(mcp) = &self.mcp {
@@ -190,12 +209,15 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
         ),
         None => app,
     };
+    crate::retention::spawn(app.settings.clone());
+    let state = HttpState::new(app, token)
+        .with_mcp()
+        .await?
+        .with_upstream_tools();
     // Built before listening: the first routed message would otherwise wait for the
     // router's indexes and token counts (a third of a second) on a runtime thread.
-    app.routing();
-    app.attach_dense_stage().await;
-    crate::retention::spawn(app.settings.clone());
-    let state = HttpState::new(app, token).with_mcp().await?;
+    state.app.routing();
+    state.app.attach_dense_stage().await;
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.addr))?;
