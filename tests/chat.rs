@@ -948,5 +948,33 @@ async fn upstream_tools_are_routed_and_called_in_chat() {
     let results = events_of(&body, "tool_result");
     assert_eq!(results.len(), 1, "{body}");
     assert_eq!(results[0]["ok"], true, "{body}");
+
+    // The upstream adds a tool (`grow`): turns that start after it route it.
+    let registry = state.app.routing().router().registry().clone();
+    registry
+        .call("fake__grow", json!({}), state.app.context())
+        .await
+        .expect("grow");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (status, body) = send(
+            &state,
+            "POST",
+            "/api/route",
+            Some(json!({"message": "echo the extra one"})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if body["tools"].to_string().contains("fake__extra") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fake__extra was not routed within 20 s: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (_, body) = send(&state, "GET", "/api/domains", None).await;
+    assert!(body.to_string().contains("fake__extra"), "{body}");
     state.shutdown().await;
 }

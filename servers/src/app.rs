@@ -80,8 +80,7 @@ impl App {
     /// are ready the router runs lexical-only and says so in its notes. Only servers
     /// that route call this (`loadout mcp` never loads the model).
     pub async fn attach_dense_stage(&self) -> Option<DenseStageBuild> {
-        self.attach_dense_stage_to(self.routing().router.clone())
-            .await
+        self.attach_dense_stage_to(self.routing().router()).await
     }
 
     /// Like [`App::attach_dense_stage`], for another router over this app's settings

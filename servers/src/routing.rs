@@ -6,7 +6,7 @@
 //! writes its results back.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use loadout::router::{MessageLogging, RouteInput, Router, Selection, SessionView, carry_over};
 use loadout::store::{SessionDomainState, now_ms};
@@ -49,6 +49,9 @@ pub struct TurnRequest<'a> {
 /// keeps mutating the view with meta-tools).
 #[derive(Debug, Clone)]
 pub struct RoutedTurn {
+    /// The router this turn was routed with; its later steps (meta-tools, calls) use
+    /// it too, even if [`Routing::replace_router`] has been called since.
+    pub router: Arc<Router>,
     pub turn: i64,
     pub selection: Selection,
     /// What the selection carries into the session's next turn ([`carry_over`];
@@ -61,7 +64,9 @@ pub struct RoutedTurn {
 /// Routing plus the writers it needs; one per process.
 #[derive(Clone, Debug)]
 pub struct Routing {
-    pub router: Arc<Router>,
+    /// The router new turns start with; replaced when the routable tools change (an
+    /// upstream MCP server's tool list).
+    router: Arc<RwLock<Arc<Router>>>,
     pub decisions: DecisionWriter,
     /// Selections that run the dense stage in flight at once: one per core. See
     /// [`Routing::select_off_runtime`].
@@ -79,13 +84,29 @@ pub type SessionGuard = tokio::sync::OwnedMutexGuard<()>;
 impl Routing {
     pub fn new(router: Arc<Router>, store: Store) -> Routing {
         Routing {
-            router,
+            router: Arc::new(RwLock::new(router)),
             decisions: DecisionWriter::start(store),
             dense_slots: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get()),
             )),
             sessions: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// The router a turn starting now uses.
+    pub fn router(&self) -> Arc<Router> {
+        self.router
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Turns that start from now on route with `router`; turns in flight keep theirs.
+    pub fn replace_router(&self, router: Arc<Router>) {
+        *self
+            .router
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = router;
     }
 
     /// Waits until no other turn of `session` runs in this process, and holds that
@@ -127,7 +148,8 @@ impl Routing {
         if message.len() > MAX_MESSAGE_BYTES {
             return Err(RouteError::MessageTooLarge(message.len()));
         }
-        let registry = self.router.registry();
+        let router = self.router();
+        let registry = router.registry();
         let unknown: Vec<String> = request
             .called
             .iter()
@@ -141,10 +163,11 @@ impl Routing {
         let Some(session) = request.session else {
             let view = SessionView::new(1);
             let selection = self
-                .select_off_runtime(&settings, &view, message, request.token_budget)
+                .select_off_runtime(&router, &settings, &view, message, request.token_budget)
                 .await;
             self.log(&settings, &selection, None, 1, message);
             return Ok(RoutedTurn {
+                router,
                 turn: 1,
                 selection,
                 // No next turn to carry anything into.
@@ -161,7 +184,7 @@ impl Routing {
         let mut view = SessionView::from_store(snapshot.turn, snapshot.domains, snapshot.warm);
         view.recent_calls = snapshot.recent_calls;
         if !request.called.is_empty() {
-            let changed = view.record_calls(&self.router, request.called);
+            let changed = view.record_calls(&router, request.called);
             self.persist(store, session, &changed, None).await?;
         }
         // Routed as the next turn before the message is stored, so that the message and
@@ -170,7 +193,7 @@ impl Routing {
         view.begin_turn(expected, None);
         view.carried_tools = snapshot.carry;
         let mut selection = self
-            .select_off_runtime(&settings, &view, message, request.token_budget)
+            .select_off_runtime(&router, &settings, &view, message, request.token_budget)
             .await;
         let mut carry = carry_over(&selection);
         let message_json = serde_json::Value::String(message.to_owned());
@@ -182,13 +205,14 @@ impl Routing {
             view.begin_turn(turn, None);
             view.carried_tools = carried;
             selection = self
-                .select_off_runtime(&settings, &view, message, request.token_budget)
+                .select_off_runtime(&router, &settings, &view, message, request.token_budget)
                 .await;
             carry = carry_over(&selection);
             store.session_carry_put(session, turn, &carry).await?;
         }
         self.log(&settings, &selection, Some(session), turn, message);
         Ok(RoutedTurn {
+            router,
             turn,
             selection,
             carry,
@@ -202,8 +226,14 @@ impl Routing {
     /// carry-over with [`Routing::persist`].
     pub fn reselect(&self, routed: &mut RoutedTurn, session: Option<&str>, message: &str) {
         // A meta-tool's call runs this inside a task, holding the turn's lock.
-        routed.selection = encoder_work(&self.router, || {
-            self.select(&routed.settings, &routed.view, message, None)
+        routed.selection = encoder_work(&routed.router, || {
+            select(
+                &routed.router,
+                &routed.settings,
+                &routed.view,
+                message,
+                None,
+            )
         });
         routed.carry = carry_over(&routed.selection);
         self.log(
@@ -223,7 +253,7 @@ impl Routing {
         view: &mut SessionView,
         called: &[String],
     ) -> Result<(), StoreError> {
-        let changed = view.record_calls(&self.router, called);
+        let changed = view.record_calls(&self.router(), called);
         self.persist(store, session, &changed, None).await
     }
 
@@ -249,17 +279,7 @@ impl Routing {
         Ok(())
     }
 
-    fn select(
-        &self,
-        settings: &BTreeMap<String, String>,
-        view: &SessionView,
-        message: &str,
-        token_budget: Option<usize>,
-    ) -> Selection {
-        select(&self.router, settings, view, message, token_budget)
-    }
-
-    /// [`Routing::select`], on a blocking thread when the dense stage is attached.
+    /// [`select`], on a blocking thread when the dense stage is attached.
     /// The encoder's forward pass takes milliseconds; run on a runtime worker it
     /// would hold up every other request that worker serves (on 2 cores, under 8
     /// routed messages at once, `GET /api/domains` took 21 ms instead of 0.6). At
@@ -267,31 +287,32 @@ impl Routing {
     /// holding a thread. Lexical selections take microseconds and stay inline.
     async fn select_off_runtime(
         &self,
+        router: &Arc<Router>,
         settings: &Arc<BTreeMap<String, String>>,
         view: &SessionView,
         message: &str,
         token_budget: Option<usize>,
     ) -> Selection {
-        if self.router.dense().is_none() {
-            return self.select(settings, view, message, token_budget);
+        if router.dense().is_none() {
+            return select(router, settings, view, message, token_budget);
         }
         // The semaphore is never closed; were it, routing inline is still correct.
         let Ok(slot) = self.dense_slots.clone().acquire_owned().await else {
-            return self.select(settings, view, message, token_budget);
+            return select(router, settings, view, message, token_budget);
         };
-        let router = self.router.clone();
         let owned = (settings.clone(), view.clone(), message.to_owned());
+        let blocking_router = router.clone();
         let selected = tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let (settings, view, message) = owned;
-            select(&router, &settings, &view, &message, token_budget)
+            select(&blocking_router, &settings, &view, &message, token_budget)
         })
         .await;
         match selected {
             Ok(selection) => selection,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             // Cancelled: the runtime is shutting down.
-            Err(_) => self.select(settings, view, message, token_budget),
+            Err(_) => select(router, settings, view, message, token_budget),
         }
     }
 
@@ -468,5 +489,39 @@ mod tests {
             gate.released.load(Ordering::SeqCst),
             "the probe only ran after the encoder gave up: the selection held the worker"
         );
+    }
+
+    /// A replaced router serves the turns that start after it; a turn in flight keeps
+    /// the one it was routed with (its meta-tools and calls resolve names there).
+    #[tokio::test]
+    async fn a_turn_keeps_its_router_and_the_next_turn_takes_the_new_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open_dir(dir.path()).await.expect("store");
+        let registry = Arc::new(loadout_domains::registry().expect("registry"));
+        let first = Arc::new(Router::new(registry.clone(), RouterConfig::default()));
+        let routing = Routing::new(first.clone(), store.clone());
+        let request = TurnRequest {
+            session: Some("swap"),
+            message: "remember that my parrot is called Polly",
+            called: &[],
+            token_budget: None,
+        };
+        let settings = Arc::new(BTreeMap::new());
+        let before = routing
+            .route(&store, settings.clone(), request)
+            .await
+            .expect("routed");
+        assert!(Arc::ptr_eq(&before.router, &first));
+
+        let second = Arc::new(Router::new(registry, RouterConfig::default()));
+        routing.replace_router(second.clone());
+        assert!(Arc::ptr_eq(&routing.router(), &second));
+        let after = routing
+            .route(&store, settings, request)
+            .await
+            .expect("routed");
+        assert!(Arc::ptr_eq(&after.router, &second));
+        assert_eq!(after.turn, before.turn + 1);
+        assert!(Arc::ptr_eq(&before.router, &first));
     }
 }

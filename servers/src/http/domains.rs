@@ -8,7 +8,9 @@ use super::{ApiError, HttpState};
 
 pub async fn list(State(state): State<HttpState>) -> Result<Json<Value>, ApiError> {
     let settings = state.app.settings.snapshot().await?;
-    let registry = &state.app.registry;
+    // The registry routing uses now: with upstream MCP servers, their domains too.
+    let router = state.app.routing().router();
+    let registry = router.registry();
     let domains: Vec<Value> = registry
         .domains()
         .iter()

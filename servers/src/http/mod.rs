@@ -96,21 +96,24 @@ impl HttpState {
     }
 
     /// Chat and `/api/route` route the upstream MCP servers' tools too (`loadout.toml`):
-    /// the app's registry becomes the one `/mcp` serves, linked, toolkit and upstream
-    /// domains, as listed at start. Calls to upstream tools go through the live
-    /// connections; a tool an upstream adds later is served at `/mcp` at once and
-    /// routed for chat from the next start. Call before anything routes: the router
-    /// is built from the registry on first use.
+    /// the app's registry becomes the one `/mcp` serves (linked, toolkit and upstream
+    /// domains), and when an upstream's tool list changes, turns that start after it
+    /// route with a router over the new registry. Calls to upstream tools go through
+    /// the live connections. Call before anything routes: the router is built from
+    /// the registry on first use.
     pub fn with_upstream_tools(mut self) -> HttpState {
         let Some(mcp) = &self.mcp else {
             return self;
         };
+        // Subscribed first, so that a change right after the read is not missed.
+        let changes = mcp.registry_changes();
         let registry = mcp.registry();
         if Arc::ptr_eq(&registry, &self.app.registry) {
             return self;
         }
         self.openai_definitions = Arc::new(route::OpenAiDefinitions::new(&registry));
         self.app = App::with_registry(registry, self.app.settings.clone());
+        tokio::spawn(follow_upstream_tools(self.app.clone(), changes));
         self
     }
 
@@ -121,6 +124,29 @@ impl HttpState {
         }
         self.audit.shutdown().await;
         self.app.shutdown_routing().await;
+    }
+}
+
+/// Replaces the router whenever the MCP server's registry changes; see
+/// [`HttpState::with_upstream_tools`]. The indexes and token counts are built on a
+/// blocking thread (a tenth of a second or more); the dense stage's vectors of new
+/// tool texts follow in the background, as at start.
+async fn follow_upstream_tools(app: App, mut changes: crate::mcp::RegistryChanges) {
+    while let Some(registry) = changes.next().await {
+        let built = tokio::task::spawn_blocking(move || {
+            loadout::router::Router::new(registry, loadout::router::RouterConfig::default())
+        })
+        .await;
+        let Ok(router) = built else {
+            return;
+        };
+        let router = Arc::new(router);
+        app.routing().replace_router(router.clone());
+        tracing::info!(
+            "[router] upstream tools changed: routing {} tools",
+            router.registry().all_tools().len()
+        );
+        app.attach_dense_stage_to(router).await;
     }
 }
 

@@ -1,6 +1,6 @@
 //! `POST /api/route`: the router's selection for a message, without calling a model.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use axum::extract::State;
 use axum::http::header;
@@ -56,26 +56,63 @@ pub async fn route(
 }
 
 /// Each tool's OpenAI definition as JSON text, built on first use: the hot path of
-/// `/api/route` copies text instead of building and dropping JSON trees.
-#[derive(Debug, Default)]
+/// `/api/route` copies text instead of building and dropping JSON trees. Kept for
+/// the registry routing uses now, and started again when that registry is replaced
+/// (an upstream MCP server's tool list changed).
+#[derive(Debug)]
 pub struct OpenAiDefinitions {
+    current: RwLock<Arc<Definitions>>,
+}
+
+#[derive(Debug)]
+struct Definitions {
+    registry: Arc<Registry>,
     by_tool: Vec<OnceLock<String>>,
 }
 
-impl OpenAiDefinitions {
-    pub fn new(registry: &Registry) -> OpenAiDefinitions {
-        OpenAiDefinitions {
+impl Definitions {
+    fn new(registry: &Arc<Registry>) -> Definitions {
+        Definitions {
+            registry: registry.clone(),
             by_tool: (0..registry.all_tools().len())
                 .map(|_| OnceLock::new())
                 .collect(),
         }
     }
 
-    fn get<'a>(&'a self, registry: &Registry, name: &str) -> Option<&'a str> {
-        let idx = registry.tool_idx(name)?;
-        let tool = registry.all_tools().get(idx)?;
+    fn get(&self, name: &str) -> Option<&str> {
+        let idx = self.registry.tool_idx(name)?;
+        let tool = self.registry.all_tools().get(idx)?;
         let cell = self.by_tool.get(idx)?;
         Some(cell.get_or_init(|| loadout::export::openai(tool).to_string()))
+    }
+}
+
+impl OpenAiDefinitions {
+    pub fn new(registry: &Arc<Registry>) -> OpenAiDefinitions {
+        OpenAiDefinitions {
+            current: RwLock::new(Arc::new(Definitions::new(registry))),
+        }
+    }
+
+    /// The definitions of `registry`'s tools.
+    fn of(&self, registry: &Arc<Registry>) -> Arc<Definitions> {
+        let current = self
+            .current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        if Arc::ptr_eq(&current.registry, registry) {
+            return current;
+        }
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !Arc::ptr_eq(&current.registry, registry) {
+            *current = Arc::new(Definitions::new(registry));
+        }
+        current.clone()
     }
 }
 
@@ -83,7 +120,7 @@ impl OpenAiDefinitions {
 /// `{"turn", "summary", "tools", "selection"}`.
 pub fn selection_response(state: &HttpState, routed: &RoutedTurn) -> Result<Response, ApiError> {
     let selection = &routed.selection;
-    let registry = &state.app.registry;
+    let definitions = state.openai_definitions.of(routed.router.registry());
     let mut body = String::with_capacity(16 * 1024);
     body.push_str("{\"turn\":");
     body.push_str(&routed.turn.to_string());
@@ -92,7 +129,7 @@ pub fn selection_response(state: &HttpState, routed: &RoutedTurn) -> Result<Resp
     body.push_str(",\"tools\":[");
     let mut first = true;
     for tool in &selection.tools {
-        let Some(definition) = state.openai_definitions.get(registry, &tool.name) else {
+        let Some(definition) = definitions.get(&tool.name) else {
             continue;
         };
         if !first {

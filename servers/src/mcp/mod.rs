@@ -144,6 +144,14 @@ impl McpServer {
         self.shared.catalog().registry.clone()
     }
 
+    /// Waits for the next change of [`McpServer::registry`] (an upstream server's tool
+    /// list changed) and returns the new registry; `None` once the server is gone.
+    pub fn registry_changes(&self) -> RegistryChanges {
+        RegistryChanges {
+            catalog: self.shared.catalog.subscribe(),
+        }
+    }
+
     /// A handler for one connection.
     pub fn handler(&self) -> McpHandler {
         McpHandler::new(self.shared.clone(), false)
@@ -162,6 +170,18 @@ impl McpServer {
             callback();
         }
         self.upstreams.shutdown().await;
+    }
+}
+
+/// See [`McpServer::registry_changes`].
+pub struct RegistryChanges {
+    catalog: watch::Receiver<Arc<Catalog>>,
+}
+
+impl RegistryChanges {
+    pub async fn next(&mut self) -> Option<Arc<Registry>> {
+        self.catalog.changed().await.ok()?;
+        Some(self.catalog.borrow_and_update().registry.clone())
     }
 }
 

@@ -62,11 +62,11 @@ impl TurnControl {
     /// Applies a change to the session view, re-routes, and persists the changed rows.
     async fn change<F>(&self, apply: F) -> Result<Selection, String>
     where
-        F: FnOnce(&mut RoutedTurn, &Routing) -> Result<Vec<SessionDomainState>, SessionError>,
+        F: FnOnce(&mut RoutedTurn) -> Result<Vec<SessionDomainState>, SessionError>,
     {
         let (changed_rows, selection, turn, carry) = {
             let mut state = self.lock();
-            let rows = apply(&mut state.routed, &self.routing).map_err(|e| e.to_string())?;
+            let rows = apply(&mut state.routed).map_err(|e| e.to_string())?;
             self.routing
                 .reselect(&mut state.routed, Some(&self.session), &self.message);
             state.changed = true;
@@ -93,7 +93,7 @@ impl TurnControl {
     /// Domains among `names` (tool or domain names) that still need settings.
     fn needs_settings(&self, names: &[String]) -> Value {
         let state = self.lock();
-        let registry = self.routing.router.registry();
+        let registry = state.routed.router.registry();
         let domains: BTreeSet<&str> = names
             .iter()
             .filter_map(|name| match (registry.domain(name), registry.tool(name)) {
@@ -118,7 +118,7 @@ impl SessionControl for TurnControl {
         Box::pin(async move {
             let state = self.lock();
             let selection = &state.routed.selection;
-            let router = &self.routing.router;
+            let router = &state.routed.router;
             let hints = encoder_work(router, || {
                 router.search(query, Some(&state.routed.settings), limit)
             });
@@ -142,10 +142,11 @@ impl SessionControl for TurnControl {
     fn load<'a>(&'a self, names: &'a [String]) -> ControlFuture<'a> {
         Box::pin(async move {
             let selection = self
-                .change(|routed, routing| routed.view.load(&routing.router, names))
+                .change(|routed| routed.view.load(&routed.router, names))
                 .await
                 .map_err(|e| format!("{e}; search_tools finds names"))?;
-            let registry = self.routing.router.registry();
+            let router = self.lock().routed.router.clone();
+            let registry = router.registry();
             let available: Vec<&str> = selection
                 .tool_names()
                 .filter(|tool| {
@@ -173,7 +174,7 @@ impl SessionControl for TurnControl {
     fn unload<'a>(&'a self, names: &'a [String]) -> ControlFuture<'a> {
         Box::pin(async move {
             let selection = self
-                .change(|routed, routing| routed.view.unload(&routing.router, names))
+                .change(|routed| routed.view.unload(&routed.router, names))
                 .await?;
             Ok(json!({"unloaded": names, "n_tools": selection.n_tools}))
         })
@@ -182,7 +183,7 @@ impl SessionControl for TurnControl {
     fn load_all_for_this_turn(&self) -> ControlFuture<'_> {
         Box::pin(async move {
             let selection = self
-                .change(|routed, _| {
+                .change(|routed| {
                     routed.view.load_all_for_this_turn();
                     Ok(Vec::new())
                 })

@@ -97,7 +97,8 @@ impl Turn {
 
     pub async fn run(self, events: &mut Events) -> Result<TurnOutcome, LlmError> {
         let store = self.state.app.store().clone();
-        let registry = self.state.app.registry.clone();
+        // The turn's router's registry: the upstream tools it was routed with.
+        let registry = self.control.lock().routed.router.registry().clone();
         let turn = self.turn_number();
         let mut messages = match store.messages(&self.session).await {
             Ok(rows) => history(&rows),
@@ -106,10 +107,7 @@ impl Turn {
                 vec![json!({"role": "user", "content": self.message})]
             }
         };
-        let ctx = self
-            .state
-            .app
-            .context()
+        let ctx = loadout::ToolContext::new(registry.clone(), self.state.app.settings.clone())
             .with_session(self.session.clone())
             .with_client("chat")
             .with_session_control(std::sync::Arc::new(self.control.clone()));
@@ -222,7 +220,7 @@ impl Turn {
     /// the model reads.
     async fn execute(&self, call: &ToolCall, ctx: loadout::ToolContext) -> CallResult {
         let started = Instant::now();
-        let registry = self.state.app.registry.clone();
+        let registry = self.control.lock().routed.router.registry().clone();
         let sent = self.control.lock().routed.selection.contains(&call.name);
         let args: Result<Value, String> = if call.arguments.trim().is_empty() {
             Ok(json!({}))
@@ -288,11 +286,11 @@ impl Turn {
         let (changed, carry) = {
             let mut state = self.control.lock();
             let routing = self.state.app.routing();
-            let changed = state.routed.view.record_calls(&routing.router, &[tool]);
+            let router = state.routed.router.clone();
+            let changed = state.routed.view.record_calls(&router, &[tool]);
             let selection = &state.routed.selection;
             let mut carry = None;
-            if routing
-                .router
+            if router
                 .next_steps(tool)
                 .any(|next| !selection.contains(next))
             {
