@@ -137,8 +137,12 @@ async fn follow_upstream_tools(app: App, mut changes: crate::mcp::RegistryChange
             loadout::router::Router::new(registry, loadout::router::RouterConfig::default())
         })
         .await;
-        let Ok(router) = built else {
-            return;
+        let router = match built {
+            Ok(router) => router,
+            Err(e) => {
+                tracing::warn!("upstream tools changed, but the router was not rebuilt: {e}");
+                return;
+            }
         };
         let router = Arc::new(router);
         app.routing().replace_router(router.clone());

@@ -144,8 +144,8 @@ impl McpServer {
         self.shared.catalog().registry.clone()
     }
 
-    /// Waits for the next change of [`McpServer::registry`] (an upstream server's tool
-    /// list changed) and returns the new registry; `None` once the server is gone.
+    /// The changes of [`McpServer::registry`] from now on (an upstream server's tool
+    /// list changed), one [`RegistryChanges::next`] at a time.
     pub fn registry_changes(&self) -> RegistryChanges {
         RegistryChanges {
             catalog: self.shared.catalog.subscribe(),
@@ -179,6 +179,8 @@ pub struct RegistryChanges {
 }
 
 impl RegistryChanges {
+    /// Waits for the next change and returns the registry as it is then (changes made
+    /// in between are folded into it); `None` once the MCP server is gone.
     pub async fn next(&mut self) -> Option<Arc<Registry>> {
         self.catalog.changed().await.ok()?;
         Some(self.catalog.borrow_and_update().registry.clone())
