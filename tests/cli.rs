@@ -200,3 +200,42 @@ fn route_uses_the_dense_stage_unless_asked_not_to() {
     let lexical = reasons(&["--lexical"]);
     assert!(!lexical.contains("dense"), "{lexical}");
 }
+
+/// A key no domain declares is refused by name, not routed as if nothing were set.
+#[test]
+fn route_refuses_a_configured_key_no_domain_declares() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = loadout(dir.path())
+        .args([
+            "route",
+            "list my files",
+            "--lexical",
+            "--configured",
+            "filesystem_roots,filesytem_root",
+        ])
+        .output()
+        .expect("run loadout");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`filesytem_root`"), "{stderr}");
+    assert!(!stderr.contains("`filesystem_roots`"), "{stderr}");
+    assert!(stderr.contains("filesystem_roots"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let output = loadout(dir.path())
+        .args([
+            "route",
+            "list my files",
+            "--lexical",
+            "--configured",
+            "filesystem_roots",
+        ])
+        .output()
+        .expect("run loadout");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("filesystem"));
+}

@@ -44,7 +44,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     }
     let settings = match args.configured.as_deref() {
         None => app.settings.snapshot().await?,
-        Some(configured) => Arc::new(assumed_settings(&app, configured)),
+        Some(configured) => Arc::new(assumed_settings(&app, configured)?),
     };
     let routed = app
         .routing()
@@ -81,14 +81,18 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `all` → every settings key of every domain; otherwise the listed keys.
-fn assumed_settings(app: &App, configured: &str) -> BTreeMap<String, String> {
-    let keys: Vec<String> = if configured == "all" {
-        app.registry
-            .domains()
-            .iter()
-            .flat_map(|d| d.settings_keys.clone())
-            .collect()
+/// `all` → every settings key of every domain; otherwise the listed keys, each of
+/// which some domain must declare: a misspelt key would otherwise route as if nothing
+/// were configured, and say nothing.
+fn assumed_settings(app: &App, configured: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    let declared: std::collections::BTreeSet<&str> = app
+        .registry
+        .domains()
+        .iter()
+        .flat_map(|d| d.settings_keys.iter().map(String::as_str))
+        .collect();
+    let keys: Vec<String> = if configured.trim() == "all" {
+        declared.iter().map(|k| (*k).to_owned()).collect()
     } else {
         configured
             .split(',')
@@ -96,7 +100,24 @@ fn assumed_settings(app: &App, configured: &str) -> BTreeMap<String, String> {
             .filter(|k| !k.is_empty())
             .collect()
     };
-    keys.into_iter()
+    let unknown: Vec<&str> = keys
+        .iter()
+        .map(String::as_str)
+        .filter(|k| !declared.contains(k))
+        .collect();
+    if !unknown.is_empty() {
+        anyhow::bail!(
+            "--configured: no domain declares {}; the keys domains declare: {}",
+            unknown
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            declared.iter().copied().collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(keys
+        .into_iter()
         .map(|k| (k, "(assumed)".to_owned()))
-        .collect()
+        .collect())
 }
