@@ -868,18 +868,10 @@ async fn a_turn_whose_writes_fail_says_how_many_were_not_saved() {
 /// `/api/route` like linked ones, and a chat turn's call reaches the upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_tools_are_routed_and_called_in_chat() {
-    let python = ["python3", "python"].into_iter().find(|p| {
-        std::process::Command::new(p)
-            .arg("--version")
-            .output()
-            .is_ok()
-    });
-    let Some(python) = python else {
-        eprintln!("skipped: no python3 for the fake upstream server");
+    let Some((python, script)) = crate::support::fake_upstream() else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/fake_upstream.py");
     std::fs::write(
         dir.path().join("loadout.toml"),
         format!(

@@ -205,16 +205,14 @@ fn route_uses_the_dense_stage_unless_asked_not_to() {
 #[test]
 fn route_refuses_a_configured_key_no_domain_declares() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let output = loadout(dir.path())
-        .args([
-            "route",
-            "list my files",
-            "--lexical",
-            "--configured",
-            "filesystem_roots,filesytem_root",
-        ])
-        .output()
-        .expect("run loadout");
+    let route = |configured: &str| {
+        loadout(dir.path())
+            .args(["route", "list my files", "--lexical", "--configured"])
+            .arg(configured)
+            .output()
+            .expect("run loadout")
+    };
+    let output = route("filesystem_roots,filesytem_root");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("`filesytem_root`"), "{stderr}");
@@ -222,16 +220,7 @@ fn route_refuses_a_configured_key_no_domain_declares() {
     assert!(stderr.contains("filesystem_roots"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 
-    let output = loadout(dir.path())
-        .args([
-            "route",
-            "list my files",
-            "--lexical",
-            "--configured",
-            "filesystem_roots",
-        ])
-        .output()
-        .expect("run loadout");
+    let output = route("filesystem_roots");
     assert!(
         output.status.success(),
         "{}",

@@ -428,20 +428,9 @@ async fn dynamic_mode_lists_core_and_loads_on_request() {
     mcp.close().await;
 }
 
-fn fake_upstream_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/fake_upstream.py")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_servers_are_imported_forwarded_followed_and_restarted() {
-    let python = ["python3", "python"].into_iter().find(|p| {
-        std::process::Command::new(p)
-            .arg("--version")
-            .output()
-            .is_ok()
-    });
-    let Some(python) = python else {
-        eprintln!("skipped: no python3 for the fake upstream server");
+    let Some((python, script)) = crate::support::fake_upstream() else {
         return;
     };
     let data = tempfile::tempdir().expect("tempdir");
@@ -450,7 +439,7 @@ async fn upstream_servers_are_imported_forwarded_followed_and_restarted() {
         data.path().join("loadout.toml"),
         format!(
             "[servers.fake]\ncommand = {python:?}\nargs = [{script:?}]\nkeywords = [\"echo\"]\nenv = {{ FAKE_UPSTREAM_LOG = {log:?} }}\n",
-            script = fake_upstream_script().display().to_string(),
+            script = script.display().to_string(),
             log = starts.display().to_string(),
         ),
     )

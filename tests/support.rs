@@ -46,3 +46,22 @@ pub async fn send(
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
     (status, value)
 }
+
+/// The fake stdio MCP server (`tests/python/fake_upstream.py`) that upstream tests
+/// import, with the Python that runs it; `None` when no Python is installed (the
+/// tests that need it say they skipped).
+pub fn fake_upstream() -> Option<(&'static str, std::path::PathBuf)> {
+    let python = ["python3", "python"].into_iter().find(|p| {
+        std::process::Command::new(p)
+            .arg("--version")
+            .output()
+            .is_ok()
+    });
+    let Some(python) = python else {
+        eprintln!("skipped: no python3 for the fake upstream server");
+        return None;
+    };
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/fake_upstream.py");
+    Some((python, script))
+}
