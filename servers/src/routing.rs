@@ -245,18 +245,6 @@ impl Routing {
         );
     }
 
-    /// Records tool calls made during a turn (chat loop) and persists the state.
-    pub async fn record_calls(
-        &self,
-        store: &Store,
-        session: &str,
-        view: &mut SessionView,
-        called: &[String],
-    ) -> Result<(), StoreError> {
-        let changed = view.record_calls(&self.router(), called);
-        self.persist(store, session, &changed, None).await
-    }
-
     /// Stores the session's changed domain rows and, after a [`Routing::reselect`],
     /// what its turn now carries over (`(turn, carry)`).
     pub async fn persist(
