@@ -111,7 +111,7 @@ impl HttpState {
         if Arc::ptr_eq(&registry, &self.app.registry) {
             return self;
         }
-        self.openai_definitions = Arc::new(route::OpenAiDefinitions::new(&registry));
+        // The OpenAI definitions cache follows the router's registry by itself.
         self.app = App::with_registry(registry, self.app.settings.clone());
         tokio::spawn(follow_upstream_tools(self.app.clone(), changes));
         self

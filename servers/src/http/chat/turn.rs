@@ -220,8 +220,14 @@ impl Turn {
     /// the model reads.
     async fn execute(&self, call: &ToolCall, ctx: loadout::ToolContext) -> CallResult {
         let started = Instant::now();
-        let registry = self.control.lock().routed.router.registry().clone();
-        let sent = self.control.lock().routed.selection.contains(&call.name);
+        let (registry, sent) = {
+            let state = self.control.lock();
+            let routed = &state.routed;
+            (
+                routed.router.registry().clone(),
+                routed.selection.contains(&call.name),
+            )
+        };
         let args: Result<Value, String> = if call.arguments.trim().is_empty() {
             Ok(json!({}))
         } else {
