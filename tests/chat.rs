@@ -152,10 +152,7 @@ fn load_script(root: &Path) -> Script {
 }
 
 async fn open(dir: &Path) -> HttpState {
-    let config = Config {
-        data_dir: dir.to_path_buf(),
-        database_url: None,
-    };
+    let config = Config::in_data_dir(dir.to_path_buf());
     HttpState::new(App::open(&config).await.expect("open app"), None)
 }
 

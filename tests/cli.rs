@@ -228,3 +228,57 @@ fn route_refuses_a_configured_key_no_domain_declares() {
     );
     assert!(String::from_utf8_lossy(&output.stdout).contains("filesystem"));
 }
+
+/// `[router]` in the data dir's `loadout.toml` tunes what `route` (and `serve`)
+/// sends; a bad key stops the command with the key named.
+#[test]
+fn route_takes_the_router_tunables_of_the_config_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let route = |extra: &[&str]| {
+        loadout(dir.path())
+            .args(["route", "list my files", "--lexical", "--json"])
+            .args(["--configured", "filesystem_roots"])
+            .args(extra)
+            .output()
+            .expect("run loadout")
+    };
+    let selection = |output: std::process::Output| -> serde_json::Value {
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).expect("selection JSON")
+    };
+    let filesystem_tools = |selection: &serde_json::Value| {
+        selection["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .filter(|t| t["domain"] == "filesystem")
+            .count()
+    };
+    let defaults = selection(route(&[]));
+    assert_eq!(defaults["token_budget"], 4000);
+    assert!(filesystem_tools(&defaults) > 2, "{defaults}");
+
+    std::fs::write(
+        dir.path().join("loadout.toml"),
+        "[router]\ntoken_budget = 3210\ndomain_tool_cap = 2\n",
+    )
+    .expect("write config");
+    let tuned = selection(route(&[]));
+    assert_eq!(tuned["token_budget"], 3210);
+    assert_eq!(filesystem_tools(&tuned), 2, "{tuned}");
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[router]\ntoken_budjet = 3000\n").expect("write config");
+    let output = route(&["--config", &bad.display().to_string()]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("token_budjet") && stderr.contains("bad.toml"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

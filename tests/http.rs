@@ -277,10 +277,7 @@ fn sent_stages(routed: &Value) -> Vec<(String, String)> {
 async fn a_follow_up_carries_the_last_turn_over_with_the_log_off_and_after_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let open = || async {
-        let config = loadout_server::app::Config {
-            data_dir: dir.path().to_path_buf(),
-            database_url: None,
-        };
+        let config = loadout_server::app::Config::in_data_dir(dir.path().to_path_buf());
         let app_state = loadout_server::app::App::open(&config)
             .await
             .expect("open app");
@@ -495,10 +492,7 @@ async fn a_database_outage_answers_503_and_service_resumes_without_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_decision_log_never_fails_a_routing_request() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = loadout_server::app::Config {
-        data_dir: dir.path().to_path_buf(),
-        database_url: None,
-    };
+    let config = loadout_server::app::Config::in_data_dir(dir.path().to_path_buf());
     let app_state = loadout_server::app::App::open(&config)
         .await
         .expect("open app");

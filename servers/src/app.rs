@@ -5,15 +5,29 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context as _;
-use loadout::router::{Router, RouterConfig};
+use loadout::router::Router;
 use loadout::{Registry, Settings, Store, ToolContext};
 
+use crate::config::{CONFIG_FILE, ConfigFile};
 use crate::routing::Routing;
 
 #[derive(Debug, Clone)]
 pub struct Config {
     pub data_dir: PathBuf,
     pub database_url: Option<String>,
+    /// The config file; `None`: `loadout.toml` in the data dir, if it exists.
+    pub config_file: Option<PathBuf>,
+}
+
+impl Config {
+    /// The data dir's store and config file.
+    pub fn in_data_dir(data_dir: impl Into<PathBuf>) -> Config {
+        Config {
+            data_dir: data_dir.into(),
+            database_url: None,
+            config_file: None,
+        }
+    }
 }
 
 /// `~/.loadout`, or `./.loadout` when no home directory is known.
@@ -29,6 +43,8 @@ pub fn default_data_dir() -> PathBuf {
 pub struct App {
     pub registry: Arc<Registry>,
     pub settings: Settings,
+    /// `loadout.toml`: the router's tunables and the upstream MCP servers.
+    pub config: Arc<ConfigFile>,
     /// Built on first use: the router counts every tool's tokens and the decision
     /// writer needs a runtime, which commands that never route (`settings`,
     /// `audit`, `loadout mcp`) should not pay for.
@@ -40,25 +56,58 @@ pub type DenseStageBuild = std::thread::JoinHandle<Result<loadout::embed::DenseB
 
 impl App {
     pub async fn open(config: &Config) -> anyhow::Result<App> {
+        // The config file first: a typo in it should not wait on the database.
+        let file = match &config.config_file {
+            Some(path) => ConfigFile::load(path, true)?,
+            None => ConfigFile::load(&config.data_dir.join(CONFIG_FILE), false)?,
+        };
         let registry = loadout_domains::registry().context("building the tool registry")?;
+        warn_unknown_pins(&file, &registry);
         let store = open_store(config.database_url.as_deref(), &config.data_dir).await?;
-        Ok(App::with_registry(Arc::new(registry), Settings::new(store)))
+        Ok(App::with_registry(Arc::new(registry), Settings::new(store)).with_config(file))
     }
 
-    /// An app over a given registry (toolkits added, upstream domains, tests).
+    /// An app over a given registry (toolkits added, upstream domains, tests), with
+    /// the defaults of an absent config file.
     pub fn with_registry(registry: Arc<Registry>, settings: Settings) -> App {
+        let config = ConfigFile::defaults(settings.store().data_dir().join(CONFIG_FILE));
         App {
             registry,
             settings,
+            config: Arc::new(config),
             routing: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The same app over another registry: the config and store stay, and the
+    /// router is built again on first use.
+    pub fn with_other_registry(&self, registry: Arc<Registry>) -> App {
+        App {
+            registry,
+            settings: self.settings.clone(),
+            config: self.config.clone(),
+            routing: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Takes a loaded config file. Call before anything routes.
+    pub fn with_config(mut self, config: ConfigFile) -> App {
+        self.config = Arc::new(config);
+        self
+    }
+
+    /// A router over `registry` with the config file's tunables: every entry point
+    /// builds its routers here, so `[router]` applies to chat, `/api/route`,
+    /// `loadout route` and MCP's `search_tools` alike.
+    pub fn new_router(&self, registry: Arc<Registry>) -> Router {
+        Router::new(registry, self.config.router.clone())
     }
 
     /// The router and its decision log, built on first use. Call from inside the
     /// tokio runtime (the decision writer is a task).
     pub fn routing(&self) -> &Routing {
         self.routing.get_or_init(|| {
-            let router = Arc::new(Router::new(self.registry.clone(), RouterConfig::default()));
+            let router = Arc::new(self.new_router(self.registry.clone()));
             Routing::new(router, self.settings.store().clone())
         })
     }
@@ -124,6 +173,19 @@ impl App {
 
     pub fn context(&self) -> ToolContext {
         ToolContext::new(self.registry.clone(), self.settings.clone())
+    }
+}
+
+/// A `pin_on_tools` name no tool has is most likely a typo. Only a warning: an
+/// upstream server's tools (`<server>__<tool>`) are listed after start.
+fn warn_unknown_pins(config: &ConfigFile, registry: &Registry) {
+    for name in &config.router.pin_on_tools {
+        if registry.tool(name).is_none() && !name.contains("__") {
+            tracing::warn!(
+                "{}: router.pin_on_tools names `{name}`, which no tool has",
+                config.path.display()
+            );
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod config;
 pub mod embeddings;
 pub mod http;
 pub mod log_writer;
@@ -31,6 +32,10 @@ pub struct Cli {
     /// State backend URL; default: SQLite `loadout.db` in the data dir.
     #[arg(long, env = "LOADOUT_DATABASE_URL", global = true)]
     database_url: Option<String>,
+    /// Config file: `[router]` tunables and upstream `[servers.<name>]`; default:
+    /// `loadout.toml` in the data dir, if it exists.
+    #[arg(long, env = "LOADOUT_CONFIG", global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -59,6 +64,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = app::Config {
         data_dir: cli.data_dir.unwrap_or_else(app::default_data_dir),
         database_url: cli.database_url,
+        config_file: cli.config,
     };
     let app = app::App::open(&config).await?;
     match cli.command {

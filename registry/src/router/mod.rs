@@ -152,6 +152,56 @@ impl Default for RouterConfig {
     }
 }
 
+impl RouterConfig {
+    /// Every value the router cannot work with, each naming its field: a config file
+    /// with a typo'd number should fail at start, not route strangely. Deserializing
+    /// already refuses unknown fields and wrong types; this checks the ranges.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut check = |field: &str, value: f32, low: f32, high: f32| {
+            if !(low..=high).contains(&value) {
+                problems.push(format!(
+                    "`{field}` is {value}; it must be in {low}..={high}"
+                ));
+            }
+        };
+        // The ranges: BM25 scores are shares of the message's weight; cosines lie
+        // in -1..=1.
+        check("bm25_min_score", self.bm25_min_score, 0.0, 1.0);
+        check("bm25_relative", self.bm25_relative, 0.0, 1.0);
+        check("dense_min_score", self.dense_min_score, -1.0, 1.0);
+        check("dense_top1_min_score", self.dense_top1_min_score, -1.0, 1.0);
+        check("dense_margin", self.dense_margin, 0.0, 2.0);
+        check("dense_floor", self.dense_floor, -1.0, 1.0);
+        check("dense_ceiling", self.dense_ceiling, -1.0, 1.0);
+        if !(self.rrf_k.is_finite() && self.rrf_k >= 0.0) {
+            problems.push(format!("`rrf_k` is {}; it must be 0 or more", self.rrf_k));
+        }
+        if self.dense_floor.is_finite()
+            && self.dense_ceiling.is_finite()
+            && self.dense_ceiling <= self.dense_floor
+        {
+            problems.push(format!(
+                "`dense_ceiling` ({}) must be above `dense_floor` ({})",
+                self.dense_ceiling, self.dense_floor
+            ));
+        }
+        if self.idle_turns < 0 {
+            problems.push(format!(
+                "`idle_turns` is {}; it must be 0 or more",
+                self.idle_turns
+            ));
+        }
+        if self.domain_tool_cap == 0 {
+            problems.push(
+                "`domain_tool_cap` is 0: a large domain would send none of its tools; it must be 1 or more"
+                    .into(),
+            );
+        }
+        problems
+    }
+}
+
 /// One message to route.
 #[derive(Debug, Clone, Copy)]
 pub struct RouteInput<'a> {

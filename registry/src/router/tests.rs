@@ -1150,3 +1150,28 @@ fn a_domain_no_stage_ranked_reads_unranked_in_its_reason() {
     // every one): not `#18446744073709551615`.
     assert_eq!(super::Rank(usize::MAX).to_string(), "unranked");
 }
+
+#[test]
+fn a_config_out_of_range_names_each_bad_field() {
+    assert!(RouterConfig::default().problems().is_empty());
+    let config = RouterConfig {
+        bm25_min_score: 1.5,
+        dense_floor: 0.6,
+        dense_ceiling: 0.4,
+        rrf_k: f32::NAN,
+        idle_turns: -1,
+        domain_tool_cap: 0,
+        ..RouterConfig::default()
+    };
+    let problems = config.problems().join("\n");
+    for field in [
+        "`bm25_min_score` is 1.5",
+        "`dense_ceiling` (0.4) must be above `dense_floor` (0.6)",
+        "`rrf_k` is NaN",
+        "`idle_turns` is -1",
+        "`domain_tool_cap` is 0",
+    ] {
+        assert!(problems.contains(field), "{field} not in:\n{problems}");
+    }
+    assert_eq!(config.problems().len(), 5, "{problems}");
+}

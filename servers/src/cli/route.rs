@@ -34,7 +34,7 @@ pub struct Args {
 
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     let app = match &args.catalog {
-        Some(dir) => App::with_registry(with_toolkits(&app.registry, dir)?, app.settings.clone()),
+        Some(dir) => app.with_other_registry(with_toolkits(&app.registry, dir)?),
         None => app.clone(),
     };
     // The same stages as `loadout serve`, so that what this prints is what the

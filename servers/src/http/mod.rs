@@ -112,7 +112,7 @@ impl HttpState {
             return self;
         }
         // The OpenAI definitions cache follows the router's registry by itself.
-        self.app = App::with_registry(registry, self.app.settings.clone());
+        self.app = self.app.with_other_registry(registry);
         tokio::spawn(follow_upstream_tools(self.app.clone(), changes));
         self
     }
@@ -133,10 +133,8 @@ impl HttpState {
 /// tool texts follow in the background, as at start.
 async fn follow_upstream_tools(app: App, mut changes: crate::mcp::RegistryChanges) {
     while let Some(registry) = changes.next().await {
-        let built = tokio::task::spawn_blocking(move || {
-            loadout::router::Router::new(registry, loadout::router::RouterConfig::default())
-        })
-        .await;
+        let builder = app.clone();
+        let built = tokio::task::spawn_blocking(move || builder.new_router(registry)).await;
         let router = match built {
             Ok(router) => router,
             Err(e) => {
@@ -233,10 +231,7 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
     // Before anything is built from the registry: chat, `/api/route` and `/mcp` all
     // see the toolkit domains (a toolkit domain named like a linked one is skipped).
     let app = match &args.catalog {
-        Some(dir) => App::with_registry(
-            crate::app::with_toolkits(&app.registry, dir)?,
-            app.settings.clone(),
-        ),
+        Some(dir) => app.with_other_registry(crate::app::with_toolkits(&app.registry, dir)?),
         None => app,
     };
     crate::retention::spawn(app.settings.clone());

@@ -54,12 +54,14 @@ impl Catalog {
     }
 
     /// `search_tools` over MCP: every tool (one that needs settings says so when
-    /// called), ranked as the router ranks them for chat. `on_build` gets the router
+    /// called), ranked as the router ranks them for chat. `config`: the router's
+    /// tunables, for the first search, which builds it; `on_build` gets the router
     /// when this search built it (to attach its dense stage).
     pub fn search(
         &self,
         query: &str,
         limit: usize,
+        config: &RouterConfig,
         on_build: impl FnOnce(&Arc<Router>),
     ) -> Vec<Hint> {
         let mut built = false;
@@ -68,7 +70,7 @@ impl Catalog {
         let router = self.router.get_or_init(|| {
             built = true;
             crate::routing::off_worker(|| {
-                Arc::new(Router::new(self.registry.clone(), RouterConfig::default()))
+                Arc::new(Router::new(self.registry.clone(), config.clone()))
             })
         });
         if built {

@@ -186,19 +186,20 @@ mod tests {
     #[test]
     fn search_finds_every_tool_by_words_of_its_purpose() {
         let catalog = super::super::catalog::Catalog::new(std::sync::Arc::new(registry()));
-        let hits = catalog.search("read a file", 5, |_| {});
+        let config = loadout::router::RouterConfig::default();
+        let hits = catalog.search("read a file", 5, &config, |_| {});
         assert_eq!(hits.first().map(|h| h.name.as_str()), Some("read_file"));
-        let hits = catalog.search("파일 읽기", 5, |_| {});
+        let hits = catalog.search("파일 읽기", 5, &config, |_| {});
         assert!(hits.iter().any(|h| h.name == "read_file"), "{hits:?}");
-        assert!(catalog.search("zzzz qqqq", 5, |_| {}).is_empty());
+        assert!(catalog.search("zzzz qqqq", 5, &config, |_| {}).is_empty());
         // Found although its domain needs settings no one has set.
         assert!(
             catalog
-                .search("list the files in a folder", 5, |_| {})
+                .search("list the files in a folder", 5, &config, |_| {})
                 .iter()
                 .any(|h| h.domain == "filesystem")
         );
-        assert_eq!(catalog.search("memory", 3, |_| {}).len(), 3);
+        assert_eq!(catalog.search("memory", 3, &config, |_| {}).len(), 3);
     }
 
     #[test]

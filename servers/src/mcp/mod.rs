@@ -9,7 +9,7 @@ mod auth;
 mod catalog;
 mod dynamic;
 mod handler;
-mod upstream;
+pub mod upstream;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,10 +44,6 @@ pub struct Args {
     /// Expose only core and the meta-tools; loading tools changes the list.
     #[arg(long)]
     dynamic: bool,
-    /// Upstream MCP servers to import as domains (default: `loadout.toml` in the
-    /// data dir, if it exists).
-    #[arg(long, value_name = "PATH")]
-    config: Option<PathBuf>,
     /// Also serve the toolkit files (`*.json`) of this directory; their tools are
     /// listed and answer "no backend" when called.
     #[arg(long, value_name = "DIR")]
@@ -58,7 +54,7 @@ pub struct Args {
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     pub dynamic: bool,
-    /// The upstream servers' config file; `None`: `loadout.toml` in the data dir.
+    /// A config file to take the upstream servers from instead of the app's.
     pub config: Option<PathBuf>,
     /// A directory of toolkit files to add to the registry.
     pub catalog: Option<PathBuf>,
@@ -93,19 +89,15 @@ impl McpServer {
         audit: AuditWriter,
         options: Options,
     ) -> anyhow::Result<McpServer> {
-        let (config_path, explicit) = match options.config {
-            Some(path) => (path, true),
-            None => (
-                app.settings.store().data_dir().join(upstream::CONFIG_FILE),
-                false,
-            ),
+        let config = match options.config {
+            Some(path) => Arc::new(crate::config::ConfigFile::load(&path, true)?),
+            None => app.config.clone(),
         };
-        let servers = upstream::load_config(&config_path, explicit)?;
         let (changed_tx, changed_rx) = mpsc::unbounded_channel();
-        let upstreams = if servers.is_empty() {
+        let upstreams = if config.servers.is_empty() {
             Upstreams::none()
         } else {
-            Upstreams::start(&config_path, servers, changed_tx).await
+            Upstreams::start(&config.path, config.servers.clone(), changed_tx).await
         };
         let base = match &options.catalog {
             Some(dir) => crate::app::with_toolkits(&app.registry, dir)?,
@@ -271,7 +263,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     let audit = AuditWriter::start(app.settings.store().clone());
     let options = Options {
         dynamic: args.dynamic,
-        config: args.config,
+        config: None,
         catalog: args.catalog,
     };
     let server = McpServer::start(app.clone(), audit.clone(), options).await?;

@@ -1,7 +1,7 @@
 //! Upstream MCP servers as domains.
 //!
-//! `loadout.toml` (in the data dir, or `--config PATH`) lists servers, run as a
-//! child process over stdio or reached over streamable HTTP:
+//! The config file's `[servers]` table (`loadout.toml`, see [`crate::config`]) lists
+//! servers, run as a child process over stdio or reached over streamable HTTP:
 //!
 //! ```toml
 //! [servers.time]
@@ -77,16 +77,6 @@ const TRANSPORT_HEADERS: &[&str] = &[
     "mcp-session-id",
 ];
 
-/// The config file's name in the data dir.
-pub const CONFIG_FILE: &str = "loadout.toml";
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConfigFile {
-    #[serde(default)]
-    servers: BTreeMap<String, ServerConfig>,
-}
-
 /// One `[servers.<name>]` entry.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -137,20 +127,15 @@ impl std::fmt::Debug for ServerConfig {
     }
 }
 
-/// Servers from the config file. A missing default file means none; a missing
-/// file named with `--config` is an error. Every bad entry is reported at once.
-pub fn load_config(path: &Path, explicit: bool) -> anyhow::Result<Vec<(String, ServerConfig)>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(Vec::new()),
-        Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
-    };
-    let file: ConfigFile =
-        toml::from_str(&text).with_context(|| format!("invalid {}", path.display()))?;
+/// The enabled servers of the config file's `[servers]` table by domain slug, and
+/// every problem with any entry (each naming its `servers.<name>` key).
+pub(crate) fn check_servers(
+    entries: BTreeMap<String, ServerConfig>,
+) -> (Vec<(String, ServerConfig)>, Vec<String>) {
     let mut problems = Vec::new();
     let mut servers = Vec::new();
     let mut domains = HashSet::new();
-    for (name, config) in file.servers {
+    for (name, config) in entries {
         let key = format!("servers.{name}");
         let Some(slug) = server_slug(&name) else {
             problems.push(format!(
@@ -208,10 +193,7 @@ pub fn load_config(path: &Path, explicit: bool) -> anyhow::Result<Vec<(String, S
             servers.push((slug, config));
         }
     }
-    if !problems.is_empty() {
-        anyhow::bail!("{}:\n  {}", path.display(), problems.join("\n  "));
-    }
-    Ok(servers)
+    (servers, problems)
 }
 
 /// Why `url` cannot be an MCP endpoint, if it cannot. The URL itself is not
@@ -1306,7 +1288,10 @@ mod tests {
     #[test]
     fn config_errors_are_all_reported() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(CONFIG_FILE);
+        let path = dir.path().join(crate::config::CONFIG_FILE);
+        let load_config = |path: &Path, explicit| {
+            crate::config::ConfigFile::load(path, explicit).map(|config| config.servers)
+        };
         std::fs::write(
             &path,
             r#"
