@@ -1175,3 +1175,332 @@ fn a_config_out_of_range_names_each_bad_field() {
     }
     assert_eq!(config.problems().len(), 5, "{problems}");
 }
+
+/// SplitMix64: a seeded generator for the randomized test below (no dependency, and
+/// a failing seed replays exactly).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+    fn piece(&mut self) -> &'static str {
+        PIECES[self.below(PIECES.len())]
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// Embeds any text as a direction derived from its bytes: arbitrary cosines, the
+/// same for the same text.
+struct HashEmbedder;
+
+impl Embedder for HashEmbedder {
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+        Ok(texts
+            .iter()
+            .map(|text| {
+                let mut rng = Rng(text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+                }));
+                let v: Vec<f32> = (0..8).map(|_| rng.unit() - 0.5).collect();
+                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+                v.into_iter().map(|x| x / norm).collect()
+            })
+            .collect())
+    }
+    fn model_id(&self) -> &str {
+        "hash"
+    }
+}
+
+/// Words, scripts and shapes a message may have: catalog words, request splitters,
+/// Korean, characters whose lowercase is longer than they are (`İ`), combining marks,
+/// emoji, right-to-left text, control characters, long runs.
+const PIECES: &[&str] = &[
+    "weather",
+    "forecast",
+    "light",
+    "lights",
+    "highlight",
+    "table",
+    "sql",
+    "remember",
+    "recall",
+    "news",
+    "headlines",
+    "docker",
+    "container",
+    "restart",
+    "the",
+    "and",
+    "and then",
+    "also",
+    ";",
+    ".",
+    "!",
+    "?",
+    "\n",
+    "\r\n",
+    ",",
+    "날씨",
+    "그리고",
+    "하고",
+    "고마워",
+    "부산",
+    "thanks",
+    "hi",
+    "ok",
+    "İ",
+    "İstanbul",
+    "ß",
+    "STRASSE",
+    "e\u{301}",
+    "🙂",
+    "👩‍💻",
+    "مرحبا",
+    "天气",
+    "\u{200b}",
+    "\u{0}",
+    "\t",
+    "  ",
+    "1,000",
+    "-",
+    "'",
+    "\"",
+    "`rm -rf /`",
+    "%s",
+    "{}",
+    "[",
+    "outside",
+    "umbrella",
+    "lamp",
+    "morning",
+    "now",
+    "settings",
+];
+
+fn random_message(rng: &mut Rng) -> String {
+    let n = match rng.below(20) {
+        0 => 0,
+        1 => 2000,
+        _ => 1 + rng.below(25),
+    };
+    let mut message = String::new();
+    for _ in 0..n {
+        message.push_str(rng.piece());
+        if rng.chance(70) {
+            message.push(' ');
+        }
+    }
+    message
+}
+
+/// Any valid config, as a `[router]` table may set it.
+fn random_config(rng: &mut Rng) -> RouterConfig {
+    let defaults = RouterConfig::default();
+    let floor = rng.unit() * 0.5 - 0.2;
+    let config = RouterConfig {
+        idle_turns: rng.below(8) as i64,
+        token_budget: *rng.pick(&[0, 300, 1000, 4000, 100_000]),
+        bm25_min_score: rng.unit() * 0.5,
+        bm25_relative: rng.unit(),
+        bm25_top_k: rng.below(5),
+        domain_tool_cap: 1 + rng.below(14),
+        carry_over: rng.chance(50),
+        max_hints: rng.below(50),
+        dense_min_score: rng.unit() - 0.2,
+        dense_margin: rng.unit() * 0.3,
+        dense_top1_min_score: rng.unit() - 0.2,
+        dense_top_k: rng.below(5),
+        request_top_k: rng.below(4),
+        dense_floor: floor,
+        dense_ceiling: (floor + 0.05 + rng.unit() * 0.8).min(1.0),
+        rrf_k: rng.unit() * 60.0,
+        no_tool_for_chitchat: rng.chance(50),
+        backfill_tokens: *rng.pick(&[0, 500, 2500, 10_000]),
+        backfill_tools: rng.below(40),
+        backfill_tool_cap: rng.below(8),
+        fallback_tool_cap: rng.below(6),
+        ..defaults
+    };
+    assert!(config.problems().is_empty(), "{:?}", config.problems());
+    config
+}
+
+/// What every selection promises, whatever the message, session and config.
+fn check_selection(
+    router: &Router,
+    settings: &BTreeMap<String, String>,
+    session: &SessionView,
+    budget: usize,
+    selection: &Selection,
+) {
+    let registry = router.registry();
+    assert_eq!(selection.n_tools, selection.tools.len());
+    assert_eq!(
+        selection.tokens,
+        selection.tools.iter().map(|t| t.tokens).sum::<usize>()
+    );
+    assert_eq!(selection.domains.len(), registry.domains().len());
+    assert!(selection.hints.len() <= router.config().max_hints);
+    let mut names = std::collections::HashSet::new();
+    for tool in &selection.tools {
+        assert!(
+            names.insert(tool.name.to_string()),
+            "{} sent twice",
+            tool.name
+        );
+        let domain = selection
+            .domain(&tool.domain)
+            .expect("decision for the domain");
+        assert!(
+            domain.included,
+            "{} sent, but {} is not included",
+            tool.name, tool.domain
+        );
+        assert!(
+            registry.missing_settings(&tool.domain, settings).is_empty(),
+            "{} sent from an inactive domain",
+            tool.name
+        );
+    }
+    for hint in &selection.hints {
+        assert!(
+            !names.contains(hint.name.as_ref()),
+            "{} sent and hinted",
+            hint.name
+        );
+    }
+    for domain in registry.domains() {
+        if router.is_core_domain(&domain.name) {
+            for tool in registry
+                .all_tools()
+                .iter()
+                .filter(|t| t.domain == domain.name)
+            {
+                assert!(
+                    selection.contains(&tool.name),
+                    "core tool {} left out",
+                    tool.name
+                );
+            }
+        }
+    }
+    if selection.tokens > budget && !session.load_all_this_turn {
+        for tool in &selection.tools {
+            assert!(
+                matches!(
+                    tool.stage,
+                    Stage::AlwaysOn
+                        | Stage::Sticky
+                        | Stage::Pinned
+                        | Stage::Loaded
+                        | Stage::Fallback
+                        | Stage::Warm
+                ),
+                "over the budget of {budget} ({} tokens) with {} sent by {:?}",
+                selection.tokens,
+                tool.name,
+                tool.stage
+            );
+        }
+    }
+}
+
+/// Random messages, sessions and valid configs: no panic, and every selection keeps
+/// the promises of [`check_selection`] and is the same when asked twice.
+#[test]
+fn random_messages_sessions_and_configs_keep_the_selection_promises() {
+    let registry = registry();
+    let tool_names: Vec<String> = registry
+        .all_tools()
+        .iter()
+        .map(|t| t.name.clone())
+        .chain([
+            "no_such_tool".to_owned(),
+            "weather".to_owned(),
+            "core".to_owned(),
+            "docker".to_owned(),
+        ])
+        .collect();
+    for seed in 0..120u64 {
+        let mut rng = Rng(seed);
+        let config = if seed == 0 {
+            RouterConfig::default()
+        } else {
+            random_config(&mut rng)
+        };
+        let mut router = Router::new(registry.clone(), config);
+        if rng.chance(50) {
+            let texts: Vec<&str> = router.dense_texts().iter().map(String::as_str).collect();
+            let rows = HashEmbedder.embed(&texts).expect("rows");
+            router.set_dense(Some(DenseIndex::new(Arc::new(HashEmbedder), rows)));
+        }
+        for _conversation in 0..5 {
+            let mut session = SessionView::new(1);
+            let mut previous: Option<Selection> = None;
+            for turn in 1..=6i64 {
+                session.begin_turn(turn, previous.as_ref());
+                let settings = if rng.chance(70) {
+                    all_settings()
+                } else {
+                    BTreeMap::new()
+                };
+                let names: Vec<&str> = (0..rng.below(3))
+                    .map(|_| rng.pick(&tool_names).as_str())
+                    .collect();
+                match rng.below(6) {
+                    0 => {
+                        let _ = session.load(&router, &names);
+                    }
+                    1 => {
+                        let _ = session.unload(&router, &names);
+                    }
+                    2 => session.load_all_for_this_turn(),
+                    _ => {}
+                }
+                let message = random_message(&mut rng);
+                let budget = rng.chance(30).then(|| rng.below(5000));
+                let input = RouteInput {
+                    message: &message,
+                    settings: &settings,
+                    session: &session,
+                    token_budget: budget,
+                };
+                let selection = router.select(&input);
+                check_selection(
+                    &router,
+                    &settings,
+                    &session,
+                    budget.unwrap_or(router.config().token_budget),
+                    &selection,
+                );
+                assert_eq!(
+                    selection,
+                    router.select(&input),
+                    "seed {seed}: not deterministic for {message:?}"
+                );
+                let called: Vec<&str> = (0..rng.below(3))
+                    .map(|_| rng.pick(&tool_names).as_str())
+                    .collect();
+                session.record_calls(&router, &called);
+                previous = Some(selection);
+            }
+        }
+    }
+}
