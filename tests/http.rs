@@ -527,3 +527,118 @@ async fn a_failing_decision_log_never_fails_a_routing_request() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Random request bodies, paths and headers against every JSON endpoint: whatever
+/// arrives, the answer is a JSON error with a 4xx status or a success, never a 5xx
+/// or a dropped connection. Seeded, so a failure replays.
+#[tokio::test]
+async fn random_requests_get_json_answers_and_never_a_server_error() {
+    let (_dir, app) = http_app(None).await;
+    let mut seed = 0x5eed_u64;
+    let mut next = move || {
+        // SplitMix64.
+        seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) as usize
+    };
+    let strings = [
+        "",
+        "weather in Busan and then restart the container",
+        "부산 날씨 그리고 일정",
+        "../../etc/passwd",
+        "%2e%2e%2f",
+        "İ🙂\u{0}\u{200b}",
+        "a b c",
+        "load_tools",
+        "calculate",
+        "\"quoted\"",
+    ];
+    let values = |n: usize| -> Value {
+        match n % 9 {
+            0 => Value::Null,
+            1 => json!(true),
+            2 => json!(-1),
+            3 => json!(1e300),
+            4 => json!(u64::MAX),
+            5 => json!(strings[n / 9 % strings.len()]),
+            6 => json!([strings[n / 9 % strings.len()], 3]),
+            7 => json!({"nested": {"deeper": [1, {"x": null}]}}),
+            _ => json!("x".repeat(n % 5000)),
+        }
+    };
+    let fields = [
+        "message",
+        "session",
+        "called",
+        "token_budget",
+        "value",
+        "id",
+        "extra",
+    ];
+    let paths = [
+        ("POST", "/api/route"),
+        ("POST", "/api/chat"),
+        ("POST", "/api/sessions"),
+        ("PUT", "/api/settings/llm_model"),
+        ("PUT", "/api/settings/..%2F..%2Fx"),
+        ("GET", "/api/sessions/..%2Fetc"),
+        ("GET", "/api/sessions/%E2%80%8B"),
+        ("DELETE", "/api/settings/"),
+        ("GET", "/api/domains"),
+    ];
+    let mut seen = std::collections::BTreeMap::new();
+    for round in 0..1500 {
+        let (method, path) = paths[next() % paths.len()];
+        let body = match next() % 6 {
+            // Raw bytes: not JSON, not UTF-8, truncated JSON, deeply nested JSON.
+            0 => (0..next() % 64).map(|_| next() as u8).collect::<Vec<u8>>(),
+            1 => b"{\"message\": \"weather".to_vec(),
+            2 => format!("{}{}", "[".repeat(5000), "]".repeat(5000)).into_bytes(),
+            _ => {
+                let mut object = serde_json::Map::new();
+                for _ in 0..next() % 5 {
+                    object.insert(fields[next() % fields.len()].into(), values(next()));
+                }
+                serde_json::to_vec(&Value::Object(object)).expect("json")
+            }
+        };
+        let content_type = ["application/json", "text/plain", ""][next() % 3];
+        let mut request = Request::builder().method(method).uri(path);
+        if !content_type.is_empty() {
+            request = request.header("content-type", content_type);
+        }
+        let request = request.body(Body::from(body.clone())).expect("request");
+        let response = app.clone().oneshot(request).await.expect("response");
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        *seen.entry(status.as_u16()).or_insert(0) += 1;
+        let shown = String::from_utf8_lossy(&body);
+        let shown: String = shown.chars().take(200).collect();
+        assert!(
+            !status.is_server_error(),
+            "round {round}: {method} {path} {content_type:?} {shown:?} → {status}: {}",
+            String::from_utf8_lossy(&bytes)
+        );
+        let answer: Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            panic!("round {round}: {method} {path} → {status}, not JSON ({e})")
+        });
+        if !status.is_success() {
+            assert!(
+                answer["error"]["kind"].is_string() && answer["error"]["message"].is_string(),
+                "round {round}: {method} {path} → {status}: {answer}"
+            );
+        }
+    }
+    // Both paths ran: bodies that routed, and bodies refused by the extractors.
+    assert!(
+        seen.contains_key(&200) && seen.contains_key(&400),
+        "{seen:?}"
+    );
+}
