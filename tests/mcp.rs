@@ -907,3 +907,157 @@ async fn a_real_http_upstream_from_npm() {
     );
     mcp.close().await;
 }
+
+/// Every listed tool, called over MCP with arguments made from its own schema and then
+/// spoilt (wrong types, missing and unknown fields, traversal paths, SQL that writes,
+/// 10,000-character strings): each call answers a result or a -32602 error, never
+/// another error or a dead connection, and nothing outside the allowed folder is read
+/// or written. Seeded, so a failure replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_shaped_random_arguments_get_results_or_invalid_params_only() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let outside = tempfile::tempdir().expect("tempdir");
+    let root = outside.path().join("allowed");
+    std::fs::create_dir(&root).expect("root");
+    std::fs::write(root.join("notes.txt"), "inside").expect("write");
+    std::fs::write(outside.path().join("secret.txt"), "CANARY-OUTSIDE").expect("write");
+    let output = loadout(
+        data.path(),
+        &["settings", "set", "filesystem_roots", &roots_value(&root)],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let mcp = start(data.path(), &[]).await;
+    let tools = tokio::time::timeout(WAIT, mcp.service.peer().list_all_tools())
+        .await
+        .expect("in time")
+        .expect("tools/list");
+
+    let mut seed = 0x006d_6370_u64;
+    let mut next = move || {
+        // SplitMix64.
+        seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) as usize
+    };
+    let long = "x".repeat(10_000);
+    let strings: Vec<String> = [
+        "notes.txt",
+        "../secret.txt",
+        "../../secret.txt",
+        "/etc/passwd",
+        "allowed/../secret.txt",
+        "*",
+        "t",
+        "SELECT * FROM t",
+        "DROP TABLE t",
+        "x'); DELETE FROM settings; --",
+        "İ🙂\u{200b}",
+        "",
+        "UTC",
+        "Mars/Olympus",
+        "2^1000",
+        "1/0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([long, root.join("notes.txt").display().to_string()])
+    .chain([outside.path().join("secret.txt").display().to_string()])
+    .collect();
+    let value_of = |kind: &str, next: &mut dyn FnMut() -> usize| -> Value {
+        match kind {
+            "string" => json!(strings[next() % strings.len()]),
+            "integer" => json!([0i64, 1, -1, 3, i64::MAX, i64::MIN][next() % 6]),
+            "number" => json!([0.5, -1e308, 1e308, 2.0][next() % 4]),
+            "boolean" => json!(next().is_multiple_of(2)),
+            "array" => json!([
+                strings[next() % strings.len()],
+                {"name": "a", "type": "text"}
+            ]),
+            "object" => json!({"a": 1, "name": strings[next() % strings.len()]}),
+            _ => Value::Null,
+        }
+    };
+    let kinds = [
+        "string", "integer", "number", "boolean", "array", "object", "null",
+    ];
+    let mut outcomes = std::collections::BTreeMap::new();
+    for tool in &tools {
+        // A setting could widen the allowed folders; the other tools are the target.
+        if tool.name == "set_setting" {
+            continue;
+        }
+        let properties = tool
+            .input_schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        for round in 0..12 {
+            let mut args = serde_json::Map::new();
+            for (name, schema) in &properties {
+                let declared = schema
+                    .get("type")
+                    .and_then(|t| t.as_str().or_else(|| t.get(0).and_then(Value::as_str)))
+                    .unwrap_or("string");
+                match next() % 10 {
+                    0 => {}
+                    1 => {
+                        args.insert(
+                            name.clone(),
+                            value_of(kinds[next() % kinds.len()], &mut next),
+                        );
+                    }
+                    _ => {
+                        args.insert(name.clone(), value_of(declared, &mut next));
+                    }
+                }
+            }
+            if next().is_multiple_of(8) {
+                args.insert("unexpected".into(), json!(1));
+            }
+            let shown = Value::Object(args.clone()).to_string();
+            let shown: String = shown.chars().take(300).collect();
+            let outcome = match mcp.call(&tool.name, Value::Object(args)).await {
+                Ok(result) => {
+                    let text = text_of(&result);
+                    assert!(
+                        !text.contains("CANARY-OUTSIDE"),
+                        "{} read outside the allowed folder with {shown}",
+                        tool.name
+                    );
+                    if result.is_error == Some(true) {
+                        "tool error"
+                    } else {
+                        "ok"
+                    }
+                }
+                Err(ServiceError::McpError(error)) => {
+                    assert_eq!(
+                        error.code.0, -32602,
+                        "{} round {round} with {shown}: {error:?}",
+                        tool.name
+                    );
+                    "invalid params"
+                }
+                Err(other) => panic!("{} round {round} with {shown}: {other:?}", tool.name),
+            };
+            *outcomes.entry(outcome).or_insert(0) += 1;
+        }
+    }
+    // Still serving, and every kind of answer came up.
+    mcp.call_ok("calculate", json!({"expression": "1+1"})).await;
+    assert_eq!(outcomes.len(), 3, "{outcomes:?}");
+    mcp.close().await;
+    let mut left: Vec<String> = std::fs::read_dir(outside.path())
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["allowed", "secret.txt"], "written outside the root");
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("secret.txt")).expect("read"),
+        "CANARY-OUTSIDE"
+    );
+}
