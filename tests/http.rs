@@ -534,15 +534,8 @@ async fn a_failing_decision_log_never_fails_a_routing_request() {
 #[tokio::test]
 async fn random_requests_get_json_answers_and_never_a_server_error() {
     let (_dir, app) = http_app(None).await;
-    let mut seed = 0x5eed_u64;
-    let mut next = move || {
-        // SplitMix64.
-        seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = seed;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) as usize
-    };
+    let mut rng = crate::support::Rng(0x5eed_u64);
+    let mut next = move || rng.next();
     let strings = [
         "",
         "weather in Busan and then restart the container",

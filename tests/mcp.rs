@@ -932,15 +932,8 @@ async fn schema_shaped_random_arguments_get_results_or_invalid_params_only() {
         .expect("in time")
         .expect("tools/list");
 
-    let mut seed = 0x006d_6370_u64;
-    let mut next = move || {
-        // SplitMix64.
-        seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = seed;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) as usize
-    };
+    let mut rng = crate::support::Rng(0x006d_6370_u64);
+    let mut next = move || rng.next();
     let long = "x".repeat(10_000);
     let strings: Vec<String> = [
         "notes.txt",

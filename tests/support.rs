@@ -62,3 +62,16 @@ pub fn fake_upstream() -> Option<(&'static str, std::path::PathBuf)> {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/python/fake_upstream.py");
     Some((python, script))
 }
+
+/// SplitMix64: seeded randomness for the randomized tests, so a failure replays.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> usize {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) as usize
+    }
+}
