@@ -583,14 +583,7 @@ async fn the_mcp_endpoint_is_mounted_at_mcp() {
         .header("accept", "application/json, text/event-stream")
         .body(Body::from(initialize.to_string()))
         .expect("request");
-    let response = app(state.clone()).oneshot(request).await.expect("response");
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let (status, bytes) = crate::support::send_request(&app(state.clone()), request).await;
     let text = String::from_utf8_lossy(&bytes);
     assert_eq!(status, StatusCode::OK, "{text}");
     assert!(text.contains("\"loadout\""), "{text}");

@@ -2,11 +2,10 @@
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::support::{http_app, send};
+use crate::support::{http_app, send, send_request};
 
 #[tokio::test]
 async fn settings_are_masked_on_read_and_deletable() {
@@ -40,14 +39,8 @@ async fn malformed_bodies_and_keys_get_clear_json_errors() {
         .header("content-type", "application/json")
         .body(Body::from("{not json"))
         .expect("request");
-    let response = app.clone().oneshot(request).await.expect("response");
-    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
+    let (status, bytes) = send_request(&app, request).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     let body: Value = serde_json::from_slice(&bytes).expect("error body is JSON");
     assert!(
         body["error"]["message"]
@@ -603,14 +596,7 @@ async fn random_requests_get_json_answers_and_never_a_server_error() {
             request = request.header("content-type", content_type);
         }
         let request = request.body(Body::from(body.clone())).expect("request");
-        let response = app.clone().oneshot(request).await.expect("response");
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes();
+        let (status, bytes) = send_request(&app, request).await;
         *seen.entry(status.as_u16()).or_insert(0) += 1;
         let shown = String::from_utf8_lossy(&body);
         let shown: String = shown.chars().take(200).collect();

@@ -31,6 +31,17 @@ pub async fn send(
         .header("content-type", "application/json")
         .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
         .expect("request");
+    let (status, bytes) = send_request(app, request).await;
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value)
+}
+
+/// Any request through the app with `oneshot`: status and the body's bytes.
+pub async fn send_request(
+    app: &axum::Router,
+    request: Request<Body>,
+) -> (StatusCode, axum::body::Bytes) {
     let response = app.clone().oneshot(request).await.expect("response");
     let status = response.status();
     let bytes = response
@@ -39,9 +50,7 @@ pub async fn send(
         .await
         .expect("body")
         .to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, value)
+    (status, bytes)
 }
 
 /// The fake stdio MCP server (`tests/python/fake_upstream.py`) that upstream tests
