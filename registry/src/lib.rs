@@ -15,6 +15,7 @@ pub mod embed;
 mod error;
 pub mod export;
 mod registry;
+pub mod replay;
 pub mod router;
 pub mod schema;
 pub mod settings;

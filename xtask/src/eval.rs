@@ -4,15 +4,14 @@
 //! The session is fed exactly as the server feeds it: the same [`SessionView`] updates
 //! (`begin_turn`, `record_calls`), kept in memory instead of the store.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use loadout::Registry;
-use loadout::router::{RouteInput, Router, RouterConfig, Selection, SessionView, Stage};
-use serde::Deserialize;
+use loadout::replay::{Case, replay};
+use loadout::router::{Router, RouterConfig};
 
 const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json] [--verbose]
        [--min-turn-recall X] [--config ROUTER_CONFIG.json] [--budget TOKENS]
@@ -22,28 +21,6 @@ const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json]
   --vector-cache  where tool vectors are cached (default target/vector-cache)
   --tool-ranks    also report how often every needed tool of a turn is among the k
                   best of the message-only tool ranking (`search_tools`)";
-
-#[derive(Debug, Deserialize)]
-struct Case {
-    id: String,
-    configured: Configured,
-    turns: Vec<Turn>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Configured {
-    /// `"all"`: every settings key of every domain has a value.
-    All(String),
-    Keys(Vec<String>),
-}
-
-#[derive(Debug, Deserialize)]
-struct Turn {
-    user: String,
-    needed: Vec<String>,
-    called: Option<Vec<String>>,
-}
 
 struct Options {
     catalog: PathBuf,
@@ -206,16 +183,6 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     })
 }
 
-/// One turn whose needed tools were not all sent.
-struct Miss {
-    case_id: String,
-    turn: usize,
-    message: String,
-    missing: Vec<String>,
-    explanation: Vec<String>,
-    summary: String,
-}
-
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     let options = parse_args(args)?;
     let started = Instant::now();
@@ -232,129 +199,47 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 
     let cases_text = std::fs::read_to_string(&options.cases)
         .with_context(|| format!("reading {}", options.cases.display()))?;
-    let mut cases = Vec::new();
+    let mut cases: Vec<Case> = Vec::new();
     for (line_no, line) in cases_text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let case: Case = serde_json::from_str(line)
+        let case = serde_json::from_str(line)
             .with_context(|| format!("{}:{}: not a case", options.cases.display(), line_no + 1))?;
         cases.push(case);
     }
 
-    let all_keys: Vec<String> = registry
-        .domains()
-        .iter()
-        .flat_map(|d| d.settings_keys.iter().cloned())
-        .collect();
-
-    let mut n_turns = 0usize;
-    let mut n_hits = 0usize;
-    let mut n_needed = 0usize;
-    let mut n_needed_sent = 0usize;
-    let mut tools_per_turn = Vec::new();
-    let mut tokens_per_turn = Vec::new();
-    let mut hint_tokens_total = 0usize;
-    let mut misses = Vec::new();
-    let mut route_time = std::time::Duration::ZERO;
     // Per turn with needed tools: the worst rank of a needed tool in the message-only
     // tool ranking (`search_tools`), `usize::MAX` when one is not ranked at all.
     let mut worst_ranks: Vec<usize> = Vec::new();
-
-    for case in &cases {
-        let keys: &[String] = match &case.configured {
-            Configured::All(word) if word == "all" => &all_keys,
-            Configured::All(word) => bail!(
-                "case {}: configured must be \"all\" or a list, got {word:?}",
-                case.id
-            ),
-            Configured::Keys(keys) => keys,
-        };
-        let settings: BTreeMap<String, String> =
-            keys.iter().map(|k| (k.clone(), "set".to_owned())).collect();
-        let mut view = SessionView::new(0);
-        let mut previous: Option<Selection> = None;
-        for (turn_idx, turn) in case.turns.iter().enumerate() {
-            view.begin_turn(turn_idx as i64 + 1, previous.as_ref());
-            let input = RouteInput {
-                message: &turn.user,
-                settings: &settings,
-                session: &view,
-                token_budget: options.budget,
-            };
-            if options.tool_ranks && !turn.needed.is_empty() {
-                let ranking = router.search(&turn.user, Some(&settings), usize::MAX);
-                let worst = turn
-                    .needed
-                    .iter()
-                    .map(|needed| {
-                        ranking
-                            .iter()
-                            .position(|hint| hint.name == needed.as_str())
-                            .map_or(usize::MAX, |rank| rank + 1)
-                    })
-                    .max()
-                    .unwrap_or(0);
-                worst_ranks.push(worst);
-            }
-            let routed_at = Instant::now();
-            let selection = router.select(&input);
-            route_time += routed_at.elapsed();
-
-            n_turns += 1;
-            n_needed += turn.needed.len();
-            let missing: Vec<String> = turn
+    let report = replay(&router, &cases, options.budget, |routed| {
+        let turn = &routed.case.turns[routed.turn_idx];
+        if options.tool_ranks && !turn.needed.is_empty() {
+            let ranking = router.search(&turn.user, Some(routed.settings), usize::MAX);
+            let worst = turn
                 .needed
                 .iter()
-                .filter(|t| !selection.contains(t))
-                .cloned()
-                .collect();
-            n_needed_sent += turn.needed.len() - missing.len();
-            if missing.is_empty() {
-                n_hits += 1;
-            } else {
-                misses.push(Miss {
-                    case_id: case.id.clone(),
-                    turn: turn_idx + 1,
-                    message: turn.user.clone(),
-                    explanation: explain(&registry, &selection, &missing),
-                    missing,
-                    summary: selection.summary_line(),
-                });
-            }
-            if options.verbose {
-                println!(
-                    "{} #{} {:?}\n    {}",
-                    case.id,
-                    turn_idx + 1,
-                    turn.user,
-                    selection.summary_line()
-                );
-            }
-            tools_per_turn.push(selection.n_tools);
-            tokens_per_turn.push(selection.tokens);
-            hint_tokens_total += selection.hint_tokens;
-
-            let called = turn.called.as_ref().unwrap_or(&turn.needed);
-            view.record_calls(&router, called);
-            previous = Some(selection);
+                .map(|needed| {
+                    ranking
+                        .iter()
+                        .position(|hint| hint.name == needed.as_str())
+                        .map_or(usize::MAX, |rank| rank + 1)
+                })
+                .max()
+                .unwrap_or(0);
+            worst_ranks.push(worst);
         }
-    }
-
-    let ratio = |num: usize, den: usize| {
-        if den == 0 {
-            1.0
-        } else {
-            num as f64 / den as f64
+        if options.verbose {
+            println!(
+                "{} #{} {:?}\n    {}",
+                routed.case.id,
+                routed.turn_idx + 1,
+                turn.user,
+                routed.selection.summary_line()
+            );
         }
-    };
-    let turn_recall = ratio(n_hits, n_turns);
-    let tool_recall = ratio(n_needed_sent, n_needed);
-    let mean_tools = mean(&tools_per_turn);
-    let mean_tokens = mean(&tokens_per_turn);
-    let all_tools_tokens = router.all_tools_tokens();
-    let mean_tokens_pct = 100.0 * mean_tokens / all_tools_tokens.max(1) as f64;
-    let mean_route_us = route_time.as_secs_f64() * 1e6 / n_turns.max(1) as f64;
+    })
+    .map_err(anyhow::Error::msg)?;
 
     println!(
         "eval {} on {} ({} domains, {} tools; router built in {build_ms:.0} ms)",
@@ -364,27 +249,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         registry.all_tools().len()
     );
     println!("{embedder_line}");
-    for miss in &misses {
-        println!(
-            "MISS {} turn {}: {:?}\n  missing: {}\n  {}",
-            miss.case_id,
-            miss.turn,
-            miss.message,
-            miss.missing.join(", "),
-            miss.summary
-        );
-        for line in &miss.explanation {
-            println!("    {line}");
-        }
+    for line in report.miss_lines() {
+        println!("{line}");
     }
-    println!(
-        "turns {n_turns}  turn_recall {turn_recall:.3}  tool_recall {tool_recall:.3}  mean_tools {mean_tools:.1}  p95_tools {}  \
-         mean_tokens {mean_tokens:.0} ({mean_tokens_pct:.1}% of {all_tools_tokens})  p95_tokens {}  mean_hint_tokens {:.0}  \
-         route {mean_route_us:.0} us/turn (this build)",
-        p95(&tools_per_turn),
-        p95(&tokens_per_turn),
-        hint_tokens_total as f64 / n_turns.max(1) as f64,
-    );
+    println!("{}", report.summary_line());
     if options.tool_ranks {
         let n = worst_ranks.len().max(1) as f64;
         let at = |k: usize| worst_ranks.iter().filter(|&&r| r <= k).count() as f64 / n;
@@ -400,23 +268,12 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             at(30)
         );
     }
+    let turn_recall = report.turn_recall();
     if options.json {
-        let summary = serde_json::json!({
-            "cases": options.cases.display().to_string(),
-            "catalog": options.catalog.display().to_string(),
-            "turns": n_turns,
-            "hits": n_hits,
-            "turn_recall": turn_recall,
-            "tool_recall": tool_recall,
-            "mean_tools": mean_tools,
-            "p95_tools": p95(&tools_per_turn),
-            "mean_tokens": mean_tokens,
-            "p95_tokens": p95(&tokens_per_turn),
-            "all_tools_tokens": all_tools_tokens,
-            "mean_tokens_pct": mean_tokens_pct,
-            "misses": misses.len(),
-            "embedder": options.embedder.name(),
-        });
+        let mut summary = report.to_json();
+        summary["cases"] = options.cases.display().to_string().into();
+        summary["catalog"] = options.catalog.display().to_string().into();
+        summary["embedder"] = options.embedder.name().into();
         println!("{summary}");
     }
     if let Some(min) = options.min_turn_recall
@@ -425,73 +282,4 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         bail!("turn recall {turn_recall:.3} is below the gate {min:.3}");
     }
     Ok(())
-}
-
-/// For each missing tool: its domain's decision and, when the domain was ranked tool
-/// by tool, where the tool ranked.
-fn explain(registry: &Registry, selection: &Selection, missing: &[String]) -> Vec<String> {
-    let mut lines = Vec::new();
-    for name in missing {
-        let Some(tool) = registry.tool(name) else {
-            lines.push(format!("{name}: not in the catalog"));
-            continue;
-        };
-        let domain_line = match selection.domain(&tool.domain) {
-            Some(d) => format!(
-                "{name}: domain {} {} ({}:{:.2}) {}",
-                d.domain,
-                if d.included { "included" } else { "excluded" },
-                d.stage,
-                d.score,
-                d.reason
-            ),
-            None => format!("{name}: domain {} has no decision", tool.domain),
-        };
-        lines.push(domain_line);
-        if let Some(decision) = selection.tool_decisions.iter().find(|d| d.tool == *name) {
-            let rank = selection
-                .tool_decisions
-                .iter()
-                .filter(|d| {
-                    d.domain == tool.domain && d.stage == Stage::Ranked && d.score > decision.score
-                })
-                .count();
-            let mut above: Vec<&loadout::router::ToolDecision> = selection
-                .tool_decisions
-                .iter()
-                .filter(|d| d.domain == tool.domain && d.score > decision.score)
-                .collect();
-            above.sort_by(|a, b| b.score.total_cmp(&a.score));
-            let above: Vec<String> = above
-                .iter()
-                .take(5)
-                .map(|d| format!("{}:{:.2}", d.tool, d.score))
-                .collect();
-            lines.push(format!(
-                "  tool {}:{:.2}, rank {} in its domain; above: {}",
-                decision.stage,
-                decision.score,
-                rank + 1,
-                above.join(" ")
-            ));
-        }
-    }
-    lines
-}
-
-fn mean(values: &[usize]) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.iter().sum::<usize>() as f64 / values.len() as f64
-}
-
-fn p95(values: &[usize]) -> usize {
-    if values.is_empty() {
-        return 0;
-    }
-    let mut sorted = values.to_vec();
-    sorted.sort_unstable();
-    let idx = ((sorted.len() as f64) * 0.95).ceil() as usize;
-    sorted[idx.clamp(1, sorted.len()) - 1]
 }

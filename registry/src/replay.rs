@@ -1,0 +1,424 @@
+//! Replaying conversations through a router, turn by turn, and measuring what it sent:
+//! recall of the tools each turn needed, tools and tokens sent, and every miss with
+//! the router's reasons.
+//!
+//! One model for two sources: the labeled conversations of `cargo xtask eval` (JSON
+//! lines, the format of the shared eval set) and the sessions a deployment stored
+//! (`loadout replay`, where a turn needed the tools its model called). The session is
+//! fed exactly as the server feeds it: the same [`SessionView`] updates (`begin_turn`,
+//! `record_calls`), kept in memory instead of the store.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::Registry;
+use crate::router::{RouteInput, Router, Selection, SessionView, Stage, ToolDecision};
+
+/// One conversation to replay.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Case {
+    pub id: String,
+    pub configured: Configured,
+    pub turns: Vec<CaseTurn>,
+    /// Why the case exists (labeled sets say what it tests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// Which settings keys have values during the case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Configured {
+    /// `"all"`: every settings key of every domain has a value.
+    All(String),
+    Keys(Vec<String>),
+}
+
+/// One user message and the tools it needed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaseTurn {
+    pub user: String,
+    /// Tools that must be sent for this turn to count as a hit.
+    pub needed: Vec<String>,
+    /// Tools called this turn (fed into the session); default: `needed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub called: Option<Vec<String>>,
+}
+
+impl Case {
+    /// The settings the case routes with: each configured key set to a placeholder.
+    pub fn settings(&self, registry: &Registry) -> Result<BTreeMap<String, String>, String> {
+        let keys: Vec<String> = match &self.configured {
+            Configured::All(word) if word == "all" => registry
+                .domains()
+                .iter()
+                .flat_map(|d| d.settings_keys.iter().cloned())
+                .collect(),
+            Configured::All(word) => {
+                return Err(format!(
+                    "case {}: configured must be \"all\" or a list, got {word:?}",
+                    self.id
+                ));
+            }
+            Configured::Keys(keys) => keys.clone(),
+        };
+        Ok(keys.into_iter().map(|k| (k, "set".to_owned())).collect())
+    }
+}
+
+/// One turn whose needed tools were not all sent.
+#[derive(Debug, Clone)]
+pub struct Miss {
+    pub case_id: String,
+    /// 1-based.
+    pub turn: usize,
+    pub message: String,
+    pub missing: Vec<String>,
+    /// For each missing tool: its domain's decision and, when ranked, its rank.
+    pub explanation: Vec<String>,
+    pub summary: String,
+}
+
+/// What a replay measured.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub turns: usize,
+    /// Turns where every needed tool was sent.
+    pub hits: usize,
+    pub needed: usize,
+    pub needed_sent: usize,
+    pub tools_per_turn: Vec<usize>,
+    pub tokens_per_turn: Vec<usize>,
+    pub hint_tokens: usize,
+    pub all_tools_tokens: usize,
+    pub misses: Vec<Miss>,
+    /// Time spent in `Router::select`.
+    pub route_time: Duration,
+}
+
+impl Report {
+    pub fn turn_recall(&self) -> f64 {
+        ratio(self.hits, self.turns)
+    }
+
+    pub fn tool_recall(&self) -> f64 {
+        ratio(self.needed_sent, self.needed)
+    }
+
+    pub fn mean_tools(&self) -> f64 {
+        mean(&self.tools_per_turn)
+    }
+
+    pub fn p95_tools(&self) -> usize {
+        p95(&self.tools_per_turn)
+    }
+
+    pub fn mean_tokens(&self) -> f64 {
+        mean(&self.tokens_per_turn)
+    }
+
+    pub fn p95_tokens(&self) -> usize {
+        p95(&self.tokens_per_turn)
+    }
+
+    /// Mean tokens as a percentage of sending every tool.
+    pub fn mean_tokens_pct(&self) -> f64 {
+        100.0 * self.mean_tokens() / self.all_tools_tokens.max(1) as f64
+    }
+
+    pub fn mean_hint_tokens(&self) -> f64 {
+        self.hint_tokens as f64 / self.turns.max(1) as f64
+    }
+
+    pub fn mean_route_us(&self) -> f64 {
+        self.route_time.as_secs_f64() * 1e6 / self.turns.max(1) as f64
+    }
+
+    /// The one-line summary both `cargo xtask eval` and `loadout replay` print.
+    pub fn summary_line(&self) -> String {
+        format!(
+            "turns {}  turn_recall {:.3}  tool_recall {:.3}  mean_tools {:.1}  p95_tools {}  \
+             mean_tokens {:.0} ({:.1}% of {})  p95_tokens {}  mean_hint_tokens {:.0}  \
+             route {:.0} us/turn (this build)",
+            self.turns,
+            self.turn_recall(),
+            self.tool_recall(),
+            self.mean_tools(),
+            self.p95_tools(),
+            self.mean_tokens(),
+            self.mean_tokens_pct(),
+            self.all_tools_tokens,
+            self.p95_tokens(),
+            self.mean_hint_tokens(),
+            self.mean_route_us(),
+        )
+    }
+
+    /// The figures as JSON (what `--json` prints last).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "turns": self.turns,
+            "hits": self.hits,
+            "turn_recall": self.turn_recall(),
+            "tool_recall": self.tool_recall(),
+            "mean_tools": self.mean_tools(),
+            "p95_tools": self.p95_tools(),
+            "mean_tokens": self.mean_tokens(),
+            "p95_tokens": self.p95_tokens(),
+            "all_tools_tokens": self.all_tools_tokens,
+            "mean_tokens_pct": self.mean_tokens_pct(),
+            "misses": self.misses.len(),
+        })
+    }
+
+    /// Each miss: the message, what was missing, the selection's summary and why.
+    pub fn miss_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for miss in &self.misses {
+            lines.push(format!(
+                "MISS {} turn {}: {:?}\n  missing: {}\n  {}",
+                miss.case_id,
+                miss.turn,
+                miss.message,
+                miss.missing.join(", "),
+                miss.summary
+            ));
+            lines.extend(miss.explanation.iter().map(|line| format!("    {line}")));
+        }
+        lines
+    }
+}
+
+/// A turn as the replay routed it, for callers that report more (e.g. `--verbose`).
+pub struct Routed<'a> {
+    pub case: &'a Case,
+    /// 0-based.
+    pub turn_idx: usize,
+    pub settings: &'a BTreeMap<String, String>,
+    pub selection: &'a Selection,
+}
+
+/// Replays `cases` through `router`; `on_turn` sees each routed turn.
+pub fn replay(
+    router: &Router,
+    cases: &[Case],
+    token_budget: Option<usize>,
+    mut on_turn: impl FnMut(&Routed<'_>),
+) -> Result<Report, String> {
+    let registry = router.registry();
+    let mut report = Report {
+        all_tools_tokens: router.all_tools_tokens(),
+        ..Report::default()
+    };
+    for case in cases {
+        let settings = case.settings(registry)?;
+        let mut view = SessionView::new(0);
+        let mut previous: Option<Selection> = None;
+        for (turn_idx, turn) in case.turns.iter().enumerate() {
+            view.begin_turn(turn_idx as i64 + 1, previous.as_ref());
+            let input = RouteInput {
+                message: &turn.user,
+                settings: &settings,
+                session: &view,
+                token_budget,
+            };
+            let routed_at = Instant::now();
+            let selection = router.select(&input);
+            report.route_time += routed_at.elapsed();
+
+            report.turns += 1;
+            report.needed += turn.needed.len();
+            let missing: Vec<String> = turn
+                .needed
+                .iter()
+                .filter(|t| !selection.contains(t))
+                .cloned()
+                .collect();
+            report.needed_sent += turn.needed.len() - missing.len();
+            if missing.is_empty() {
+                report.hits += 1;
+            } else {
+                report.misses.push(Miss {
+                    case_id: case.id.clone(),
+                    turn: turn_idx + 1,
+                    message: turn.user.clone(),
+                    explanation: explain(registry, &selection, &missing),
+                    missing,
+                    summary: selection.summary_line(),
+                });
+            }
+            report.tools_per_turn.push(selection.n_tools);
+            report.tokens_per_turn.push(selection.tokens);
+            report.hint_tokens += selection.hint_tokens;
+            on_turn(&Routed {
+                case,
+                turn_idx,
+                settings: &settings,
+                selection: &selection,
+            });
+
+            let called = turn.called.as_ref().unwrap_or(&turn.needed);
+            view.record_calls(router, called);
+            previous = Some(selection);
+        }
+    }
+    Ok(report)
+}
+
+/// For each missing tool: its domain's decision and, when the domain was ranked tool
+/// by tool, where the tool ranked.
+fn explain(registry: &Registry, selection: &Selection, missing: &[String]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for name in missing {
+        let Some(tool) = registry.tool(name) else {
+            lines.push(format!("{name}: not in the catalog"));
+            continue;
+        };
+        let domain_line = match selection.domain(&tool.domain) {
+            Some(d) => format!(
+                "{name}: domain {} {} ({}:{:.2}) {}",
+                d.domain,
+                if d.included { "included" } else { "excluded" },
+                d.stage,
+                d.score,
+                d.reason
+            ),
+            None => format!("{name}: domain {} has no decision", tool.domain),
+        };
+        lines.push(domain_line);
+        if let Some(decision) = selection.tool_decisions.iter().find(|d| d.tool == *name) {
+            let rank = selection
+                .tool_decisions
+                .iter()
+                .filter(|d| {
+                    d.domain == tool.domain && d.stage == Stage::Ranked && d.score > decision.score
+                })
+                .count();
+            let mut above: Vec<&ToolDecision> = selection
+                .tool_decisions
+                .iter()
+                .filter(|d| d.domain == tool.domain && d.score > decision.score)
+                .collect();
+            above.sort_by(|a, b| b.score.total_cmp(&a.score));
+            let above: Vec<String> = above
+                .iter()
+                .take(5)
+                .map(|d| format!("{}:{:.2}", d.tool, d.score))
+                .collect();
+            lines.push(format!(
+                "  tool {}:{:.2}, rank {} in its domain; above: {}",
+                decision.stage,
+                decision.score,
+                rank + 1,
+                above.join(" ")
+            ));
+        }
+    }
+    lines
+}
+
+fn ratio(num: usize, den: usize) -> f64 {
+    if den == 0 {
+        1.0
+    } else {
+        num as f64 / den as f64
+    }
+}
+
+fn mean(values: &[usize]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.iter().sum::<usize>() as f64 / values.len() as f64
+}
+
+fn p95(values: &[usize]) -> usize {
+    if values.is_empty() {
+        return 0;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    let idx = ((sorted.len() as f64) * 0.95).ceil() as usize;
+    sorted[idx.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::router::RouterConfig;
+
+    fn router() -> Router {
+        let toolkit = crate::toolkit::parse(
+            &serde_json::json!({
+                "domain": "weather", "description": "Weather forecasts.",
+                "keywords": ["weather"], "settings_keys": ["weather_key"],
+                "tools": [{"name": "get_forecast", "description": "Daily forecast.",
+                           "input_schema": {"type": "object", "properties": {}}}]
+            })
+            .to_string(),
+            "weather.json",
+        )
+        .expect("toolkit");
+        let registry = crate::Registry::builder()
+            .toolkit(toolkit)
+            .build()
+            .expect("registry");
+        Router::new(Arc::new(registry), RouterConfig::default())
+    }
+
+    fn case(line: &str) -> Case {
+        serde_json::from_str(line).expect("case")
+    }
+
+    #[test]
+    fn a_replay_counts_hits_and_explains_misses() {
+        let router = router();
+        let cases = [
+            case(
+                r#"{"id": "a", "configured": "all", "why": "keyword", "turns": [
+                    {"user": "weather tomorrow?", "needed": ["get_forecast"]},
+                    {"user": "and the day after", "needed": ["get_forecast"]}]}"#,
+            ),
+            case(
+                r#"{"id": "b", "configured": [], "turns": [
+                    {"user": "weather tomorrow?", "needed": ["get_forecast"]}]}"#,
+            ),
+        ];
+        let mut seen = Vec::new();
+        let report = replay(&router, &cases, None, |routed| {
+            seen.push((routed.case.id.clone(), routed.turn_idx));
+        })
+        .expect("replay");
+        assert_eq!(seen.len(), 3);
+        assert_eq!((report.turns, report.hits), (3, 2));
+        // The follow-up names no domain: the first turn's call keeps weather loaded.
+        assert_eq!(report.misses.len(), 1);
+        let miss = &report.misses[0];
+        assert_eq!((miss.case_id.as_str(), miss.turn), ("b", 1));
+        assert!(
+            miss.explanation[0].contains("missing settings: weather_key"),
+            "{:?}",
+            miss.explanation
+        );
+        assert!(
+            report
+                .summary_line()
+                .starts_with("turns 3  turn_recall 0.667")
+        );
+        assert_eq!(report.to_json()["misses"], 1);
+    }
+
+    #[test]
+    fn cases_round_trip_through_json_lines() {
+        let line = r#"{"id":"s1","configured":["weather_key"],"turns":[{"user":"hi","needed":[],"called":["get_forecast"]}]}"#;
+        let parsed = case(line);
+        assert_eq!(serde_json::to_string(&parsed).expect("json"), line);
+        let bad = case(r#"{"id": "x", "configured": "some", "turns": []}"#);
+        let error = replay(&router(), &[bad], None, |_| {}).expect_err("bad configured");
+        assert!(error.contains("\"all\" or a list"), "{error}");
+    }
+}
