@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+use serde_json::Value;
+
 fn loadout(data_dir: &std::path::Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_loadout"));
     command
@@ -281,4 +283,99 @@ fn route_takes_the_router_tunables_of_the_config_file() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// Turns routed through `/api/route`, with the calls the client reported, replay from
+/// the store: a turn whose called tool was routed is a hit, one whose tool was not
+/// is a miss with its reasons, and `--export` writes them as eval cases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_measures_stored_sessions_against_the_tools_their_model_called() {
+    use serde_json::json;
+    let (dir, app) = crate::support::http_app(None).await;
+    let turns = [
+        ("remember that my sister is called Ana", &[][..]),
+        ("hello there", &["remember"][..]),
+        ("ok", &["list_tables"][..]),
+    ];
+    for (message, called) in turns {
+        let (status, body) = crate::support::send(
+            &app,
+            "POST",
+            "/api/route",
+            Some(json!({"session": "s1", "message": message, "called": called})),
+        )
+        .await;
+        assert!(status.is_success(), "{body}");
+    }
+    let (_, session) = crate::support::send(&app, "GET", "/api/sessions/s1", None).await;
+    let reported: Vec<(&Value, &Value)> = session["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| (&m["turn"], &m["content"]["name"]))
+        .collect();
+    assert_eq!(
+        reported,
+        [
+            (&json!(1), &json!("remember")),
+            (&json!(2), &json!("list_tables"))
+        ],
+        "{session}"
+    );
+    drop(app);
+
+    let run = |args: &[&str]| {
+        let output = loadout(dir.path())
+            .arg("replay")
+            .args(args)
+            .output()
+            .expect("run loadout");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let out = run(&["--lexical", "--json"]);
+    let figures: Value =
+        serde_json::from_str(out.lines().last().expect("a last line")).expect("JSON figures");
+    assert_eq!(figures["turns"], 3, "{out}");
+    assert_eq!(figures["hits"], 2, "{out}");
+    assert!(
+        out.contains("MISS s1 turn 2: \"hello there\"")
+            && out.contains("list_tables: domain scratchpad excluded"),
+        "{out}"
+    );
+
+    let exported = run(&["--export", "-"]);
+    let case: Value = serde_json::from_str(exported.trim()).expect("one case");
+    assert_eq!(case["id"], "s1");
+    assert_eq!(case["turns"][0]["needed"], json!(["remember"]), "{case}");
+    assert_eq!(case["turns"][1]["needed"], json!(["list_tables"]), "{case}");
+    assert_eq!(case["turns"][2]["needed"], json!([]), "{case}");
+
+    // The exported cases replay the same.
+    let file = dir.path().join("cases.jsonl");
+    std::fs::write(&file, &exported).expect("write");
+    let again = run(&[
+        "--lexical",
+        "--json",
+        "--cases",
+        &file.display().to_string(),
+    ]);
+    let figures: Value =
+        serde_json::from_str(again.lines().last().expect("a last line")).expect("JSON figures");
+    assert_eq!(
+        (figures["turns"].clone(), figures["hits"].clone()),
+        (json!(3), json!(2))
+    );
+
+    let output = loadout(dir.path())
+        .args(["replay", "--session", "nobody"])
+        .output()
+        .expect("run loadout");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("no session `nobody`"));
 }

@@ -48,6 +48,9 @@ enum Command {
     Call(cli::call::Args),
     /// What the router would send for a message, and why.
     Route(cli::route::Args),
+    /// The stored sessions routed again with the current tools and config: did each
+    /// turn get the tools its model called?
+    Replay(cli::replay::Args),
     /// Reads and writes settings.
     #[command(subcommand)]
     Settings(cli::settings::Command),
@@ -71,6 +74,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tools(args) => cli::tools::run(&app, args).await,
         Command::Call(args) => cli::call::run(&app, args).await,
         Command::Route(args) => cli::route::run(&app, args).await,
+        Command::Replay(args) => cli::replay::run(&app, args).await,
         Command::Settings(command) => cli::settings::run(&app, command).await,
         Command::Audit(args) => cli::audit::run(&app, args).await,
         Command::Mcp(args) => mcp::run(&app, args).await,

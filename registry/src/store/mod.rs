@@ -409,6 +409,41 @@ impl Store {
         dispatch!(self, s => s.messages(session).await)
     }
 
+    /// Records tools a client's own model called in turn `turn` (what `/api/route`
+    /// requests report in `called`) as successful `tool` messages of that turn, so the
+    /// session's history and a replay of it know them. One write; nothing for a turn
+    /// the session has not reached, or for an empty list.
+    pub async fn calls_reported(
+        &self,
+        session: &str,
+        turn: i64,
+        names: &[String],
+    ) -> Result<(), StoreError> {
+        validate_session_id(session)?;
+        if turn < 1 || names.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<(String, String)> = names
+            .iter()
+            .map(|name| {
+                let content = serde_json::json!({"name": name, "ok": true, "reported": true});
+                (name.clone(), content.to_string())
+            })
+            .collect();
+        dispatch!(self, s => s.calls_reported(session, turn, rows).await)
+    }
+
+    /// Sessions with a message at or after `since_ms`, most recently active first, at
+    /// most `limit`.
+    pub async fn sessions_active_since(
+        &self,
+        since_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        dispatch!(self, s => s.sessions_active_since(since_ms, limit).await)
+    }
+
     pub async fn session_domains(
         &self,
         session: &str,

@@ -442,6 +442,44 @@ impl PostgresStore {
         }
     }
 
+    pub async fn calls_reported(
+        &self,
+        session: &str,
+        turn: i64,
+        rows: Vec<(String, String)>,
+    ) -> Result<(), StoreError> {
+        let (names, contents): (Vec<String>, Vec<String>) = rows.into_iter().unzip();
+        // One statement for every row; only a turn the session has reached.
+        self.execute(
+            "INSERT INTO messages(session_id, turn, role, content, at_ms, called)
+             SELECT $1, $2, 'tool', r.content, $3, r.name
+             FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS r(name, content, n)
+             WHERE EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND n_turns >= $2)
+             ORDER BY r.n",
+            &[&session, &turn, &now_ms(), &names, &contents],
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn sessions_active_since(
+        &self,
+        since_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows = self
+            .query(
+                "SELECT session_id FROM messages GROUP BY session_id
+                 HAVING MAX(at_ms) >= $1 ORDER BY MAX(at_ms) DESC, session_id LIMIT $2",
+                &[&since_ms, &limit],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, tokio_postgres::Error>>()
+            .map_err(|e| self.error(e))
+    }
+
     pub async fn messages(&self, session: &str) -> Result<Vec<MessageRow>, StoreError> {
         let rows = self
             .query(

@@ -412,6 +412,48 @@ impl SqliteStore {
         .await
     }
 
+    pub async fn calls_reported(
+        &self,
+        session: &str,
+        turn: i64,
+        rows: Vec<(String, String)>,
+    ) -> Result<(), StoreError> {
+        let session = session.to_owned();
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            {
+                // Only a turn the session has reached: the count is the latest turn.
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO messages(session_id, turn, role, content, at_ms, called)
+                     SELECT ?1, ?2, 'tool', ?3, ?4, ?5
+                     WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1 AND n_turns >= ?2)",
+                )?;
+                for (name, content) in &rows {
+                    insert.execute(params![session, turn, content, now_ms(), name])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn sessions_active_since(
+        &self,
+        since_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT session_id FROM messages GROUP BY session_id
+                 HAVING MAX(at_ms) >= ?1 ORDER BY MAX(at_ms) DESC, session_id LIMIT ?2",
+            )?;
+            let rows = stmt.query_map(params![since_ms, limit], |r| r.get(0))?;
+            Ok(rows.collect::<Result<Vec<String>, _>>()?)
+        })
+        .await
+    }
+
     pub async fn messages(&self, session: &str) -> Result<Vec<MessageRow>, StoreError> {
         let session = session.to_owned();
         self.call(move |c| {

@@ -1065,3 +1065,75 @@ async fn a_newer_sqlite_decision_log_schema_is_refused() {
         "{err:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_calls_join_their_turn_and_sessions_list_by_activity() {
+    use serde_json::json;
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        store
+            .turn_append("older", &json!("first"), &[])
+            .await
+            .expect("turn");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let since = now_ms();
+        store
+            .turn_append("newer", &json!("list my containers"), &[])
+            .await
+            .expect("turn");
+        store
+            .calls_reported(
+                "newer",
+                1,
+                &names(&["list_containers", "restart_container"]),
+            )
+            .await
+            .expect("report");
+        // A turn the session has not reached, and a session that does not exist: none.
+        store
+            .calls_reported("newer", 2, &names(&["stale"]))
+            .await
+            .expect("report");
+        store
+            .calls_reported("nobody", 1, &names(&["stale"]))
+            .await
+            .expect("report");
+        assert!(
+            store
+                .calls_reported("../x", 1, &names(&["x"]))
+                .await
+                .is_err()
+        );
+
+        let rows = store.messages("newer").await.expect("messages");
+        let tools: Vec<(i64, &str)> = rows
+            .iter()
+            .filter(|r| r.role == "tool")
+            .map(|r| (r.turn, r.content["name"].as_str().unwrap_or("")))
+            .collect();
+        assert_eq!(
+            tools,
+            [(1, "list_containers"), (1, "restart_container")],
+            "{}",
+            t.name
+        );
+        assert!(!store.session_exists("nobody").await.expect("exists"));
+        // The next turn sees them as the latest turn's calls, as it sees a chat's.
+        let snapshot = store.session_snapshot("newer", 0).await.expect("snapshot");
+        assert_eq!(snapshot.recent_calls.len(), 2, "{}", t.name);
+
+        let all = store.sessions_active_since(0, 10).await.expect("sessions");
+        assert_eq!(all, ["newer", "older"], "{}", t.name);
+        let recent = store
+            .sessions_active_since(since, 10)
+            .await
+            .expect("sessions");
+        assert_eq!(recent, ["newer"], "{}", t.name);
+        assert_eq!(
+            store.sessions_active_since(0, 1).await.expect("sessions"),
+            ["newer"]
+        );
+    }
+}

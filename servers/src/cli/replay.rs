@@ -1,0 +1,241 @@
+//! `loadout replay`: the stored sessions (or a cases file) routed again with the
+//! current tools and config, measured as `cargo xtask eval` measures the labeled set:
+//! did each turn get the tools its model went on to call?
+//!
+//! A stored turn "needed" the tools of optional domains its model called with
+//! success: in a chat turn (`/api/chat`) or, for clients running their own model, as
+//! reported in the next `/api/route` request's `called`. A tool the model had to load
+//! by name (`load_tools`) counts too: the router missed it, and the model paid a step
+//! to recover. Replaying with another `--config` shows what a change would do to
+//! this deployment's own traffic before it is deployed. Nothing is written.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use loadout::Registry;
+use loadout::replay::{Case, CaseTurn, Configured, replay};
+use loadout::store::MessageRow;
+
+use crate::app::{App, with_toolkits};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Replay the most recently active this many sessions.
+    #[arg(long, default_value_t = 200)]
+    sessions: usize,
+    /// ... active in the last this many days.
+    #[arg(long, default_value_t = 30)]
+    since_days: u32,
+    /// Replay only this session.
+    #[arg(long, conflicts_with = "cases")]
+    session: Option<String>,
+    /// Replay the conversations of this JSON-lines file (the eval set's format, or
+    /// what `--export` wrote) instead of the stored sessions.
+    #[arg(long)]
+    cases: Option<PathBuf>,
+    /// Write the stored sessions as cases (JSON lines; `-` for stdout) instead of
+    /// replaying them: label or edit them, then `--cases`.
+    #[arg(long, conflicts_with = "cases")]
+    export: Option<PathBuf>,
+    /// Also load the toolkit files of this directory.
+    #[arg(long)]
+    catalog: Option<PathBuf>,
+    /// Route lexical-only, without the dense stage.
+    #[arg(long)]
+    lexical: bool,
+    /// Token budget instead of the config's.
+    #[arg(long)]
+    budget: Option<usize>,
+    /// Print every turn's summary line.
+    #[arg(long, short)]
+    verbose: bool,
+    /// End with the figures as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
+    let app = match &args.catalog {
+        Some(dir) => app.with_other_registry(with_toolkits(&app.registry, dir)?),
+        None => app.clone(),
+    };
+    let (cases, source) = match &args.cases {
+        Some(path) => (read_cases(path)?, path.display().to_string()),
+        None => {
+            let cases = stored_cases(&app, &args).await?;
+            let source = match &args.session {
+                Some(id) => format!("session {id}"),
+                None => format!(
+                    "{} most recent sessions of the last {} days",
+                    cases.len(),
+                    args.since_days
+                ),
+            };
+            (cases, source)
+        }
+    };
+    if let Some(path) = &args.export {
+        let mut out: Box<dyn std::io::Write> = if path.as_os_str() == "-" {
+            Box::new(std::io::stdout().lock())
+        } else {
+            Box::new(std::io::BufWriter::new(
+                std::fs::File::create(path)
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+            ))
+        };
+        for case in &cases {
+            writeln!(out, "{}", serde_json::to_string(case)?)?;
+        }
+        out.flush()?;
+        if path.as_os_str() != "-" {
+            eprintln!("{} sessions written to {}", cases.len(), path.display());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    let router = Arc::new(app.new_router(app.registry.clone()));
+    let dense = if args.lexical {
+        "lexical only (--lexical)".to_owned()
+    } else {
+        match app.attach_dense_stage_to(router.clone()).await {
+            Some(build) => {
+                let built = tokio::task::spawn_blocking(move || build.join()).await;
+                match built {
+                    Ok(Ok(Ok(_))) => "dense stage on".to_owned(),
+                    _ => "lexical only: the dense stage did not start (see the warning)".to_owned(),
+                }
+            }
+            None => "lexical only (router_dense = off)".to_owned(),
+        }
+    };
+    let verbose = args.verbose;
+    let report = replay(&router, &cases, args.budget, |routed| {
+        if verbose {
+            println!(
+                "{} #{} {:?}\n    {}",
+                routed.case.id,
+                routed.turn_idx + 1,
+                routed.case.turns[routed.turn_idx].user,
+                routed.selection.summary_line()
+            );
+        }
+    })
+    .map_err(anyhow::Error::msg)?;
+    println!(
+        "replay of {source}: {} tools, {dense}, budget {}; config {}",
+        router.registry().all_tools().len(),
+        args.budget.unwrap_or(router.config().token_budget),
+        app.config.path.display()
+    );
+    for line in report.miss_lines() {
+        println!("{line}");
+    }
+    println!("{}", report.summary_line());
+    if args.json {
+        let mut summary = report.to_json();
+        summary["source"] = source.into();
+        println!("{summary}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_cases(path: &std::path::Path) -> anyhow::Result<Vec<Case>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut cases = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let case = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not a case", path.display(), n + 1))?;
+        cases.push(case);
+    }
+    Ok(cases)
+}
+
+async fn stored_cases(app: &App, args: &Args) -> anyhow::Result<Vec<Case>> {
+    let store = app.store();
+    let ids = match &args.session {
+        Some(id) => {
+            if !store.session_exists(id).await? {
+                anyhow::bail!("no session `{id}`");
+            }
+            vec![id.clone()]
+        }
+        None => {
+            let since = loadout::store::now_ms() - i64::from(args.since_days) * 86_400_000;
+            store.sessions_active_since(since, args.sessions).await?
+        }
+    };
+    // Settings as they are now: which domains are active.
+    let settings = app.settings.snapshot().await?;
+    let configured: Vec<String> = settings
+        .iter()
+        .filter(|(_, v)| !v.trim().is_empty())
+        .map(|(k, _)| k.clone())
+        .collect();
+    let mut cases = Vec::with_capacity(ids.len());
+    for id in ids {
+        let rows = store.messages(&id).await?;
+        let turns = turns_of(&app.registry, &rows);
+        if !turns.is_empty() {
+            cases.push(Case {
+                id,
+                configured: Configured::Keys(configured.clone()),
+                turns,
+                why: None,
+            });
+        }
+    }
+    Ok(cases)
+}
+
+/// A session's user messages, each with the tools called with success in its turn:
+/// `called` all the registry knows, `needed` those of optional domains (core is
+/// always sent).
+fn turns_of(registry: &Registry, rows: &[MessageRow]) -> Vec<CaseTurn> {
+    let mut turns: Vec<(i64, CaseTurn)> = Vec::new();
+    for row in rows {
+        match row.role.as_str() {
+            "user" => {
+                let user = match &row.content {
+                    serde_json::Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                turns.push((
+                    row.turn,
+                    CaseTurn {
+                        user,
+                        needed: Vec::new(),
+                        called: Some(Vec::new()),
+                    },
+                ));
+            }
+            "tool" if row.content.get("ok") == Some(&serde_json::Value::Bool(true)) => {
+                let Some(name) = row.content.get("name").and_then(|n| n.as_str()) else {
+                    continue;
+                };
+                let Some(tool) = registry.tool(name) else {
+                    continue;
+                };
+                let Some((_, turn)) = turns.iter_mut().rev().find(|(t, _)| *t == row.turn) else {
+                    continue;
+                };
+                let called = turn.called.get_or_insert_with(Vec::new);
+                if !called.iter().any(|c| c == name) {
+                    called.push(name.to_owned());
+                }
+                let always_on = registry.domain(&tool.domain).is_some_and(|d| d.always_on);
+                if !always_on && !turn.needed.iter().any(|n| n == name) {
+                    turn.needed.push(name.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    turns.into_iter().map(|(_, turn)| turn).collect()
+}
