@@ -287,7 +287,8 @@ fn route_takes_the_router_tunables_of_the_config_file() {
 
 /// Turns routed through `/api/route`, with the calls the client reported, replay from
 /// the store: a turn whose called tool was routed is a hit, one whose tool was not
-/// is a miss with its reasons, and `--export` writes them as eval cases.
+/// is a miss with its reasons, each session routes with the domains active when it
+/// ran, and `--export` writes them as eval cases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_measures_stored_sessions_against_the_tools_their_model_called() {
     use serde_json::json;
@@ -307,6 +308,44 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
         .await;
         assert!(status.is_success(), "{body}");
     }
+    // Filesystem was configured while s2 ran, and is not any more: s2 replays with
+    // the domains active then, as its logged decisions say.
+    let files = tempfile::tempdir().expect("tempdir");
+    let roots = json!([files.path().display().to_string()]).to_string();
+    let put = |value: Value| {
+        crate::support::send(
+            &app,
+            "PUT",
+            "/api/settings/filesystem_roots",
+            Some(json!({"value": value})),
+        )
+    };
+    assert!(put(json!(roots)).await.0.is_success());
+    for (message, called) in [
+        ("read the notes file", &[][..]),
+        ("thanks", &["read_file"][..]),
+    ] {
+        let (status, body) = crate::support::send(
+            &app,
+            "POST",
+            "/api/route",
+            Some(json!({"session": "s2", "message": message, "called": called})),
+        )
+        .await;
+        assert!(status.is_success(), "{body}");
+    }
+    assert_eq!(
+        crate::support::logged_selections(&app, "s1", 3).await.len(),
+        3
+    );
+    assert_eq!(
+        crate::support::logged_selections(&app, "s2", 2).await.len(),
+        2
+    );
+    let (status, _) =
+        crate::support::send(&app, "DELETE", "/api/settings/filesystem_roots", None).await;
+    assert!(status.is_success());
+
     let (_, session) = crate::support::send(&app, "GET", "/api/sessions/s1", None).await;
     let reported: Vec<(&Value, &Value)> = session["messages"]
         .as_array()
@@ -341,8 +380,9 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
     let out = run(&["--lexical", "--json"]);
     let figures: Value =
         serde_json::from_str(out.lines().last().expect("a last line")).expect("JSON figures");
-    assert_eq!(figures["turns"], 3, "{out}");
-    assert_eq!(figures["hits"], 2, "{out}");
+    // s2's read_file counts as routed: filesystem was active when s2 ran.
+    assert_eq!(figures["turns"], 5, "{out}");
+    assert_eq!(figures["hits"], 4, "{out}");
     assert!(
         out.contains("MISS s1 turn 2: \"hello there\"")
             && out.contains("list_tables: domain scratchpad excluded"),
@@ -350,7 +390,22 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
     );
 
     let exported = run(&["--export", "-"]);
-    let case: Value = serde_json::from_str(exported.trim()).expect("one case");
+    let cases: Vec<Value> = exported
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a case"))
+        .collect();
+    let [later, case] = &cases[..] else {
+        panic!("two sessions expected: {exported}");
+    };
+    assert_eq!(later["id"], "s2");
+    assert_eq!(later["turns"][0]["needed"], json!(["read_file"]), "{later}");
+    assert!(
+        later["configured"]
+            .as_array()
+            .expect("keys")
+            .contains(&json!("filesystem_roots")),
+        "{later}"
+    );
     assert_eq!(case["id"], "s1");
     assert_eq!(case["turns"][0]["needed"], json!(["remember"]), "{case}");
     assert_eq!(case["turns"][1]["needed"], json!(["list_tables"]), "{case}");
@@ -369,7 +424,7 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
         serde_json::from_str(again.lines().last().expect("a last line")).expect("JSON figures");
     assert_eq!(
         (figures["turns"].clone(), figures["hits"].clone()),
-        (json!(3), json!(2))
+        (json!(5), json!(4))
     );
 
     let output = loadout(dir.path())

@@ -5,7 +5,7 @@ use axum::http::{Request, StatusCode};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::support::{http_app, send, send_request};
+use crate::support::{http_app, logged_selections, send, send_request};
 
 #[tokio::test]
 async fn settings_are_masked_on_read_and_deletable() {
@@ -171,18 +171,6 @@ async fn openapi_document_lists_every_endpoint_the_app_serves() {
 }
 
 /// The session's logged selections, waiting for the background writer's flush.
-async fn logged_selections(app: &axum::Router, session: &str, at_least: usize) -> Vec<Value> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let (status, body) = send(app, "GET", &format!("/api/sessions/{session}"), None).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        let rows = body["selections"].as_array().cloned().unwrap_or_default();
-        if rows.len() >= at_least || std::time::Instant::now() > deadline {
-            return rows;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test]
 async fn decision_log_setting_keeps_the_message_its_hash_or_nothing() {

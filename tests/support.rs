@@ -53,6 +53,21 @@ pub async fn send_request(
     (status, bytes)
 }
 
+/// The session's logged selections, once at least `at_least` are written (the
+/// decision log writes in the background), or whatever is there after 10 s.
+pub async fn logged_selections(app: &axum::Router, session: &str, at_least: usize) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, body) = send(app, "GET", &format!("/api/sessions/{session}"), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let rows = body["selections"].as_array().cloned().unwrap_or_default();
+        if rows.len() >= at_least || std::time::Instant::now() > deadline {
+            return rows;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// The fake stdio MCP server (`tests/python/fake_upstream.py`) that upstream tests
 /// import, with the Python that runs it; `None` when no Python is installed (the
 /// tests that need it say they skipped).

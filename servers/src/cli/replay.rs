@@ -9,6 +9,7 @@
 //! to recover. Replaying with another `--config` shows what a change would do to
 //! this deployment's own traffic before it is deployed. Nothing is written.
 
+use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -171,27 +172,85 @@ async fn stored_cases(app: &App, args: &Args) -> anyhow::Result<Vec<Case>> {
             store.sessions_active_since(since, args.sessions).await?
         }
     };
-    // Settings as they are now: which domains are active.
     let settings = app.settings.snapshot().await?;
-    let configured: Vec<String> = settings
-        .iter()
-        .filter(|(_, v)| !v.trim().is_empty())
-        .map(|(k, _)| k.clone())
-        .collect();
     let mut cases = Vec::with_capacity(ids.len());
     for id in ids {
         let rows = store.messages(&id).await?;
         let turns = turns_of(&app.registry, &rows);
-        if !turns.is_empty() {
-            cases.push(Case {
-                id,
-                configured: Configured::Keys(configured.clone()),
-                turns,
-                why: None,
-            });
+        if turns.is_empty() {
+            continue;
         }
+        let logged = store.decisions(&id).await?;
+        let activity = logged
+            .first()
+            .map(|row| logged_activity(&row.reasons.value()));
+        cases.push(Case {
+            id,
+            configured: Configured::Keys(configured_keys(
+                &app.registry,
+                &settings,
+                activity.as_ref(),
+            )),
+            turns,
+            why: None,
+        });
     }
     Ok(cases)
+}
+
+/// Which domains a logged decision names as active and as inactive.
+#[derive(Debug, Default)]
+struct LoggedActivity {
+    active: BTreeSet<String>,
+    inactive: BTreeSet<String>,
+}
+
+fn logged_activity(reasons: &serde_json::Value) -> LoggedActivity {
+    let names = |key: &str| -> Vec<String> {
+        reasons[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.as_str().map(str::to_owned))
+            .collect()
+    };
+    let mut activity = LoggedActivity {
+        active: names("unmatched").into_iter().collect(),
+        inactive: names("inactive").into_iter().collect(),
+    };
+    for domain in reasons["domains"].as_array().into_iter().flatten() {
+        if let Some(name) = domain["domain"].as_str() {
+            let side = if domain["stage"] == "inactive" {
+                &mut activity.inactive
+            } else {
+                &mut activity.active
+            };
+            side.insert(name.to_owned());
+        }
+    }
+    activity
+}
+
+/// The settings keys a session routes with: the domains its first logged decision
+/// names as active get their keys. Without a logged decision (`decision_log = off`),
+/// and for domains the log does not name (added since), today's settings decide.
+fn configured_keys(
+    registry: &Registry,
+    settings: &std::collections::BTreeMap<String, String>,
+    logged: Option<&LoggedActivity>,
+) -> Vec<String> {
+    let mut keys = BTreeSet::new();
+    for domain in registry.domains() {
+        let active = match logged {
+            Some(logged) if logged.inactive.contains(&domain.name) => false,
+            Some(logged) if logged.active.contains(&domain.name) => true,
+            _ => registry.missing_settings(&domain.name, settings).is_empty(),
+        };
+        if active {
+            keys.extend(domain.settings_keys.iter().cloned());
+        }
+    }
+    keys.into_iter().collect()
 }
 
 /// A session's user messages, each with the tools called with success in its turn:
