@@ -363,6 +363,13 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
         "{session}"
     );
     drop(app);
+    // A call of a tool the registry no longer has (or an upstream server's) is left
+    // out, and said so.
+    let store = loadout::Store::open_dir(dir.path()).await.expect("store");
+    store
+        .message_append("s1", "tool", &json!({"name": "gone_tool", "ok": true}))
+        .await
+        .expect("append");
 
     let run = |args: &[&str]| {
         let output = loadout(dir.path())
@@ -389,12 +396,22 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
         "{out}"
     );
 
-    let exported = run(&["--export", "-"]);
+    let output = loadout(dir.path())
+        .args(["replay", "--export", "-"])
+        .output()
+        .expect("run loadout");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("1 calls of tools this registry lacks"),
+        "{stderr}"
+    );
+    let exported = String::from_utf8_lossy(&output.stdout).into_owned();
     let cases: Vec<Value> = exported
         .lines()
         .map(|line| serde_json::from_str(line).expect("a case"))
         .collect();
-    let [later, case] = &cases[..] else {
+    // Most recently active first: s1 got the last message.
+    let [case, later] = &cases[..] else {
         panic!("two sessions expected: {exported}");
     };
     assert_eq!(later["id"], "s2");

@@ -173,10 +173,11 @@ async fn stored_cases(app: &App, args: &Args) -> anyhow::Result<Vec<Case>> {
         }
     };
     let settings = app.settings.snapshot().await?;
+    let mut unknown = 0;
     let mut cases = Vec::with_capacity(ids.len());
     for id in ids {
         let rows = store.messages(&id).await?;
-        let turns = turns_of(&app.registry, &rows);
+        let turns = turns_of(&app.registry, &rows, &mut unknown);
         if turns.is_empty() {
             continue;
         }
@@ -194,6 +195,12 @@ async fn stored_cases(app: &App, args: &Args) -> anyhow::Result<Vec<Case>> {
             turns,
             why: None,
         });
+    }
+    if unknown > 0 {
+        eprintln!(
+            "loadout: {unknown} calls of tools this registry lacks were left out (upstream \
+             servers' tools: replay does not connect them)"
+        );
     }
     Ok(cases)
 }
@@ -256,7 +263,9 @@ fn configured_keys(
 /// A session's user messages, each with the tools called with success in its turn:
 /// `called` all the registry knows, `needed` those of optional domains (core is
 /// always sent).
-fn turns_of(registry: &Registry, rows: &[MessageRow]) -> Vec<CaseTurn> {
+/// Calls of tools the registry does not have (an upstream server's: `replay` does
+/// not connect them) are counted in `unknown` and left out.
+fn turns_of(registry: &Registry, rows: &[MessageRow], unknown: &mut usize) -> Vec<CaseTurn> {
     let mut turns: Vec<(i64, CaseTurn)> = Vec::new();
     for row in rows {
         match row.role.as_str() {
@@ -279,6 +288,7 @@ fn turns_of(registry: &Registry, rows: &[MessageRow]) -> Vec<CaseTurn> {
                     continue;
                 };
                 let Some(tool) = registry.tool(name) else {
+                    *unknown += 1;
                     continue;
                 };
                 let Some((_, turn)) = turns.iter_mut().rev().find(|(t, _)| *t == row.turn) else {
