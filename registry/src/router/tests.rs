@@ -1504,3 +1504,119 @@ fn random_messages_sessions_and_configs_keep_the_selection_promises() {
         }
     }
 }
+
+/// A random JSON value: every type, odd strings, deep nesting.
+fn random_json(rng: &mut Rng, depth: usize) -> serde_json::Value {
+    match rng.below(if depth > 3 { 6 } else { 9 }) {
+        0 => serde_json::Value::Null,
+        1 => json!(rng.chance(50)),
+        2 => json!(rng.next() as i64),
+        3 => json!(f64::from(rng.unit()) * 1e300),
+        4 => json!(rng.piece()),
+        5 => json!("x".repeat(rng.below(3) * 5000)),
+        6 => json!([random_json(rng, depth + 1), random_json(rng, depth + 1)]),
+        7 => {
+            json!({"type": random_json(rng, depth + 1), "properties": random_json(rng, depth + 1)})
+        }
+        _ => {
+            let mut object = serde_json::Map::new();
+            for _ in 0..rng.below(4) {
+                object.insert(rng.piece().to_owned(), random_json(rng, depth + 1));
+            }
+            serde_json::Value::Object(object)
+        }
+    }
+}
+
+/// Replaces, removes or adds one value somewhere in `value`.
+fn mutate(rng: &mut Rng, value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) if !map.is_empty() && rng.chance(75) => {
+            let keys: Vec<String> = map.keys().cloned().collect();
+            let key = rng.pick(&keys).clone();
+            match rng.below(4) {
+                0 => {
+                    map.remove(&key);
+                }
+                1 => {
+                    map.insert(key, random_json(rng, 0));
+                }
+                _ => {
+                    if let Some(inner) = map.get_mut(&key) {
+                        mutate(rng, inner);
+                    }
+                }
+            }
+        }
+        serde_json::Value::Array(items) if !items.is_empty() && rng.chance(75) => {
+            let i = rng.below(items.len());
+            if rng.chance(20) {
+                let copy = items[i].clone();
+                items.push(copy);
+            } else {
+                mutate(rng, &mut items[i]);
+            }
+        }
+        _ => *value = random_json(rng, 0),
+    }
+}
+
+/// Toolkit files spoilt at random (a value replaced, removed, duplicated, at any
+/// depth, schemas included): parsing and building answer a clear error or a registry
+/// whose router routes and whose tools export; nothing panics.
+#[test]
+fn spoilt_toolkit_files_are_refused_or_route_never_panic() {
+    let mut rng = Rng(7);
+    let (mut built, mut refused) = (0, 0);
+    for round in 0..400 {
+        let mut files = catalog();
+        let i = rng.below(files.len());
+        mutate(&mut rng, &mut files[i]);
+        let mut builder = Registry::builder();
+        let mut parse_error = None;
+        for (i, file) in files.iter().enumerate() {
+            match toolkit::parse(&file.to_string(), &format!("f{i}.json")) {
+                Ok(toolkit) => builder = builder.toolkit(toolkit),
+                Err(e) => parse_error = Some(e.to_string()),
+            }
+        }
+        if let Some(message) = parse_error {
+            assert!(message.contains(".json"), "round {round}: {message}");
+            refused += 1;
+            continue;
+        }
+        let registry = match builder.build() {
+            Ok(registry) => Arc::new(registry),
+            Err(e) => {
+                assert!(!e.to_string().is_empty());
+                refused += 1;
+                continue;
+            }
+        };
+        built += 1;
+        let router = Router::new(registry.clone(), RouterConfig::default());
+        for message in [
+            "weather and then restart the container",
+            "",
+            "lights 날씨 🙂",
+        ] {
+            let selection = route(&router, message, &SessionView::new(1));
+            check_selection(
+                &router,
+                &all_settings(),
+                &SessionView::new(1),
+                4000,
+                &selection,
+            );
+        }
+        for tool in registry.all_tools() {
+            let _ = crate::export::mcp(tool);
+            let _ = crate::export::openai(tool);
+        }
+    }
+    // Both outcomes came up: the mutations are neither all fatal nor all harmless.
+    assert!(
+        built > 40 && refused > 40,
+        "built {built}, refused {refused}"
+    );
+}
