@@ -362,6 +362,20 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
         ],
         "{session}"
     );
+    let calls: Vec<(&Value, &Value, &Value)> = session["tool_calls"]
+        .as_array()
+        .expect("tool calls")
+        .iter()
+        .map(|c| (&c["turn"], &c["name"], &c["reported"]))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            (&json!(1), &json!("remember"), &json!(true)),
+            (&json!(2), &json!("list_tables"), &json!(true))
+        ],
+        "{session}"
+    );
     drop(app);
     // A call of a tool the registry no longer has (or an upstream server's) is left
     // out, and said so.

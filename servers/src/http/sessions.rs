@@ -37,7 +37,9 @@ pub async fn show(
 }
 
 /// Every tool call of the chat turns with its result: each stored assistant message's
-/// `tool_calls`, joined with the `tool` message answering it.
+/// `tool_calls`, joined with the `tool` message answering it; and the calls a client
+/// reported to `/api/route` (`reported`, with no arguments or result: the client
+/// ran them).
 fn tool_calls(messages: &[MessageRow]) -> Vec<Value> {
     let mut calls: Vec<Value> = Vec::new();
     for message in messages {
@@ -59,6 +61,18 @@ fn tool_calls(messages: &[MessageRow]) -> Vec<Value> {
                         "result": null,
                     }));
                 }
+            }
+            // Calls a client running its own model reported to `/api/route`: no
+            // assistant message of ours asked for them.
+            "tool" if message.content.get("reported") == Some(&Value::Bool(true)) => {
+                calls.push(json!({
+                    "turn": message.turn,
+                    "id": null,
+                    "name": message.content.get("name"),
+                    "arguments": null,
+                    "result": null,
+                    "reported": true,
+                }));
             }
             "tool" => {
                 let id = message.content.get("tool_call_id");
