@@ -53,7 +53,8 @@ pub struct RoutedTurn {
     /// it too, even if [`Routing::replace_router`] has been called since.
     pub router: Arc<Router>,
     pub turn: i64,
-    pub selection: Selection,
+    /// Shared with the decision log's row, which writes its reasons from it.
+    pub selection: Arc<Selection>,
     /// What the selection carries into the session's next turn ([`carry_over`];
     /// empty without a session).
     pub carry: Vec<String>,
@@ -162,9 +163,10 @@ impl Routing {
 
         let Some(session) = request.session else {
             let view = SessionView::new(1);
-            let selection = self
-                .select_off_runtime(&router, &settings, &view, message, request.token_budget)
-                .await;
+            let selection = Arc::new(
+                self.select_off_runtime(&router, &settings, &view, message, request.token_budget)
+                    .await,
+            );
             self.log(&settings, &selection, None, 1, message);
             return Ok(RoutedTurn {
                 router,
@@ -201,9 +203,10 @@ impl Routing {
         let expected = snapshot.turn + 1;
         view.begin_turn(expected, None);
         view.carried_tools = snapshot.carry;
-        let mut selection = self
-            .select_off_runtime(&router, &settings, &view, message, request.token_budget)
-            .await;
+        let mut selection = Arc::new(
+            self.select_off_runtime(&router, &settings, &view, message, request.token_budget)
+                .await,
+        );
         let mut carry = carry_over(&selection);
         let message_json = serde_json::Value::String(message.to_owned());
         let turn = store.turn_append(session, &message_json, &carry).await?;
@@ -213,9 +216,10 @@ impl Routing {
             let carried = std::mem::take(&mut view.carried_tools);
             view.begin_turn(turn, None);
             view.carried_tools = carried;
-            selection = self
-                .select_off_runtime(&router, &settings, &view, message, request.token_budget)
-                .await;
+            selection = Arc::new(
+                self.select_off_runtime(&router, &settings, &view, message, request.token_budget)
+                    .await,
+            );
             carry = carry_over(&selection);
             store.session_carry_put(session, turn, &carry).await?;
         }
@@ -235,7 +239,7 @@ impl Routing {
     /// carry-over with [`Routing::persist`].
     pub fn reselect(&self, routed: &mut RoutedTurn, session: Option<&str>, message: &str) {
         // A meta-tool's call runs this inside a task, holding the turn's lock.
-        routed.selection = encoder_work(&routed.router, || {
+        routed.selection = Arc::new(encoder_work(&routed.router, || {
             select(
                 &routed.router,
                 &routed.settings,
@@ -243,7 +247,7 @@ impl Routing {
                 message,
                 None,
             )
-        });
+        }));
         routed.carry = carry_over(&routed.selection);
         self.log(
             &routed.settings,
@@ -316,7 +320,7 @@ impl Routing {
     fn log(
         &self,
         settings: &BTreeMap<String, String>,
-        selection: &Selection,
+        selection: &Arc<Selection>,
         session: Option<&str>,
         turn: i64,
         message: &str,

@@ -318,10 +318,12 @@ impl Selection {
     }
 
     /// The decision-log row for this selection. `at_ms` is passed in so the router
-    /// stays free of clocks. The reasons are written straight from the selection
-    /// ([`Selection::write_logged_reasons`]): this runs on every routed message.
+    /// stays free of clocks. This runs on every routed message, so the row only
+    /// shares the selection: its reasons are written from it
+    /// ([`Selection::write_logged_reasons`]) where the row is stored, off the
+    /// request's thread, and the selection is freed there too.
     pub fn decision_row(
-        &self,
+        self: &Arc<Self>,
         session: Option<&str>,
         turn: i64,
         message: &str,
@@ -339,7 +341,7 @@ impl Selection {
             message,
             n_tools: self.n_tools as i64,
             tokens: self.tokens as i64,
-            reasons: Reasons::from_json_writer(|out| self.write_logged_reasons(out)),
+            reasons: Reasons::of_selection(Arc::clone(self)),
         }
     }
 }
@@ -349,7 +351,7 @@ impl Selection {
     /// written by hand: through serde it took about a quarter of a lexical
     /// selection's time, half of it escaping keys and identifiers that never need it,
     /// a fifth formatting floats. Same JSON as serializing [`LoggedReasons`] (test).
-    fn write_logged_reasons(&self, out: &mut String) {
+    pub(crate) fn write_logged_reasons(&self, out: &mut String) {
         // As `LoggedReasons::new` sorts them: by name only when not sent, with no
         // score above 0, and stage `inactive` or `not_matched`; in full otherwise.
         let by_name = |d: &DomainDecision| {

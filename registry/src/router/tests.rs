@@ -536,6 +536,7 @@ fn the_logged_reasons_are_the_json_serde_writes_for_them() {
             d.score = 0.125;
         }
         seen_hints |= selection.tool_decisions.iter().any(|d| !d.included);
+        let selection = Arc::new(selection);
         let row = selection.decision_row(None, 1, message, MessageLogging::Plain, 0);
         let oracle = serde_json::to_string(&super::selection::LoggedReasons::new(&selection))
             .expect("serializes");
@@ -591,8 +592,11 @@ fn logged_scores_and_strings_are_written_as_serde_writes_them() {
 #[test]
 fn decision_row_hashes_the_message_when_asked() {
     let router = router();
-    let selection = route(&router, "weather", &SessionView::new(3));
+    let selection = Arc::new(route(&router, "weather", &SessionView::new(3)));
     let row = selection.decision_row(Some("s1"), 3, "weather", MessageLogging::Sha256, 42);
+    // The request's thread only shares the selection; the writer writes the text.
+    assert!(!row.reasons.is_written());
+    assert_eq!(Arc::strong_count(&selection), 2);
     assert!(row.message.starts_with("sha256:") && !row.message.contains("weather"));
     assert_eq!(
         (row.turn, row.at_ms, row.n_tools),

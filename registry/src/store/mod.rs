@@ -152,58 +152,91 @@ pub enum LogPace {
     CatchUp,
 }
 
-/// A decision's reasons as JSON text. The routing path writes them once, straight
-/// from the selection (no JSON tree), and readers serve the text as it is. Always
-/// one JSON value: made by serde_json or the router's writer, or checked when read
-/// back from storage.
-#[derive(Clone, PartialEq)]
-pub struct Reasons(String);
+/// A decision's reasons as JSON text. The routing path hands over its selection and
+/// the text is written from it where the row is stored (on SQLite, the log's own
+/// thread under `SCHED_IDLE`), once, with no JSON tree; readers serve the text as it
+/// is. Always one JSON value: made by serde_json or the router's writer, or checked
+/// when read back from storage.
+#[derive(Clone)]
+pub struct Reasons {
+    text: std::sync::OnceLock<String>,
+    /// The selection the text is still to be written from.
+    selection: Option<std::sync::Arc<crate::router::Selection>>,
+}
 
 impl Reasons {
     /// Serializes `value`; a value that cannot be serialized logs as `null`.
     pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Reasons {
         serde_json::to_string(value)
-            .map(Reasons)
+            .map(Reasons::written)
             .unwrap_or_else(|_| Reasons::null())
     }
 
-    /// Reasons `write` writes, which must be one JSON value (checked in debug
-    /// builds): the router's hand-written form of a selection.
-    pub(crate) fn from_json_writer(write: impl FnOnce(&mut String)) -> Reasons {
-        let mut text = String::with_capacity(2048);
-        write(&mut text);
-        debug_assert!(
-            serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(),
-            "not JSON: {text}"
-        );
-        Reasons(text)
+    /// Reasons to be written from `selection` when first read: the routing path
+    /// only takes a reference, and the log writer writes the text.
+    pub(crate) fn of_selection(selection: std::sync::Arc<crate::router::Selection>) -> Reasons {
+        Reasons {
+            text: std::sync::OnceLock::new(),
+            selection: Some(selection),
+        }
     }
 
     /// Reasons read back from storage; text that is not JSON reads as `null`.
     pub fn from_text(text: String) -> Reasons {
         match serde_json::from_str::<serde::de::IgnoredAny>(&text) {
-            Ok(_) => Reasons(text),
+            Ok(_) => Reasons::written(text),
             Err(_) => Reasons::null(),
         }
     }
 
-    fn null() -> Reasons {
-        Reasons("null".to_owned())
+    fn written(text: String) -> Reasons {
+        Reasons {
+            text: std::sync::OnceLock::from(text),
+            selection: None,
+        }
     }
 
+    fn null() -> Reasons {
+        Reasons::written("null".to_owned())
+    }
+
+    /// The JSON text; written from the selection on the first call.
     pub fn as_str(&self) -> &str {
-        &self.0
+        self.text.get_or_init(|| {
+            let mut text = String::with_capacity(2048);
+            match &self.selection {
+                Some(selection) => selection.write_logged_reasons(&mut text),
+                None => text.push_str("null"),
+            }
+            debug_assert!(
+                serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(),
+                "not JSON: {text}"
+            );
+            text
+        })
+    }
+
+    /// Whether the text has been written yet.
+    #[cfg(test)]
+    pub(crate) fn is_written(&self) -> bool {
+        self.text.get().is_some()
     }
 
     /// The reasons as a JSON tree (tests, tools that inspect the log).
     pub fn value(&self) -> serde_json::Value {
-        serde_json::from_str(&self.0).unwrap_or(serde_json::Value::Null)
+        serde_json::from_str(self.as_str()).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl PartialEq for Reasons {
+    fn eq(&self, other: &Reasons) -> bool {
+        self.as_str() == other.as_str()
     }
 }
 
 impl std::fmt::Debug for Reasons {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
@@ -211,7 +244,7 @@ impl Serialize for Reasons {
     /// As the JSON it is, not as a string. Only readers of the log serialize
     /// reasons; they pay for one more scan of the text.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match serde_json::from_str::<&serde_json::value::RawValue>(&self.0) {
+        match serde_json::from_str::<&serde_json::value::RawValue>(self.as_str()) {
             Ok(raw) => raw.serialize(serializer),
             Err(_) => serializer.serialize_unit(),
         }

@@ -60,7 +60,7 @@ impl TurnControl {
     }
 
     /// Applies a change to the session view, re-routes, and persists the changed rows.
-    async fn change<F>(&self, apply: F) -> Result<Selection, String>
+    async fn change<F>(&self, apply: F) -> Result<Arc<Selection>, String>
     where
         F: FnOnce(&mut RoutedTurn) -> Result<Vec<SessionDomainState>, SessionError>,
     {
