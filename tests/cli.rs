@@ -12,6 +12,16 @@ fn loadout(data_dir: &std::path::Path) -> Command {
     command
 }
 
+/// The standard output of a run that must succeed (its stderr shown if not).
+fn stdout_of(output: std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// `calculate` is defined only in the `core` domain crate; nothing in the binary
 /// names it, yet it is in the binary's registry.
 #[test]
@@ -21,12 +31,7 @@ fn a_tool_defined_only_in_a_domain_crate_is_in_the_binary() {
         .args(["tools", "--json"])
         .output()
         .expect("run loadout");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let listing: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    let listing: serde_json::Value = serde_json::from_str(&stdout_of(output)).expect("json");
     let tools: Vec<&str> = listing["domains"]
         .as_array()
         .expect("domains")
@@ -179,12 +184,7 @@ fn route_uses_the_dense_stage_unless_asked_not_to() {
             .args(extra)
             .output()
             .expect("run loadout");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let selection: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+        let selection: serde_json::Value = serde_json::from_str(&stdout_of(output)).expect("json");
         selection["domains"]
             .as_array()
             .expect("domains")
@@ -222,13 +222,7 @@ fn route_refuses_a_configured_key_no_domain_declares() {
     assert!(stderr.contains("filesystem_roots"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 
-    let output = route("filesystem_roots");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(String::from_utf8_lossy(&output.stdout).contains("filesystem"));
+    assert!(stdout_of(route("filesystem_roots")).contains("filesystem"));
 }
 
 /// `[router]` in the data dir's `loadout.toml` tunes what `route` (and `serve`)
@@ -245,12 +239,7 @@ fn route_takes_the_router_tunables_of_the_config_file() {
             .expect("run loadout")
     };
     let selection = |output: std::process::Output| -> serde_json::Value {
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        serde_json::from_slice(&output.stdout).expect("selection JSON")
+        serde_json::from_str(&stdout_of(output)).expect("selection JSON")
     };
     let filesystem_tools = |selection: &serde_json::Value| {
         selection["tools"]
@@ -285,6 +274,21 @@ fn route_takes_the_router_tunables_of_the_config_file() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
+/// Routes each message of `session` through `/api/route`, reporting the calls given
+/// with it (those of the turn before, as a client running its own model does).
+async fn route_turns(app: &axum::Router, session: &str, turns: &[(&str, &[&str])]) {
+    for (message, called) in turns {
+        let (status, body) = crate::support::send(
+            app,
+            "POST",
+            "/api/route",
+            Some(serde_json::json!({"session": session, "message": message, "called": called})),
+        )
+        .await;
+        assert!(status.is_success(), "{body}");
+    }
+}
+
 /// Turns routed through `/api/route`, with the calls the client reported, replay from
 /// the store: a turn whose called tool was routed is a hit, one whose tool was not
 /// is a miss with its reasons, each session routes with the domains active when it
@@ -293,47 +297,34 @@ fn route_takes_the_router_tunables_of_the_config_file() {
 async fn replay_measures_stored_sessions_against_the_tools_their_model_called() {
     use serde_json::json;
     let (dir, app) = crate::support::http_app(None).await;
-    let turns = [
-        ("remember that my sister is called Ana", &[][..]),
-        ("hello there", &["remember"][..]),
-        ("ok", &["list_tables"][..]),
-    ];
-    for (message, called) in turns {
-        let (status, body) = crate::support::send(
-            &app,
-            "POST",
-            "/api/route",
-            Some(json!({"session": "s1", "message": message, "called": called})),
-        )
-        .await;
-        assert!(status.is_success(), "{body}");
-    }
+    route_turns(
+        &app,
+        "s1",
+        &[
+            ("remember that my sister is called Ana", &[]),
+            ("hello there", &["remember"]),
+            ("ok", &["list_tables"]),
+        ],
+    )
+    .await;
     // Filesystem was configured while s2 ran, and is not any more: s2 replays with
     // the domains active then, as its logged decisions say.
     let files = tempfile::tempdir().expect("tempdir");
     let roots = json!([files.path().display().to_string()]).to_string();
-    let put = |value: Value| {
-        crate::support::send(
-            &app,
-            "PUT",
-            "/api/settings/filesystem_roots",
-            Some(json!({"value": value})),
-        )
-    };
-    assert!(put(json!(roots)).await.0.is_success());
-    for (message, called) in [
-        ("read the notes file", &[][..]),
-        ("thanks", &["read_file"][..]),
-    ] {
-        let (status, body) = crate::support::send(
-            &app,
-            "POST",
-            "/api/route",
-            Some(json!({"session": "s2", "message": message, "called": called})),
-        )
-        .await;
-        assert!(status.is_success(), "{body}");
-    }
+    let (status, _) = crate::support::send(
+        &app,
+        "PUT",
+        "/api/settings/filesystem_roots",
+        Some(json!({"value": roots})),
+    )
+    .await;
+    assert!(status.is_success());
+    route_turns(
+        &app,
+        "s2",
+        &[("read the notes file", &[]), ("thanks", &["read_file"])],
+    )
+    .await;
     assert_eq!(
         crate::support::logged_selections(&app, "s1", 3).await.len(),
         3
@@ -386,17 +377,13 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
         .expect("append");
 
     let run = |args: &[&str]| {
-        let output = loadout(dir.path())
-            .arg("replay")
-            .args(args)
-            .output()
-            .expect("run loadout");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        stdout_of(
+            loadout(dir.path())
+                .arg("replay")
+                .args(args)
+                .output()
+                .expect("run loadout"),
+        )
     };
     let out = run(&["--lexical", "--json"]);
     let figures: Value =
