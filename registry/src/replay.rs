@@ -68,6 +68,20 @@ impl Case {
     }
 }
 
+/// Cases from JSON lines (blank lines skipped); an error names the 1-based line.
+pub fn cases_from_json_lines(text: &str) -> Result<Vec<Case>, String> {
+    let mut cases = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let case =
+            serde_json::from_str(line).map_err(|e| format!("line {}: not a case: {e}", n + 1))?;
+        cases.push(case);
+    }
+    Ok(cases)
+}
+
 /// One turn whose needed tools were not all sent.
 #[derive(Debug, Clone)]
 pub struct Miss {
@@ -417,6 +431,13 @@ mod tests {
         let line = r#"{"id":"s1","configured":["weather_key"],"turns":[{"user":"hi","needed":[],"called":["get_forecast"]}]}"#;
         let parsed = case(line);
         assert_eq!(serde_json::to_string(&parsed).expect("json"), line);
+        let text = format!("{line}\n\n{line}\nnot json\n");
+        let error = cases_from_json_lines(&text).expect_err("line 4");
+        assert!(error.starts_with("line 4: not a case"), "{error}");
+        assert_eq!(
+            cases_from_json_lines(&text[..2 * line.len() + 3]).map(|c| c.len()),
+            Ok(2)
+        );
         let bad = case(r#"{"id": "x", "configured": "some", "turns": []}"#);
         let error = replay(&router(), &[bad], None, |_| {}).expect_err("bad configured");
         assert!(error.contains("\"all\" or a list"), "{error}");

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use loadout::Registry;
-use loadout::replay::{Case, replay};
+use loadout::replay::{cases_from_json_lines, replay};
 use loadout::router::{Router, RouterConfig};
 
 const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json] [--verbose]
@@ -199,15 +199,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 
     let cases_text = std::fs::read_to_string(&options.cases)
         .with_context(|| format!("reading {}", options.cases.display()))?;
-    let mut cases: Vec<Case> = Vec::new();
-    for (line_no, line) in cases_text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let case = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: not a case", options.cases.display(), line_no + 1))?;
-        cases.push(case);
-    }
+    let cases = cases_from_json_lines(&cases_text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", options.cases.display()))?;
 
     // Per turn with needed tools: the worst rank of a needed tool in the message-only
     // tool ranking (`search_tools`), `usize::MAX` when one is not ranked at all.

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use loadout::Registry;
-use loadout::replay::{Case, CaseTurn, Configured, replay};
+use loadout::replay::{Case, CaseTurn, Configured, cases_from_json_lines, replay};
 use loadout::store::MessageRow;
 
 use crate::app::{App, with_toolkits};
@@ -112,6 +112,16 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
             None => "lexical only (router_dense = off)".to_owned(),
         }
     };
+    let config = if app.config.path.exists() {
+        app.config.path.display().to_string()
+    } else {
+        format!("defaults (no {})", app.config.path.display())
+    };
+    println!(
+        "replay of {source}: {} tools, {dense}, budget {}; config {config}",
+        router.registry().all_tools().len(),
+        args.budget.unwrap_or(router.config().token_budget),
+    );
     let verbose = args.verbose;
     let report = replay(&router, &cases, args.budget, |routed| {
         if verbose {
@@ -125,12 +135,6 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         }
     })
     .map_err(anyhow::Error::msg)?;
-    println!(
-        "replay of {source}: {} tools, {dense}, budget {}; config {}",
-        router.registry().all_tools().len(),
-        args.budget.unwrap_or(router.config().token_budget),
-        app.config.path.display()
-    );
     for line in report.miss_lines() {
         println!("{line}");
     }
@@ -146,16 +150,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
 fn read_cases(path: &std::path::Path) -> anyhow::Result<Vec<Case>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut cases = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let case = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: not a case", path.display(), n + 1))?;
-        cases.push(case);
-    }
-    Ok(cases)
+    cases_from_json_lines(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 async fn stored_cases(app: &App, args: &Args) -> anyhow::Result<Vec<Case>> {
