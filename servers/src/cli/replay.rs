@@ -27,7 +27,7 @@ pub struct Args {
     /// Replay the most recently active this many sessions.
     #[arg(long, default_value_t = 200)]
     sessions: usize,
-    /// ... active in the last this many days.
+    /// Only sessions active in the last this many days.
     #[arg(long, default_value_t = 30)]
     since_days: u32,
     /// Replay only this session.
