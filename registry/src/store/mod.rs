@@ -607,7 +607,7 @@ pub fn validate_setting_key(key: &str) -> Result<(), StoreError> {
 /// `tool` message. Kept in a column of its own, so that routing reads a turn's calls
 /// without parsing results (PostgreSQL's `jsonb` refuses a `\u0000` escape, which a
 /// result may hold, and one such row would fail every later turn of the session).
-fn called_tool<'a>(role: &str, content: &'a serde_json::Value) -> Option<&'a str> {
+pub fn called_tool<'a>(role: &str, content: &'a serde_json::Value) -> Option<&'a str> {
     (role == "tool" && content.get("ok") == Some(&serde_json::Value::Bool(true)))
         .then(|| content.get("name").and_then(serde_json::Value::as_str))
         .flatten()

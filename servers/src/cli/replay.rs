@@ -18,7 +18,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use loadout::Registry;
 use loadout::replay::{Case, CaseTurn, Configured, cases_from_json_lines, replay};
-use loadout::store::MessageRow;
+use loadout::store::{MessageRow, called_tool};
 
 use crate::app::{App, with_toolkits};
 
@@ -208,7 +208,7 @@ struct LoggedActivity {
 }
 
 fn logged_activity(reasons: &serde_json::Value) -> LoggedActivity {
-    let names = |key: &str| -> Vec<String> {
+    let names = |key: &str| -> BTreeSet<String> {
         reasons[key]
             .as_array()
             .into_iter()
@@ -217,8 +217,8 @@ fn logged_activity(reasons: &serde_json::Value) -> LoggedActivity {
             .collect()
     };
     let mut activity = LoggedActivity {
-        active: names("unmatched").into_iter().collect(),
-        inactive: names("inactive").into_iter().collect(),
+        active: names("unmatched"),
+        inactive: names("inactive"),
     };
     for domain in reasons["domains"].as_array().into_iter().flatten() {
         if let Some(name) = domain["domain"].as_str() {
@@ -257,49 +257,51 @@ fn configured_keys(
 
 /// A session's user messages, each with the tools called with success in its turn:
 /// `called` all the registry knows, `needed` those of optional domains (core is
-/// always sent).
-/// Calls of tools the registry does not have (an upstream server's: `replay` does
-/// not connect them) are counted in `unknown` and left out.
+/// always sent). Calls of tools the registry does not have (an upstream server's:
+/// `replay` does not connect them) are counted in `unknown` and left out.
 fn turns_of(registry: &Registry, rows: &[MessageRow], unknown: &mut usize) -> Vec<CaseTurn> {
-    let mut turns: Vec<(i64, CaseTurn)> = Vec::new();
+    // (turn, message, tools called in it)
+    let mut turns: Vec<(i64, String, Vec<String>)> = Vec::new();
     for row in rows {
-        match row.role.as_str() {
-            "user" => {
-                let user = match &row.content {
-                    serde_json::Value::String(text) => text.clone(),
-                    other => other.to_string(),
-                };
-                turns.push((
-                    row.turn,
-                    CaseTurn {
-                        user,
-                        needed: Vec::new(),
-                        called: Some(Vec::new()),
-                    },
-                ));
-            }
-            "tool" if row.content.get("ok") == Some(&serde_json::Value::Bool(true)) => {
-                let Some(name) = row.content.get("name").and_then(|n| n.as_str()) else {
-                    continue;
-                };
-                let Some(tool) = registry.tool(name) else {
-                    *unknown += 1;
-                    continue;
-                };
-                let Some((_, turn)) = turns.iter_mut().rev().find(|(t, _)| *t == row.turn) else {
-                    continue;
-                };
-                let called = turn.called.get_or_insert_with(Vec::new);
-                if !called.iter().any(|c| c == name) {
-                    called.push(name.to_owned());
-                }
-                let always_on = registry.domain(&tool.domain).is_some_and(|d| d.always_on);
-                if !always_on && !turn.needed.iter().any(|n| n == name) {
-                    turn.needed.push(name.to_owned());
-                }
-            }
-            _ => {}
+        if row.role == "user" {
+            let user = match &row.content {
+                serde_json::Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            turns.push((row.turn, user, Vec::new()));
+            continue;
+        }
+        let Some(name) = called_tool(&row.role, &row.content) else {
+            continue;
+        };
+        if registry.tool(name).is_none() {
+            *unknown += 1;
+            continue;
+        }
+        if let Some((_, _, called)) = turns.iter_mut().rev().find(|(t, _, _)| *t == row.turn)
+            && !called.iter().any(|c| c == name)
+        {
+            called.push(name.to_owned());
         }
     }
-    turns.into_iter().map(|(_, turn)| turn).collect()
+    turns
+        .into_iter()
+        .map(|(_, user, called)| {
+            let needed = called
+                .iter()
+                .filter(|name| {
+                    registry
+                        .tool(name)
+                        .and_then(|tool| registry.domain(&tool.domain))
+                        .is_some_and(|d| !d.always_on)
+                })
+                .cloned()
+                .collect();
+            CaseTurn {
+                user,
+                needed,
+                called: Some(called),
+            }
+        })
+        .collect()
 }
