@@ -190,13 +190,10 @@ impl Routing {
             self.persist(store, session, &changed, None).await?;
             // The calls belong to the turn they answer: the session's history and a
             // replay of it (`loadout replay`) see them there, as they see a chat's.
-            let known: Vec<String> = request
-                .called
-                .iter()
-                .filter(|name| router.registry().tool(name).is_some())
-                .cloned()
-                .collect();
-            store.calls_reported(session, snapshot.turn, &known).await?;
+            // Unknown names were refused above.
+            store
+                .calls_reported(session, snapshot.turn, request.called)
+                .await?;
         }
         // Routed as the next turn before the message is stored, so that the message and
         // what this turn carries into the next go to the store in one write.

@@ -54,8 +54,6 @@ pub struct Args {
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     pub dynamic: bool,
-    /// A config file to take the upstream servers from instead of the app's.
-    pub config: Option<PathBuf>,
     /// A directory of toolkit files to add to the registry.
     pub catalog: Option<PathBuf>,
 }
@@ -89,10 +87,8 @@ impl McpServer {
         audit: AuditWriter,
         options: Options,
     ) -> anyhow::Result<McpServer> {
-        let config = match options.config {
-            Some(path) => Arc::new(crate::config::ConfigFile::load(&path, true)?),
-            None => app.config.clone(),
-        };
+        // The upstream servers of the app's config file.
+        let config = app.config.clone();
         let (changed_tx, changed_rx) = mpsc::unbounded_channel();
         let upstreams = if config.servers.is_empty() {
             Upstreams::none()
@@ -263,7 +259,6 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     let audit = AuditWriter::start(app.settings.store().clone());
     let options = Options {
         dynamic: args.dynamic,
-        config: None,
         catalog: args.catalog,
     };
     let server = McpServer::start(app.clone(), audit.clone(), options).await?;
