@@ -552,6 +552,11 @@ impl Store {
         dispatch!(self, s => s.decisions(session).await)
     }
 
+    /// The session's first logged decision: which domains were active when it began.
+    pub async fn first_decision(&self, session: &str) -> Result<Option<DecisionRow>, StoreError> {
+        dispatch!(self, s => s.first_decision(session).await)
+    }
+
     /// Deletes up to `limit` decision rows older than `before_ms`, oldest first, and
     /// returns how many went. Cheap when nothing is that old.
     pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {

@@ -640,6 +640,19 @@ impl PostgresStore {
             .map_err(|e| self.error(e))
     }
 
+    pub async fn first_decision(&self, session: &str) -> Result<Option<DecisionRow>, StoreError> {
+        self.query_opt(
+            "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons
+             FROM tool_history WHERE session_id = $1 ORDER BY id LIMIT 1",
+            &[&session],
+        )
+        .await?
+        .as_ref()
+        .map(decision_row)
+        .transpose()
+        .map_err(|e| self.error(e))
+    }
+
     pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         // The oldest row first: when it is recent, nothing is old and no scan runs.

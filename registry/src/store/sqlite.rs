@@ -594,6 +594,18 @@ impl SqliteStore {
         .await
     }
 
+    pub async fn first_decision(&self, session: &str) -> Result<Option<DecisionRow>, StoreError> {
+        let session = session.to_owned();
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons
+                 FROM decisions.tool_history WHERE session_id = ?1 ORDER BY id LIMIT 1",
+            )?;
+            Ok(stmt.query_row([session], decision_row).optional()?)
+        })
+        .await
+    }
+
     pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.call_log(LogPace::Idle, move |c| {

@@ -598,6 +598,10 @@ async fn pruning_the_decision_log_deletes_old_rows_oldest_first() {
             .map(|r| r.at_ms)
             .collect();
         assert_eq!(kept, [200, 300], "{}", t.name);
+        let first = store.first_decision("s").await.expect("first");
+        assert_eq!(first.map(|r| r.at_ms), Some(200), "{}", t.name);
+        let none = store.first_decision("nobody").await.expect("first");
+        assert_eq!(none, None, "{}", t.name);
     }
 }
 

@@ -176,9 +176,9 @@ async fn stored_cases(app: &App, args: &Args) -> anyhow::Result<Vec<Case>> {
         if turns.is_empty() {
             continue;
         }
-        let logged = store.decisions(&id).await?;
-        let activity = logged
-            .first()
+        let activity = store
+            .first_decision(&id)
+            .await?
             .map(|row| logged_activity(&row.reasons.value()));
         cases.push(Case {
             id,
