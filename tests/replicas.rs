@@ -156,6 +156,16 @@ impl Replica {
         (status, std::mem::replace(&mut self._data_dir, data_dir))
     }
 
+    /// Sends SIGHUP: read the config file again.
+    fn hangup(&self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -HUP {pid}");
+    }
+
     fn stderr_text(&self) -> String {
         self.stderr
             .lock()
@@ -863,4 +873,43 @@ async fn serve_routes_and_serves_the_toolkit_files_it_is_given() {
         .await;
     let text = response.text().await.expect("tools/call body");
     assert!(text.contains("no backend"), "{text}");
+}
+
+/// `SIGHUP` reads `loadout.toml` again: new `[router]` tunables route the turns that
+/// follow; a file with problems is refused with them named, and the server keeps
+/// routing with the config it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hangup_reloads_the_router_tunables_and_refuses_a_bad_file() {
+    let data_dir = tempfile::tempdir().expect("tempdir");
+    let config = data_dir.path().join("loadout.toml");
+    std::fs::write(&config, "[router]\ntoken_budget = 3210\n").expect("write config");
+    let replica = Replica::start_with("reload", data_dir, None, &[]).await;
+    let budget = |routed: Value| routed["selection"]["token_budget"].clone();
+    assert_eq!(budget(replica.route("r", "list my files", &[]).await), 3210);
+
+    std::fs::write(&config, "[router]\ntoken_budget = 2345\nidle_turns = 7\n").expect("write");
+    replica.hangup();
+    within(WAIT, "the reloaded budget", || async {
+        budget(replica.route("r", "list my files", &[]).await) == 2345
+    })
+    .await;
+    let log = replica.stderr_text();
+    assert!(
+        log.contains("token_budget: 3210 → 2345") && log.contains("idle_turns: 5 → 7"),
+        "{log}"
+    );
+
+    std::fs::write(&config, "[router]\ntoken_budjet = 1000\n").expect("write");
+    replica.hangup();
+    within(WAIT, "the refusal", || async {
+        replica.stderr_text().contains("not reloaded")
+    })
+    .await;
+    let log = replica.stderr_text();
+    assert!(
+        log.contains("token_budjet") && !log.contains("panicked"),
+        "{log}"
+    );
+    // Still serving, with the config it had.
+    assert_eq!(budget(replica.route("r", "list my files", &[]).await), 2345);
 }

@@ -2,13 +2,13 @@
 //! settings cache.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use anyhow::Context as _;
 use loadout::router::Router;
 use loadout::{Registry, Settings, Store, ToolContext};
 
-use crate::config::{CONFIG_FILE, ConfigFile};
+use crate::config::{CONFIG_FILE, ConfigFile, Reloaded};
 use crate::routing::Routing;
 
 #[derive(Debug, Clone)]
@@ -43,12 +43,16 @@ pub fn default_data_dir() -> PathBuf {
 pub struct App {
     pub registry: Arc<Registry>,
     pub settings: Settings,
-    /// `loadout.toml`: the router's tunables and the upstream MCP servers.
-    pub config: Arc<ConfigFile>,
+    /// `loadout.toml`: the router's tunables and the upstream MCP servers, as
+    /// read at start or at the last reload; shared by the app's copies.
+    config: Arc<RwLock<Arc<ConfigFile>>>,
     /// Built on first use: the router counts every tool's tokens and the decision
     /// writer needs a runtime, which commands that never route (`settings`,
     /// `audit`, `loadout mcp`) should not pay for.
     routing: Arc<OnceLock<Routing>>,
+    /// Held while a router replaces the one routing: a reload and an upstream
+    /// server's new tool list each build from what the other left, in turn.
+    replacing: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The background build of the dense stage (see [`loadout::embed::spawn_dense_stage`]).
@@ -74,8 +78,9 @@ impl App {
         App {
             registry,
             settings,
-            config: Arc::new(config),
+            config: Arc::new(RwLock::new(Arc::new(config))),
             routing: Arc::new(OnceLock::new()),
+            replacing: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -87,20 +92,82 @@ impl App {
             settings: self.settings.clone(),
             config: self.config.clone(),
             routing: Arc::new(OnceLock::new()),
+            replacing: self.replacing.clone(),
         }
     }
 
     /// Takes a loaded config file. Call before anything routes.
     pub fn with_config(mut self, config: ConfigFile) -> App {
-        self.config = Arc::new(config);
+        self.config = Arc::new(RwLock::new(Arc::new(config)));
         self
+    }
+
+    /// The config file in force.
+    pub fn config(&self) -> Arc<ConfigFile> {
+        self.config
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     /// A router over `registry` with the config file's tunables: every entry point
     /// builds its routers here, so `[router]` applies to chat, `/api/route`,
     /// `loadout route` and MCP's `search_tools` alike.
     pub fn new_router(&self, registry: Arc<Registry>) -> Router {
-        Router::new(registry, self.config.router.clone())
+        Router::new(registry, self.config().router.clone())
+    }
+
+    /// Reads the config file again. A file with problems changes nothing. New
+    /// `[router]` tunables replace the router (if this app routes: turns that start
+    /// from now on use the new one) and reach MCP's `search_tools` at its next call;
+    /// `[servers]` is kept as it runs until the next start.
+    pub async fn reload_config(&self) -> anyhow::Result<Reloaded> {
+        let _replacing = self.replacing.lock().await;
+        let old = self.config();
+        let mut new = old.reload()?;
+        let servers_changed = new.servers != old.servers;
+        new.servers = old.servers.clone();
+        let reloaded = Reloaded {
+            router_changes: old.router_changes(&new),
+            servers_changed,
+        };
+        warn_unknown_pins(&new, &self.registry);
+        *self
+            .config
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(new);
+        if !reloaded.router_changes.is_empty()
+            && let Some(routing) = self.routing.get()
+        {
+            let registry = routing.router().registry().clone();
+            self.build_and_replace(routing, registry).await?;
+        }
+        Ok(reloaded)
+    }
+
+    /// Routes the turns that start from now on with a router over `registry` (an
+    /// upstream server's tools changed) and the config in force.
+    pub async fn replace_router(&self, registry: Arc<Registry>) -> anyhow::Result<Arc<Router>> {
+        let _replacing = self.replacing.lock().await;
+        self.build_and_replace(self.routing(), registry).await
+    }
+
+    async fn build_and_replace(
+        &self,
+        routing: &Routing,
+        registry: Arc<Registry>,
+    ) -> anyhow::Result<Arc<Router>> {
+        // Indexes and token counts: a tenth of a second or more, off the runtime.
+        let builder = self.clone();
+        let router = tokio::task::spawn_blocking(move || builder.new_router(registry))
+            .await
+            .context("building the router")?;
+        let router = Arc::new(router);
+        routing.replace_router(router.clone());
+        // The dense stage's vectors of new tool texts follow in the background, as
+        // at start; until then the new router routes lexical-only and says so.
+        self.attach_dense_stage_to(router.clone()).await;
+        Ok(router)
     }
 
     /// The router and its decision log, built on first use. Call from inside the

@@ -15,6 +15,12 @@
 //! missing default file means defaults; a missing named file, an unknown key, a
 //! value of the wrong type or out of range is an error at start, every problem at
 //! once, so a typo cannot quietly route with defaults.
+//!
+//! A running `loadout serve` or `loadout mcp` reads it again on `SIGHUP`
+//! ([`reload_on_hangup`]): `[router]` applies to the turns that start after the
+//! reload; `[servers]` changes wait for a restart (the connections stay as they are);
+//! a file with problems is refused, named as at start, and the process keeps the
+//! config it had.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,6 +52,8 @@ pub struct ConfigFile {
     pub servers: Vec<(String, ServerConfig)>,
     /// The router's tunables: every router an entry point builds uses these.
     pub router: RouterConfig,
+    /// The user named the file (`--config`): a reload must find it too.
+    explicit: bool,
 }
 
 impl ConfigFile {
@@ -55,6 +63,7 @@ impl ConfigFile {
             path,
             servers: Vec::new(),
             router: RouterConfig::default(),
+            explicit: false,
         }
     }
 
@@ -83,8 +92,83 @@ impl ConfigFile {
             path: path.to_path_buf(),
             servers,
             router: file.router,
+            explicit,
         })
     }
+
+    /// The file read again from where this one was read, checked as at start.
+    pub fn reload(&self) -> anyhow::Result<ConfigFile> {
+        ConfigFile::load(&self.path, self.explicit)
+    }
+
+    /// The `[router]` fields whose values differ in `other`, as `name: old → new`.
+    pub fn router_changes(&self, other: &ConfigFile) -> Vec<String> {
+        let fields = |config: &RouterConfig| match serde_json::to_value(config) {
+            Ok(serde_json::Value::Object(fields)) => fields,
+            _ => serde_json::Map::new(),
+        };
+        let (old, new) = (fields(&self.router), fields(&other.router));
+        new.iter()
+            .filter(|(name, value)| old.get(*name) != Some(value))
+            .map(|(name, value)| {
+                let was = old.get(name).unwrap_or(&serde_json::Value::Null);
+                format!("{name}: {was} → {value}")
+            })
+            .collect()
+    }
+}
+
+/// What a reload changed.
+#[derive(Debug)]
+pub struct Reloaded {
+    /// `[router]` fields that changed, as `name: old → new`.
+    pub router_changes: Vec<String>,
+    /// `[servers]` differs from what runs: applied at the next start only.
+    pub servers_changed: bool,
+}
+
+/// Reads the config file again on every `SIGHUP` for as long as the process runs,
+/// and says on stderr what changed or why the file was refused (like the start-up
+/// lines, whatever `LOADOUT_LOG` filters: the operator who sent the signal wants
+/// the answer). Outside Unix, never returns.
+pub async fn reload_on_hangup(app: crate::app::App) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(hangups) => hangups,
+            Err(e) => {
+                tracing::warn!("config reload on SIGHUP unavailable: {e}");
+                return;
+            }
+        };
+        while hangups.recv().await.is_some() {
+            let path = app.config().path.display().to_string();
+            match app.reload_config().await {
+                Ok(reloaded) => {
+                    if reloaded.router_changes.is_empty() {
+                        eprintln!("loadout: {path} reloaded: [router] unchanged");
+                    } else {
+                        eprintln!(
+                            "loadout: {path} reloaded: {}",
+                            reloaded.router_changes.join(", ")
+                        );
+                    }
+                    if reloaded.servers_changed {
+                        eprintln!(
+                            "loadout: {path}: [servers] changed; the upstream servers \
+                             change at the next start and run as they were until then"
+                        );
+                    }
+                }
+                Err(e) => eprintln!(
+                    "loadout: config not reloaded, the previous one stays in force: {e:#}"
+                ),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    std::future::pending::<()>().await;
 }
 
 #[cfg(test)]
@@ -170,5 +254,40 @@ mod tests {
                 "{expected:?} missing from {error}"
             );
         }
+    }
+
+    #[test]
+    fn a_reload_names_the_changed_router_fields_and_needs_a_named_file_still() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(CONFIG_FILE);
+        std::fs::write(&path, "[router]\ntoken_budget = 3000\n").expect("write");
+        let running = ConfigFile::load(&path, true).expect("config");
+        std::fs::write(
+            &path,
+            "[router]\ntoken_budget = 2500\npin_on_tools = [\"remember\"]\n",
+        )
+        .expect("write");
+        let reloaded = running.reload().expect("reload");
+        assert_eq!(reloaded.router.token_budget, 2500);
+        let changes = running.router_changes(&reloaded);
+        assert_eq!(
+            changes,
+            [
+                "pin_on_tools: [\"create_table\"] → [\"remember\"]",
+                "token_budget: 3000 → 2500"
+            ],
+            "{changes:?}"
+        );
+        assert!(reloaded.router_changes(&reloaded).is_empty());
+
+        std::fs::remove_file(&path).expect("remove");
+        let error = format!("{:#}", running.reload().expect_err("named file gone"));
+        assert!(error.contains(CONFIG_FILE), "{error}");
+        // The default file gone means defaults again.
+        let default = ConfigFile::load(&path, false).expect("defaults");
+        assert_eq!(
+            default.reload().expect("defaults").router,
+            RouterConfig::default()
+        );
     }
 }

@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use embed::{DenseIndex, Embedder};
 pub use selection::{
@@ -52,7 +52,7 @@ use keywords::{KeywordIndex, KeywordOwner};
 use lexical::{Bm25Index, Field};
 
 /// Tunables of the router. Every field has a default; a config file may set any subset.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
     /// A domain whose tools were called stays loaded until it has been idle (no call, no

@@ -112,10 +112,11 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
             None => "lexical only (router_dense = off)".to_owned(),
         }
     };
-    let config = if app.config.path.exists() {
-        app.config.path.display().to_string()
+    let file = app.config();
+    let config = if file.path.exists() {
+        file.path.display().to_string()
     } else {
-        format!("defaults (no {})", app.config.path.display())
+        format!("defaults (no {})", file.path.display())
     };
     println!(
         "replay of {source}: {} tools, {dense}, budget {}; config {config}",

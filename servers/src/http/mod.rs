@@ -133,22 +133,16 @@ impl HttpState {
 /// tool texts follow in the background, as at start.
 async fn follow_upstream_tools(app: App, mut changes: crate::mcp::RegistryChanges) {
     while let Some(registry) = changes.next().await {
-        let builder = app.clone();
-        let built = tokio::task::spawn_blocking(move || builder.new_router(registry)).await;
-        let router = match built {
-            Ok(router) => router,
+        match app.replace_router(registry).await {
+            Ok(router) => tracing::info!(
+                "[router] upstream tools changed: routing {} tools",
+                router.registry().all_tools().len()
+            ),
             Err(e) => {
-                tracing::warn!("upstream tools changed, but the router was not rebuilt: {e}");
+                tracing::warn!("upstream tools changed, but the router was not rebuilt: {e:#}");
                 return;
             }
-        };
-        let router = Arc::new(router);
-        app.routing().replace_router(router.clone());
-        tracing::info!(
-            "[router] upstream tools changed: routing {} tools",
-            router.registry().all_tools().len()
-        );
-        app.attach_dense_stage_to(router).await;
+        }
     }
 }
 
@@ -243,6 +237,7 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
     // router's indexes and token counts (a third of a second) on a runtime thread.
     state.app.routing();
     state.app.attach_dense_stage().await;
+    tokio::spawn(crate::config::reload_on_hangup(state.app.clone()));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.addr))?;

@@ -3,7 +3,7 @@
 //! upstream server's tool list changes.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use loadout::router::{Hint, Router, RouterConfig};
 use loadout::{Registry, Tool};
@@ -17,8 +17,9 @@ pub struct Catalog {
     /// Position of each tool in `tools`, by name.
     positions: HashMap<String, usize>,
     /// The ranking `search_tools` uses, the chat's own: built on the first search,
-    /// since a client that never searches should not pay for its indexes.
-    router: OnceLock<Arc<Router>>,
+    /// since a client that never searches should not pay for its indexes, and again
+    /// when the config's `[router]` changed since (a reload).
+    router: Mutex<Option<Arc<Router>>>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -45,7 +46,7 @@ impl Catalog {
             registry,
             tools,
             positions,
-            router: OnceLock::new(),
+            router: Mutex::new(None),
         }
     }
 
@@ -55,8 +56,9 @@ impl Catalog {
 
     /// `search_tools` over MCP: every tool (one that needs settings says so when
     /// called), ranked as the router ranks them for chat. `config`: the router's
-    /// tunables, for the first search, which builds it; `on_build` gets the router
-    /// when this search built it (to attach its dense stage).
+    /// tunables in force; the router is built on the first search and again when
+    /// they change. `on_build` gets the router when this search built it (to attach
+    /// its dense stage).
     pub fn search(
         &self,
         query: &str,
@@ -64,19 +66,23 @@ impl Catalog {
         config: &RouterConfig,
         on_build: impl FnOnce(&Arc<Router>),
     ) -> Vec<Hint> {
-        let mut built = false;
-        // Building the router counts every tool's tokens: a tenth of a second or
-        // more for a few hundred tools, once.
-        let router = self.router.get_or_init(|| {
-            built = true;
-            crate::routing::off_worker(|| {
-                Arc::new(Router::new(self.registry.clone(), config.clone()))
-            })
-        });
-        if built {
-            on_build(router);
-        }
-        crate::routing::encoder_work(router, || router.search(query, None, limit))
+        let router = {
+            let mut cached = self.router.lock().unwrap_or_else(|p| p.into_inner());
+            match &*cached {
+                Some(router) if router.config() == config => router.clone(),
+                // Building the router counts every tool's tokens: a tenth of a second
+                // or more for a few hundred tools. Searches meanwhile wait for it.
+                _ => {
+                    let router = crate::routing::off_worker(|| {
+                        Arc::new(Router::new(self.registry.clone(), config.clone()))
+                    });
+                    *cached = Some(router.clone());
+                    on_build(&router);
+                    router
+                }
+            }
+        };
+        crate::routing::encoder_work(&router, || router.search(query, None, limit))
     }
 }
 
@@ -114,5 +120,28 @@ mod tests {
                 .is_some_and(|d| !d.is_empty())
         );
         assert!(calculate.annotations.is_some());
+    }
+
+    #[test]
+    fn search_builds_its_router_once_per_config() {
+        let registry = Arc::new(loadout_domains::registry().expect("registry"));
+        let catalog = Catalog::new(registry);
+        let mut builds = Vec::new();
+        let mut search = |config: &RouterConfig| {
+            let hits = catalog.search("remember my locker code", 3, config, |router| {
+                builds.push(router.config().token_budget)
+            });
+            assert!(hits.iter().any(|h| h.name == "remember"), "{hits:?}");
+        };
+        let defaults = RouterConfig::default();
+        let reloaded = RouterConfig {
+            token_budget: 1234,
+            ..RouterConfig::default()
+        };
+        search(&defaults);
+        search(&defaults);
+        search(&reloaded);
+        search(&reloaded);
+        assert_eq!(builds, [defaults.token_budget, 1234]);
     }
 }

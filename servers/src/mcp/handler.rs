@@ -186,7 +186,7 @@ impl McpHandler {
                     tokio::spawn(async move { app.attach_dense_stage_to(router).await });
                 };
                 let results: Vec<Value> = catalog
-                    .search(&search.query, search.limit, &app.config.router, attach)
+                    .search(&search.query, search.limit, &app.config().router, attach)
                     .into_iter()
                     .map(|hit| {
                         let listed = dynamic::is_core(registry, &hit.name)

@@ -88,7 +88,7 @@ impl McpServer {
         options: Options,
     ) -> anyhow::Result<McpServer> {
         // The upstream servers of the app's config file.
-        let config = app.config.clone();
+        let config = app.config();
         let (changed_tx, changed_rx) = mpsc::unbounded_channel();
         let upstreams = if config.servers.is_empty() {
             Upstreams::none()
@@ -262,6 +262,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         catalog: args.catalog,
     };
     let server = McpServer::start(app.clone(), audit.clone(), options).await?;
+    tokio::spawn(crate::config::reload_on_hangup(app.clone()));
     let served = match args.http {
         None => serve_stdio(&server).await,
         Some(addr) => serve_http(&server, addr).await,

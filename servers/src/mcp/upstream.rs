@@ -78,7 +78,7 @@ const TRANSPORT_HEADERS: &[&str] = &[
 ];
 
 /// One `[servers.<name>]` entry.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     /// stdio: the program to run.
