@@ -452,3 +452,97 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("no session `nobody`"));
 }
+
+/// `route` and `replay` connect the upstream MCP servers of `loadout.toml` as
+/// `serve` does, so their tools route and their calls count; `--no-upstream` leaves
+/// them out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_and_replay_route_the_upstream_servers_tools_as_serve_does() {
+    let Some((python, script)) = crate::support::fake_upstream() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("loadout.toml"),
+        format!(
+            "[servers.fake]\ncommand = {python:?}\nargs = [{script:?}]\nkeywords = [\"echo\"]\n",
+            script = script.display().to_string(),
+        ),
+    )
+    .expect("write config");
+    let route = |extra: &[&str]| -> Value {
+        let out = stdout_of(
+            loadout(dir.path())
+                .args(["route", "echo this back to me", "--lexical", "--json"])
+                .args(extra)
+                .output()
+                .expect("run loadout"),
+        );
+        serde_json::from_str(&out).expect("selection JSON")
+    };
+    let sends_echo = |selection: &Value| {
+        selection["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .any(|t| t["name"] == "fake__echo")
+    };
+    let connected = route(&[]);
+    assert!(sends_echo(&connected), "{connected}");
+    let alone = route(&["--no-upstream"]);
+    assert!(!sends_echo(&alone), "{alone}");
+
+    // A stored session whose model called the upstream tool.
+    let store = loadout::Store::open_dir(dir.path()).await.expect("store");
+    store
+        .message_append("u1", "user", &Value::from("echo this back to me"))
+        .await
+        .expect("append");
+    store
+        .message_append(
+            "u1",
+            "tool",
+            &serde_json::json!({"name": "fake__echo", "ok": true}),
+        )
+        .await
+        .expect("append");
+    drop(store);
+    let replay = |extra: &[&str]| {
+        let output = loadout(dir.path())
+            .args(["replay", "--lexical", "--json"])
+            .args(extra)
+            .output()
+            .expect("run loadout");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let out = stdout_of(output);
+        let figures: Value =
+            serde_json::from_str(out.lines().last().expect("a last line")).expect("figures");
+        (figures, stderr)
+    };
+    let (figures, stderr) = replay(&[]);
+    assert_eq!(
+        (&figures["turns"], &figures["hits"]),
+        (&1.into(), &1.into()),
+        "{figures}"
+    );
+    assert!(!stderr.contains("lacks"), "{stderr}");
+    let (_, stderr) = replay(&["--no-upstream"]);
+    assert!(
+        stderr.contains("1 calls of tools this registry lacks"),
+        "{stderr}"
+    );
+    // The turn needed the upstream tool only while its server is connected.
+    let needed = |extra: &[&str]| -> Value {
+        let out = stdout_of(
+            loadout(dir.path())
+                .args(["replay", "--export", "-"])
+                .args(extra)
+                .output()
+                .expect("run loadout"),
+        );
+        let case: Value = serde_json::from_str(out.lines().next().expect("a case")).expect("case");
+        case["turns"][0]["needed"].clone()
+    };
+    assert_eq!(needed(&[]), serde_json::json!(["fake__echo"]));
+    assert_eq!(needed(&["--no-upstream"]), serde_json::json!([]));
+}

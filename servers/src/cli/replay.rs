@@ -21,6 +21,8 @@ use loadout::replay::{Case, CaseTurn, Configured, cases_from_json_lines, replay}
 use loadout::store::{MessageRow, called_tool};
 
 use crate::app::{App, with_toolkits};
+use crate::mcp::connect_upstream_tools;
+use crate::mcp::upstream::Upstreams;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -56,17 +58,34 @@ pub struct Args {
     /// End with the figures as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Leave out the upstream MCP servers of `loadout.toml`; their tools' calls
+    /// then count as unknown. By default they are started (or connected) as
+    /// `loadout serve` does.
+    #[arg(long)]
+    no_upstream: bool,
 }
 
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
-    let app = match &args.catalog {
-        Some(dir) => app.with_other_registry(with_toolkits(&app.registry, dir)?),
-        None => app.clone(),
+    let registry = match &args.catalog {
+        Some(dir) => with_toolkits(&app.registry, dir)?,
+        None => app.registry.clone(),
     };
+    let (registry, upstreams) = if args.no_upstream {
+        (registry, Upstreams::none())
+    } else {
+        connect_upstream_tools(app, registry).await
+    };
+    let app = app.with_other_registry(registry);
+    let done = replay_or_export(&app, &args).await;
+    upstreams.shutdown().await;
+    done
+}
+
+async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     let (cases, source) = match &args.cases {
         Some(path) => (read_cases(path)?, path.display().to_string()),
         None => {
-            let cases = stored_cases(&app, &args).await?;
+            let cases = stored_cases(app, args).await?;
             let source = match &args.session {
                 Some(id) => format!("session {id}"),
                 None => format!(
@@ -194,8 +213,8 @@ async fn stored_cases(app: &App, args: &Args) -> anyhow::Result<Vec<Case>> {
     }
     if unknown > 0 {
         eprintln!(
-            "loadout: {unknown} calls of tools this registry lacks were left out (upstream \
-             servers' tools: replay does not connect them)"
+            "loadout: {unknown} calls of tools this registry lacks were left out (removed \
+             since, or of an upstream server that is not connected)"
         );
     }
     Ok(cases)
@@ -258,8 +277,8 @@ fn configured_keys(
 
 /// A session's user messages, each with the tools called with success in its turn:
 /// `called` all the registry knows, `needed` those of optional domains (core is
-/// always sent). Calls of tools the registry does not have (an upstream server's:
-/// `replay` does not connect them) are counted in `unknown` and left out.
+/// always sent). Calls of tools the registry does not have (removed since, or of an
+/// upstream server that is not connected) are counted in `unknown` and left out.
 fn turns_of(registry: &Registry, rows: &[MessageRow], unknown: &mut usize) -> Vec<CaseTurn> {
     // (turn, message, tools called in it)
     let mut turns: Vec<(i64, String, Vec<String>)> = Vec::new();

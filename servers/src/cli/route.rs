@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::app::{App, with_toolkits};
+use crate::mcp::connect_upstream_tools;
+use crate::mcp::upstream::Upstreams;
 use crate::routing::TurnRequest;
 
 #[derive(clap::Args, Debug)]
@@ -30,13 +32,30 @@ pub struct Args {
     /// or are computed once (a few seconds).
     #[arg(long)]
     lexical: bool,
+    /// Leave out the upstream MCP servers of `loadout.toml`. By default they are
+    /// started (or connected) as `loadout serve` does, so their tools route too.
+    #[arg(long)]
+    no_upstream: bool,
 }
 
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
-    let app = match &args.catalog {
-        Some(dir) => app.with_other_registry(with_toolkits(&app.registry, dir)?),
-        None => app.clone(),
+    let registry = match &args.catalog {
+        Some(dir) => with_toolkits(&app.registry, dir)?,
+        None => app.registry.clone(),
     };
+    let (registry, upstreams) = if args.no_upstream {
+        (registry, Upstreams::none())
+    } else {
+        connect_upstream_tools(app, registry).await
+    };
+    let app = app.with_other_registry(registry);
+    let printed = route_and_print(&app, &args).await;
+    app.shutdown_routing().await;
+    upstreams.shutdown().await;
+    printed.map(|()| ExitCode::SUCCESS)
+}
+
+async fn route_and_print(app: &App, args: &Args) -> anyhow::Result<()> {
     // The same stages as `loadout serve`, so that what this prints is what the
     // server would send.
     if !args.lexical {
@@ -44,7 +63,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     }
     let settings = match args.configured.as_deref() {
         None => app.settings.snapshot().await?,
-        Some(configured) => Arc::new(assumed_settings(&app, configured)?),
+        Some(configured) => Arc::new(assumed_settings(app, configured)?),
     };
     let routed = app
         .routing()
@@ -77,8 +96,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    app.shutdown_routing().await;
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// `all` → every settings key of every domain; otherwise the listed keys, each of

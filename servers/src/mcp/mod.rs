@@ -178,6 +178,25 @@ impl RegistryChanges {
 /// The registry plus the toolkit files of a directory. A toolkit domain or tool whose
 /// name a linked domain already uses is left out (the linked one is the real one).
 /// The base registry plus every upstream server's domain as it is now.
+/// `base` with the tools of the config file's upstream servers, connected (each
+/// waited for up to its connect timeout): what `loadout serve` routes, for the
+/// commands that route and exit (`route`, `replay`). A server that does not connect
+/// is reported on stderr and left out. Shut the connections down when done.
+pub async fn connect_upstream_tools(app: &App, base: Arc<Registry>) -> (Arc<Registry>, Upstreams) {
+    let config = app.config();
+    if config.servers.is_empty() {
+        return (base, Upstreams::none());
+    }
+    // A command that routes once takes the first tool lists; later changes go nowhere.
+    let (changed, _) = mpsc::unbounded_channel();
+    let upstreams = Upstreams::start(&config.path, config.servers.clone(), changed).await;
+    let registry = with_upstreams(&base, &upstreams).unwrap_or_else(|e| {
+        eprintln!("loadout: upstream tools left out: {e}");
+        base
+    });
+    (registry, upstreams)
+}
+
 fn with_upstreams(base: &Arc<Registry>, upstreams: &Upstreams) -> anyhow::Result<Arc<Registry>> {
     if upstreams.is_empty() {
         return Ok(base.clone());
