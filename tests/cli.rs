@@ -445,6 +445,46 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
         (json!(5), json!(4))
     );
 
+    // A candidate config replayed beside the one in force: a budget too small for
+    // s1's memory tools breaks the turn that needed `remember`.
+    let candidate = dir.path().join("candidate.toml");
+    std::fs::write(&candidate, "[router]\ntoken_budget = 1\n").expect("write");
+    let compared = run(&[
+        "--lexical",
+        "--json",
+        "--compare",
+        &candidate.display().to_string(),
+    ]);
+    assert!(
+        compared.contains("token_budget: 4000 → 1")
+            && compared.contains("NOW MISSED s1 turn 1: \"remember that my sister is called Ana\""),
+        "{compared}"
+    );
+    let figures: Value =
+        serde_json::from_str(compared.lines().last().expect("a last line")).expect("JSON");
+    assert_eq!(figures["baseline"]["hits"], 4, "{figures}");
+    assert_eq!(
+        figures["now_missed"][0]["tools"],
+        json!(["remember"]),
+        "{figures}"
+    );
+    assert_eq!(
+        figures["candidate"]["hits"].as_i64(),
+        Some(
+            4 - figures["now_missed"]
+                .as_array()
+                .map_or(0, |m| m.len() as i64)
+                + figures["now_hit"].as_array().map_or(0, |h| h.len() as i64)
+        ),
+        "{figures}"
+    );
+    let output = loadout(dir.path())
+        .args(["replay", "--compare", "missing.toml"])
+        .output()
+        .expect("run loadout");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("missing.toml"));
+
     let output = loadout(dir.path())
         .args(["replay", "--session", "nobody"])
         .output()

@@ -205,6 +205,85 @@ impl Report {
     }
 }
 
+/// Two replays of the same cases compared turn by turn: what a change of config
+/// (or of tools) would break and what it would fix.
+#[derive(Debug)]
+pub struct Comparison<'a> {
+    /// Turns the candidate misses and the baseline did not: the candidate's misses.
+    pub now_missed: Vec<&'a Miss>,
+    /// Turns the baseline missed and the candidate does not: the baseline's misses.
+    pub now_hit: Vec<&'a Miss>,
+}
+
+impl<'a> Comparison<'a> {
+    /// Compares `candidate` with `baseline`, replayed from the same cases.
+    pub fn new(baseline: &'a Report, candidate: &'a Report) -> Comparison<'a> {
+        let key = |m: &Miss| (m.case_id.clone(), m.turn);
+        let missed_by = |report: &Report| -> std::collections::BTreeSet<(String, usize)> {
+            report.misses.iter().map(key).collect()
+        };
+        let (before, after) = (missed_by(baseline), missed_by(candidate));
+        Comparison {
+            now_missed: candidate
+                .misses
+                .iter()
+                .filter(|m| !before.contains(&key(m)))
+                .collect(),
+            now_hit: baseline
+                .misses
+                .iter()
+                .filter(|m| !after.contains(&key(m)))
+                .collect(),
+        }
+    }
+
+    /// The turns that flipped, each with its message (and, for a new miss, why).
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for miss in &self.now_missed {
+            lines.push(format!(
+                "NOW MISSED {} turn {}: {:?}
+  missing: {}
+  {}",
+                miss.case_id,
+                miss.turn,
+                miss.message,
+                miss.missing.join(", "),
+                miss.summary
+            ));
+            lines.extend(miss.explanation.iter().map(|line| format!("    {line}")));
+        }
+        for miss in &self.now_hit {
+            lines.push(format!(
+                "NOW HIT {} turn {}: {:?} (sends {})",
+                miss.case_id,
+                miss.turn,
+                miss.message,
+                miss.missing.join(", ")
+            ));
+        }
+        lines
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let turns = |misses: &[&Miss]| -> Vec<serde_json::Value> {
+            misses
+                .iter()
+                .map(|m| {
+                    serde_json::json!({
+                        "case": m.case_id, "turn": m.turn, "message": m.message,
+                        "tools": m.missing,
+                    })
+                })
+                .collect()
+        };
+        serde_json::json!({
+            "now_missed": turns(&self.now_missed),
+            "now_hit": turns(&self.now_hit),
+        })
+    }
+}
+
 /// A turn as the replay routed it, for callers that report more (e.g. `--verbose`).
 pub struct Routed<'a> {
     pub case: &'a Case,
@@ -424,6 +503,43 @@ mod tests {
                 .starts_with("turns 3  turn_recall 0.667")
         );
         assert_eq!(report.to_json()["misses"], 1);
+    }
+
+    #[test]
+    fn a_comparison_names_the_turns_a_change_breaks_and_fixes() {
+        let cases = [
+            case(
+                r#"{"id": "a", "configured": "all", "turns": [
+                    {"user": "weather tomorrow?", "needed": ["get_forecast"]}]}"#,
+            ),
+            case(
+                r#"{"id": "b", "configured": [], "turns": [
+                    {"user": "weather tomorrow?", "needed": ["get_forecast"]}]}"#,
+            ),
+        ];
+        let baseline = replay(&router(), &cases, None, |_| {}).expect("replay");
+        // A budget too small for the forecast tool trims it.
+        let candidate = replay(&router(), &cases, Some(1), |_| {}).expect("replay");
+        let key = |m: &&Miss| (m.case_id.clone(), m.turn);
+        let worse = Comparison::new(&baseline, &candidate);
+        assert_eq!(
+            worse.now_missed.iter().map(key).collect::<Vec<_>>(),
+            [("a".to_owned(), 1)]
+        );
+        assert!(worse.now_hit.is_empty());
+        assert!(
+            worse.lines()[0].starts_with("NOW MISSED a turn 1"),
+            "{:?}",
+            worse.lines()
+        );
+        let better = Comparison::new(&candidate, &baseline);
+        assert!(better.now_missed.is_empty());
+        assert_eq!(better.to_json()["now_hit"][0]["case"], "a");
+        // b misses either way (its domain lacks settings): not a change.
+        assert_eq!(
+            better.to_json()["now_hit"].as_array().map(Vec::len),
+            Some(1)
+        );
     }
 
     #[test]

@@ -17,10 +17,12 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use loadout::Registry;
-use loadout::replay::{Case, CaseTurn, Configured, cases_from_json_lines, replay};
+use loadout::replay::{Case, CaseTurn, Comparison, Configured, cases_from_json_lines, replay};
+use loadout::router::Router;
 use loadout::store::{MessageRow, called_tool};
 
 use crate::app::{App, with_toolkits};
+use crate::config::ConfigFile;
 use crate::mcp::connect_upstream_tools;
 use crate::mcp::upstream::Upstreams;
 
@@ -58,6 +60,10 @@ pub struct Args {
     /// End with the figures as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Also replay with the `[router]` of this config file, and list the turns it
+    /// would break (now missed) and fix (now hit) against the config in force.
+    #[arg(long, value_name = "CANDIDATE.toml", conflicts_with = "export")]
+    compare: Option<PathBuf>,
     /// Leave out the upstream MCP servers of `loadout.toml`; their tools' calls
     /// then count as unknown. By default they are started (or connected) as
     /// `loadout serve` does.
@@ -116,21 +122,12 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    let router = Arc::new(app.new_router(app.registry.clone()));
-    let dense = if args.lexical {
-        "lexical only (--lexical)".to_owned()
-    } else {
-        match app.attach_dense_stage_to(router.clone()).await {
-            Some(build) => {
-                let built = tokio::task::spawn_blocking(move || build.join()).await;
-                match built {
-                    Ok(Ok(Ok(_))) => "dense stage on".to_owned(),
-                    _ => "lexical only: the dense stage did not start (see the warning)".to_owned(),
-                }
-            }
-            None => "lexical only (router_dense = off)".to_owned(),
-        }
+    // The candidate first: a bad file should stop the command before any routing.
+    let candidate = match &args.compare {
+        Some(path) => Some(ConfigFile::load(path, true)?),
+        None => None,
     };
+    let (router, dense) = router_for(app, app.new_router(app.registry.clone()), args).await;
     let file = app.config();
     let config = if file.path.exists() {
         file.path.display().to_string()
@@ -143,7 +140,7 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
         args.budget.unwrap_or(router.config().token_budget),
     );
     let verbose = args.verbose;
-    let report = replay(&router, &cases, args.budget, |routed| {
+    let on_turn = |routed: &loadout::replay::Routed<'_>| {
         if verbose {
             println!(
                 "{} #{} {:?}\n    {}",
@@ -153,18 +150,73 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
                 routed.selection.summary_line()
             );
         }
-    })
-    .map_err(anyhow::Error::msg)?;
-    for line in report.miss_lines() {
+    };
+    let report = replay(&router, &cases, args.budget, on_turn).map_err(anyhow::Error::msg)?;
+    let Some(candidate) = candidate else {
+        for line in report.miss_lines() {
+            println!("{line}");
+        }
+        println!("{}", report.summary_line());
+        if args.json {
+            let mut summary = report.to_json();
+            summary["source"] = source.into();
+            println!("{summary}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+
+    let changes = file.router_changes(&candidate);
+    println!(
+        "candidate {}: {}",
+        candidate.path.display(),
+        if changes.is_empty() {
+            "[router] as in force".to_owned()
+        } else {
+            changes.join(", ")
+        }
+    );
+    let built = Router::new(app.registry.clone(), candidate.router.clone());
+    let (router, _) = router_for(app, built, args).await;
+    let tried = replay(&router, &cases, args.budget, on_turn).map_err(anyhow::Error::msg)?;
+    let comparison = Comparison::new(&report, &tried);
+    for line in comparison.lines() {
         println!("{line}");
     }
-    println!("{}", report.summary_line());
+    println!("baseline   {}", report.summary_line());
+    println!("candidate  {}", tried.summary_line());
+    println!(
+        "{} turns now missed, {} now hit",
+        comparison.now_missed.len(),
+        comparison.now_hit.len()
+    );
     if args.json {
-        let mut summary = report.to_json();
+        let mut summary = comparison.to_json();
+        summary["baseline"] = report.to_json();
+        summary["candidate"] = tried.to_json();
         summary["source"] = source.into();
         println!("{summary}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `router` with the dense stage attached (waited for) unless `--lexical` or
+/// `router_dense = off`, and a phrase saying which.
+async fn router_for(app: &App, router: Router, args: &Args) -> (Arc<Router>, String) {
+    let router = Arc::new(router);
+    if args.lexical {
+        return (router, "lexical only (--lexical)".to_owned());
+    }
+    let dense = match app.attach_dense_stage_to(router.clone()).await {
+        Some(build) => {
+            let built = tokio::task::spawn_blocking(move || build.join()).await;
+            match built {
+                Ok(Ok(Ok(_))) => "dense stage on".to_owned(),
+                _ => "lexical only: the dense stage did not start (see the warning)".to_owned(),
+            }
+        }
+        None => "lexical only (router_dense = off)".to_owned(),
+    };
+    (router, dense)
 }
 
 fn read_cases(path: &std::path::Path) -> anyhow::Result<Vec<Case>> {
