@@ -10,17 +10,20 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use loadout::Registry;
-use loadout::replay::{cases_from_json_lines, replay};
+use loadout::replay::{Comparison, cases_from_json_lines, replay};
 use loadout::router::{Router, RouterConfig};
 
 const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json] [--verbose]
        [--min-turn-recall X] [--config ROUTER_CONFIG.json] [--budget TOKENS]
        [--embedder builtin|none] [--vector-cache DIR|none] [--tool-ranks]
+       [--compare CANDIDATE.json]
   --embedder      the dense stage: the built-in encoder (default when built with the
                   `dense` feature) or none (lexical only)
   --vector-cache  where tool vectors are cached (default target/vector-cache)
   --tool-ranks    also report how often every needed tool of a turn is among the k
-                  best of the message-only tool ranking (`search_tools`)";
+                  best of the message-only tool ranking (`search_tools`)
+  --compare       also replay with this router config and list the turns it breaks
+                  (now missed) and fixes (now hit) against --config (or defaults)";
 
 struct Options {
     catalog: PathBuf,
@@ -30,6 +33,7 @@ struct Options {
     tool_ranks: bool,
     min_turn_recall: Option<f64>,
     config: RouterConfig,
+    compare: Option<RouterConfig>,
     budget: Option<usize>,
     embedder: EmbedderChoice,
     vector_cache: Option<PathBuf>,
@@ -121,6 +125,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut tool_ranks = false;
     let mut min_turn_recall = None;
     let mut config = RouterConfig::default();
+    let mut compare = None;
     let mut budget = None;
     let mut embedder = EmbedderChoice::default_for_build();
     let mut vector_cache = Some(default_vector_cache());
@@ -156,12 +161,8 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
                 let dir = value("--vector-cache")?;
                 vector_cache = (dir != "none").then(|| PathBuf::from(dir));
             }
-            "--config" => {
-                let path = value("--config")?;
-                let text =
-                    std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-                config = serde_json::from_str(&text).with_context(|| format!("parsing {path}"))?;
-            }
+            "--config" => config = read_config(&value("--config")?)?,
+            "--compare" => compare = Some(read_config(&value("--compare")?)?),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -177,10 +178,22 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         tool_ranks,
         min_turn_recall,
         config,
+        compare,
         budget,
         embedder,
         vector_cache,
     })
+}
+
+fn read_config(path: &str) -> anyhow::Result<RouterConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let config: RouterConfig =
+        serde_json::from_str(&text).with_context(|| format!("parsing {path}"))?;
+    let problems = config.problems();
+    if !problems.is_empty() {
+        bail!("{path}: {}", problems.join("; "));
+    }
+    Ok(config)
 }
 
 pub fn run(args: &[String]) -> anyhow::Result<()> {
@@ -259,6 +272,21 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             at(15),
             at(20),
             at(30)
+        );
+    }
+    if let Some(candidate) = &options.compare {
+        let tried = Router::new(registry.clone(), candidate.clone());
+        attach_embedder(&tried, options.embedder, options.vector_cache.as_deref())?;
+        let tried = replay(&tried, &cases, options.budget, |_| {}).map_err(anyhow::Error::msg)?;
+        let comparison = Comparison::new(&report, &tried);
+        for line in comparison.lines() {
+            println!("{line}");
+        }
+        println!("candidate  {}", tried.summary_line());
+        println!(
+            "{} turns now missed, {} now hit",
+            comparison.now_missed.len(),
+            comparison.now_hit.len()
         );
     }
     let turn_recall = report.turn_recall();
