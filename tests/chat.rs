@@ -858,18 +858,9 @@ async fn a_turn_whose_writes_fail_says_how_many_were_not_saved() {
 /// `/api/route` like linked ones, and a chat turn's call reaches the upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_tools_are_routed_and_called_in_chat() {
-    let Some((python, script)) = crate::support::fake_upstream() else {
+    let Some(dir) = crate::support::data_dir_with_fake_upstream() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        dir.path().join("loadout.toml"),
-        format!(
-            "[servers.fake]\ncommand = {python:?}\nargs = [{script:?}]\nkeywords = [\"echo\"]\n",
-            script = script.display().to_string(),
-        ),
-    )
-    .expect("write config");
     let model = FakeModel::start(Arc::new(|request: &Value| match step_of(request) {
         0 => call("u1", "fake__echo", json!({"text": "hi"})),
         _ => answer(&format!("it said: {}", last_tool_result(request))),

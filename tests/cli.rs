@@ -498,18 +498,9 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
 /// them out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_and_replay_route_the_upstream_servers_tools_as_serve_does() {
-    let Some((python, script)) = crate::support::fake_upstream() else {
+    let Some(dir) = crate::support::data_dir_with_fake_upstream() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        dir.path().join("loadout.toml"),
-        format!(
-            "[servers.fake]\ncommand = {python:?}\nargs = [{script:?}]\nkeywords = [\"echo\"]\n",
-            script = script.display().to_string(),
-        ),
-    )
-    .expect("write config");
     let route = |extra: &[&str]| -> Value {
         let out = stdout_of(
             loadout(dir.path())

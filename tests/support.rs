@@ -87,6 +87,22 @@ pub fn fake_upstream() -> Option<(&'static str, std::path::PathBuf)> {
     Some((python, script))
 }
 
+/// A data dir whose `loadout.toml` runs the fake upstream as server `fake` (domain
+/// `mcp_fake`, keyword `echo`); `None` when no Python is installed.
+pub fn data_dir_with_fake_upstream() -> Option<tempfile::TempDir> {
+    let (python, script) = fake_upstream()?;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("loadout.toml"),
+        format!(
+            "[servers.fake]\ncommand = {python:?}\nargs = [{script:?}]\nkeywords = [\"echo\"]\n",
+            script = script.display().to_string(),
+        ),
+    )
+    .expect("write config");
+    Some(dir)
+}
+
 /// SplitMix64: seeded randomness for the randomized tests, so a failure replays.
 pub struct Rng(pub u64);
 

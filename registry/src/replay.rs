@@ -191,17 +191,23 @@ impl Report {
     pub fn miss_lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
         for miss in &self.misses {
-            lines.push(format!(
-                "MISS {} turn {}: {:?}\n  missing: {}\n  {}",
-                miss.case_id,
-                miss.turn,
-                miss.message,
-                miss.missing.join(", "),
-                miss.summary
-            ));
-            lines.extend(miss.explanation.iter().map(|line| format!("    {line}")));
+            miss.write_lines("MISS", &mut lines);
         }
         lines
+    }
+}
+
+impl Miss {
+    fn write_lines(&self, label: &str, lines: &mut Vec<String>) {
+        lines.push(format!(
+            "{label} {} turn {}: {:?}\n  missing: {}\n  {}",
+            self.case_id,
+            self.turn,
+            self.message,
+            self.missing.join(", "),
+            self.summary
+        ));
+        lines.extend(self.explanation.iter().map(|line| format!("    {line}")));
     }
 }
 
@@ -241,17 +247,7 @@ impl<'a> Comparison<'a> {
     pub fn lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
         for miss in &self.now_missed {
-            lines.push(format!(
-                "NOW MISSED {} turn {}: {:?}
-  missing: {}
-  {}",
-                miss.case_id,
-                miss.turn,
-                miss.message,
-                miss.missing.join(", "),
-                miss.summary
-            ));
-            lines.extend(miss.explanation.iter().map(|line| format!("    {line}")));
+            miss.write_lines("NOW MISSED", &mut lines);
         }
         for miss in &self.now_hit {
             lines.push(format!(

@@ -21,10 +21,8 @@ use loadout::replay::{Case, CaseTurn, Comparison, Configured, cases_from_json_li
 use loadout::router::Router;
 use loadout::store::{MessageRow, called_tool};
 
-use crate::app::{App, with_toolkits};
+use crate::app::App;
 use crate::config::ConfigFile;
-use crate::mcp::connect_upstream_tools;
-use crate::mcp::upstream::Upstreams;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -72,16 +70,7 @@ pub struct Args {
 }
 
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
-    let registry = match &args.catalog {
-        Some(dir) => with_toolkits(&app.registry, dir)?,
-        None => app.registry.clone(),
-    };
-    let (registry, upstreams) = if args.no_upstream {
-        (registry, Upstreams::none())
-    } else {
-        connect_upstream_tools(app, registry).await
-    };
-    let app = app.with_other_registry(registry);
+    let (app, upstreams) = super::as_served(app, args.catalog.as_deref(), args.no_upstream).await?;
     let done = replay_or_export(&app, &args).await;
     upstreams.shutdown().await;
     done

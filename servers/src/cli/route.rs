@@ -5,9 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use crate::app::{App, with_toolkits};
-use crate::mcp::connect_upstream_tools;
-use crate::mcp::upstream::Upstreams;
+use crate::app::App;
 use crate::routing::TurnRequest;
 
 #[derive(clap::Args, Debug)]
@@ -39,16 +37,7 @@ pub struct Args {
 }
 
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
-    let registry = match &args.catalog {
-        Some(dir) => with_toolkits(&app.registry, dir)?,
-        None => app.registry.clone(),
-    };
-    let (registry, upstreams) = if args.no_upstream {
-        (registry, Upstreams::none())
-    } else {
-        connect_upstream_tools(app, registry).await
-    };
-    let app = app.with_other_registry(registry);
+    let (app, upstreams) = super::as_served(app, args.catalog.as_deref(), args.no_upstream).await?;
     let printed = route_and_print(&app, &args).await;
     app.shutdown_routing().await;
     upstreams.shutdown().await;
