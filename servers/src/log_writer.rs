@@ -31,14 +31,6 @@ pub const LINGER: Duration = Duration::from_millis(50);
 /// time. A quarter of the queue leaves three quarters of headroom before rows drop.
 pub const BEHIND_ROWS: usize = QUEUE_CAPACITY / 4;
 
-/// Rows queued behind which a new row is made compact before it is queued
-/// ([`LogRow::settle`]): a decision row shares its whole selection until the writer
-/// writes the reasons, so a writer that stalls (a database that stopped answering)
-/// would otherwise hold thousands of selections. A full batch queued is normal at a
-/// high request rate; more means the writer is behind, and then a request pays the
-/// few microseconds of writing its reasons itself.
-pub const SHARED_ROWS: usize = MAX_BATCH;
-
 /// Handle to the writer task; cheap to clone, clones share the queue.
 #[derive(Clone)]
 pub struct LogWriter<R: LogRow> {
@@ -76,10 +68,7 @@ impl<R: LogRow> LogWriter<R> {
     }
 
     /// Queues a row; never waits. A full queue or a stopped writer drops the row.
-    pub fn record(&self, mut row: R) {
-        if QUEUE_CAPACITY - self.queue.capacity() >= SHARED_ROWS {
-            row.settle();
-        }
+    pub fn record(&self, row: R) {
         if let Err(e) = self.queue.try_send(row) {
             let n = self.n_dropped.fetch_add(1, Ordering::Relaxed) + 1;
             // One warning per power of two keeps a flood from flooding the log too.
@@ -196,10 +185,6 @@ pub trait LogRow: Send + 'static {
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_
     where
         Self: Sized;
-
-    /// Lets go of whatever the row shares with the request that made it, keeping
-    /// only what is written; called when the queue is long.
-    fn settle(&mut self) {}
 }
 
 impl LogRow for AuditRow {
@@ -221,10 +206,6 @@ impl LogRow for DecisionRow {
         pace: LogPace,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_ {
         store.decisions_insert(rows, pace)
-    }
-
-    fn settle(&mut self) {
-        self.reasons.settle();
     }
 }
 
@@ -267,58 +248,6 @@ mod tests {
         writer.record(row(n));
         assert_eq!(writer.n_dropped(), 1);
         writer.shutdown().await;
-    }
-
-    /// A writer whose task never takes a row, as when the database stops
-    /// answering; the receiver shows what the queue holds.
-    fn stalled<R: LogRow>() -> (LogWriter<R>, mpsc::Receiver<R>) {
-        let (queue, rows) = mpsc::channel(QUEUE_CAPACITY);
-        let writer = LogWriter {
-            queue,
-            n_dropped: Arc::new(AtomicU64::new(0)),
-            task: Arc::new(Mutex::new(None)),
-        };
-        (writer, rows)
-    }
-
-    #[test]
-    fn a_stalled_writer_holds_no_more_than_a_batch_of_selections() {
-        use loadout::router::{MessageLogging, RouteInput, Router, RouterConfig, SessionView};
-
-        let registry = Arc::new(loadout_domains::registry().expect("registry"));
-        let router = Router::new(registry, RouterConfig::default());
-        let settings = std::collections::BTreeMap::new();
-        let selection = Arc::new(router.select(&RouteInput {
-            message: "remember that my locker code is 4411",
-            settings: &settings,
-            session: &SessionView::new(1),
-            token_budget: None,
-        }));
-        let (writer, mut rows) = stalled::<DecisionRow>();
-        let n = SHARED_ROWS + 100;
-        for turn in 0..n {
-            let row =
-                selection.decision_row(None, turn as i64, "weather", MessageLogging::Plain, 0);
-            writer.record(row);
-        }
-        // The first batch still shares the selection (its reasons are written by the
-        // writer); every later row was settled before it was queued.
-        assert_eq!(Arc::strong_count(&selection), 1 + SHARED_ROWS);
-        let mut queued = Vec::new();
-        while let Ok(row) = rows.try_recv() {
-            queued.push(row);
-        }
-        assert_eq!(queued.len(), n);
-        assert!(
-            queued[..SHARED_ROWS]
-                .iter()
-                .all(|r| !r.reasons.is_written())
-        );
-        assert!(queued[SHARED_ROWS..].iter().all(|r| r.reasons.is_written()));
-        // Settled or not, a row logs the same reasons.
-        assert_eq!(queued[0].reasons.as_str(), queued[n - 1].reasons.as_str());
-        assert!(queued[n - 1].reasons.as_str().contains("\"memory\""));
-        assert_eq!(writer.n_dropped(), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -594,9 +594,8 @@ fn decision_row_hashes_the_message_when_asked() {
     let router = router();
     let selection = Arc::new(route(&router, "weather", &SessionView::new(3)));
     let row = selection.decision_row(Some("s1"), 3, "weather", MessageLogging::Sha256, 42);
-    // The request's thread only shares the selection; the writer writes the text.
-    assert!(!row.reasons.is_written());
-    assert_eq!(Arc::strong_count(&selection), 2);
+    // The row holds its own text, not the selection.
+    assert_eq!(Arc::strong_count(&selection), 1);
     assert!(row.message.starts_with("sha256:") && !row.message.contains("weather"));
     assert_eq!(
         (row.turn, row.at_ms, row.n_tools),

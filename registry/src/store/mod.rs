@@ -152,16 +152,13 @@ pub enum LogPace {
     CatchUp,
 }
 
-/// A decision's reasons as JSON text. The routing path hands over its selection and
-/// the text is written from it where the row is stored (on SQLite, the log's own
-/// thread under `SCHED_IDLE`), once, with no JSON tree; readers serve the text as it
-/// is. Always one JSON value: made by serde_json or the router's writer, or checked
-/// when read back from storage.
+/// A decision's reasons as JSON text, written once on the routing path with no
+/// JSON tree (see [`Selection::decision_row`](crate::router::Selection::decision_row)
+/// for why there); readers serve the text as it is. Always one JSON value: made by
+/// serde_json or the router's writer, or checked when read back from storage.
 #[derive(Clone)]
 pub struct Reasons {
-    text: std::sync::OnceLock<String>,
-    /// The selection the text is still to be written from.
-    selection: Option<std::sync::Arc<crate::router::Selection>>,
+    text: String,
 }
 
 impl Reasons {
@@ -172,13 +169,15 @@ impl Reasons {
             .unwrap_or_else(|_| Reasons::null())
     }
 
-    /// Reasons to be written from `selection` when first read: the routing path
-    /// only takes a reference, and the log writer writes the text.
-    pub(crate) fn of_selection(selection: std::sync::Arc<crate::router::Selection>) -> Reasons {
-        Reasons {
-            text: std::sync::OnceLock::new(),
-            selection: Some(selection),
-        }
+    /// The reasons the decision log keeps of `selection`.
+    pub(crate) fn of_selection(selection: &crate::router::Selection) -> Reasons {
+        let mut text = String::with_capacity(2048);
+        selection.write_logged_reasons(&mut text);
+        debug_assert!(
+            serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(),
+            "not JSON: {text}"
+        );
+        Reasons::written(text)
     }
 
     /// Reasons read back from storage; text that is not JSON reads as `null`.
@@ -190,43 +189,16 @@ impl Reasons {
     }
 
     fn written(text: String) -> Reasons {
-        Reasons {
-            text: std::sync::OnceLock::from(text),
-            selection: None,
-        }
+        Reasons { text }
     }
 
     fn null() -> Reasons {
         Reasons::written("null".to_owned())
     }
 
-    /// The JSON text; written from the selection on the first call.
+    /// The JSON text.
     pub fn as_str(&self) -> &str {
-        self.text.get_or_init(|| {
-            let mut text = String::with_capacity(2048);
-            match &self.selection {
-                Some(selection) => selection.write_logged_reasons(&mut text),
-                None => text.push_str("null"),
-            }
-            debug_assert!(
-                serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(),
-                "not JSON: {text}"
-            );
-            text
-        })
-    }
-
-    /// Whether the text has been written yet.
-    pub fn is_written(&self) -> bool {
-        self.text.get().is_some()
-    }
-
-    /// Writes the text now and lets go of the selection. A queued row that shares
-    /// its selection keeps every hint and per-tool decision alive (tens of kB on a
-    /// few hundred tools, about 100 kB on four thousand); the text is a few kB.
-    pub fn settle(&mut self) {
-        self.as_str();
-        self.selection = None;
+        &self.text
     }
 
     /// The reasons as a JSON tree (tests, tools that inspect the log).
