@@ -132,15 +132,21 @@ impl App {
             servers_changed,
         };
         warn_unknown_pins(&new, &self.registry);
+        // Built before anything changes, so that a failed build leaves the old
+        // config and router in force, as the error says.
+        let rebuilt = match self.routing.get() {
+            Some(routing) if !reloaded.router_changes.is_empty() => {
+                let registry = routing.router().registry().clone();
+                Some((routing, build_router(registry, new.router.clone()).await?))
+            }
+            _ => None,
+        };
         *self
             .config
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(new);
-        if !reloaded.router_changes.is_empty()
-            && let Some(routing) = self.routing.get()
-        {
-            let registry = routing.router().registry().clone();
-            self.build_and_replace(routing, registry).await?;
+        if let Some((routing, router)) = rebuilt {
+            self.install(routing, router).await;
         }
         Ok(reloaded)
     }
@@ -149,25 +155,16 @@ impl App {
     /// upstream server's tools changed) and the config in force.
     pub async fn replace_router(&self, registry: Arc<Registry>) -> anyhow::Result<Arc<Router>> {
         let _replacing = self.replacing.lock().await;
-        self.build_and_replace(self.routing(), registry).await
+        let router = build_router(registry, self.config().router.clone()).await?;
+        self.install(self.routing(), router.clone()).await;
+        Ok(router)
     }
 
-    async fn build_and_replace(
-        &self,
-        routing: &Routing,
-        registry: Arc<Registry>,
-    ) -> anyhow::Result<Arc<Router>> {
-        // Indexes and token counts: a tenth of a second or more, off the runtime.
-        let builder = self.clone();
-        let router = tokio::task::spawn_blocking(move || builder.new_router(registry))
-            .await
-            .context("building the router")?;
-        let router = Arc::new(router);
+    async fn install(&self, routing: &Routing, router: Arc<Router>) {
         routing.replace_router(router.clone());
         // The dense stage's vectors of new tool texts follow in the background, as
         // at start; until then the new router routes lexical-only and says so.
-        self.attach_dense_stage_to(router.clone()).await;
-        Ok(router)
+        self.attach_dense_stage_to(router).await;
     }
 
     /// The router and its decision log, built on first use. Call from inside the
@@ -241,6 +238,17 @@ impl App {
     pub fn context(&self) -> ToolContext {
         ToolContext::new(self.registry.clone(), self.settings.clone())
     }
+}
+
+/// Indexes and token counts take a tenth of a second or more: built off the runtime.
+async fn build_router(
+    registry: Arc<Registry>,
+    config: loadout::router::RouterConfig,
+) -> anyhow::Result<Arc<Router>> {
+    let router = tokio::task::spawn_blocking(move || Router::new(registry, config))
+        .await
+        .context("building the router")?;
+    Ok(Arc::new(router))
 }
 
 /// A `pin_on_tools` name no tool has is most likely a typo. Only a warning: an
