@@ -53,7 +53,8 @@ pub struct RoutedTurn {
     /// it too, even if [`Routing::replace_router`] has been called since.
     pub router: Arc<Router>,
     pub turn: i64,
-    /// Shared with the decision log's row, which writes its reasons from it.
+    /// Shared, so that a meta-tool's result takes it under the turn's lock without
+    /// copying it.
     pub selection: Arc<Selection>,
     /// What the selection carries into the session's next turn ([`carry_over`];
     /// empty without a session).
@@ -317,7 +318,7 @@ impl Routing {
     fn log(
         &self,
         settings: &BTreeMap<String, String>,
-        selection: &Arc<Selection>,
+        selection: &Selection,
         session: Option<&str>,
         turn: i64,
         message: &str,

@@ -167,10 +167,8 @@ fn bench_one(
     let keyword_p50 = percentile(&keyword_times, 0.5);
     // The decision log's row for each message's selection, reasons written: what the
     // request's thread pays for logging.
-    let selections: HashMap<&str, Arc<Selection>> = messages
-        .iter()
-        .map(|m| (m.as_str(), Arc::new(route(m))))
-        .collect();
+    let selections: HashMap<&str, Selection> =
+        messages.iter().map(|m| (m.as_str(), route(m))).collect();
     let row_times = time_per_message(messages, rounds, |m| {
         if let Some(selection) = selections.get(m) {
             black_box(selection.decision_row(Some("bench"), 1, m, MessageLogging::Plain, 0));

@@ -536,7 +536,6 @@ fn the_logged_reasons_are_the_json_serde_writes_for_them() {
             d.score = 0.125;
         }
         seen_hints |= selection.tool_decisions.iter().any(|d| !d.included);
-        let selection = Arc::new(selection);
         let row = selection.decision_row(None, 1, message, MessageLogging::Plain, 0);
         let oracle = serde_json::to_string(&super::selection::LoggedReasons::new(&selection))
             .expect("serializes");
