@@ -156,16 +156,14 @@ pub enum LogPace {
 /// JSON tree (see [`Selection::decision_row`](crate::router::Selection::decision_row)
 /// for why there); readers serve the text as it is. Always one JSON value: made by
 /// serde_json or the router's writer, or checked when read back from storage.
-#[derive(Clone)]
-pub struct Reasons {
-    text: String,
-}
+#[derive(Clone, PartialEq)]
+pub struct Reasons(String);
 
 impl Reasons {
     /// Serializes `value`; a value that cannot be serialized logs as `null`.
     pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Reasons {
         serde_json::to_string(value)
-            .map(Reasons::written)
+            .map(Reasons)
             .unwrap_or_else(|_| Reasons::null())
     }
 
@@ -177,39 +175,29 @@ impl Reasons {
             serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(),
             "not JSON: {text}"
         );
-        Reasons::written(text)
+        Reasons(text)
     }
 
     /// Reasons read back from storage; text that is not JSON reads as `null`.
     pub fn from_text(text: String) -> Reasons {
         match serde_json::from_str::<serde::de::IgnoredAny>(&text) {
-            Ok(_) => Reasons::written(text),
+            Ok(_) => Reasons(text),
             Err(_) => Reasons::null(),
         }
     }
 
-    fn written(text: String) -> Reasons {
-        Reasons { text }
-    }
-
     fn null() -> Reasons {
-        Reasons::written("null".to_owned())
+        Reasons("null".to_owned())
     }
 
     /// The JSON text.
     pub fn as_str(&self) -> &str {
-        &self.text
+        &self.0
     }
 
     /// The reasons as a JSON tree (tests, tools that inspect the log).
     pub fn value(&self) -> serde_json::Value {
         serde_json::from_str(self.as_str()).unwrap_or(serde_json::Value::Null)
-    }
-}
-
-impl PartialEq for Reasons {
-    fn eq(&self, other: &Reasons) -> bool {
-        self.as_str() == other.as_str()
     }
 }
 
