@@ -517,8 +517,16 @@ impl Store {
         dispatch!(self, s => s.first_decision(session).await)
     }
 
-    /// Deletes up to `limit` decision rows older than `before_ms`, oldest first, and
-    /// returns how many went. Cheap when nothing is that old.
+    /// Deletes up to `limit` of the decision log's oldest rows, in the order they
+    /// were written, up to the first row stamped at or after `before_ms`, and returns
+    /// how many went. Cheap when nothing is that old.
+    ///
+    /// A row whose clock was behind, written after a row within retention, stays
+    /// until the rows before it go: the log is only ever cut at its old end, so on
+    /// SQLite a session's chain of rows (see `sqlite.rs`) never loses a link in the
+    /// middle. A row stamped more than [`FUTURE_SLACK_MS`] ahead of this machine's
+    /// clock (a clock that was wrong and has been corrected) does not hold retention
+    /// back.
     pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
         dispatch!(self, s => s.decisions_prune(before_ms, limit).await)
     }
@@ -551,6 +559,15 @@ fn getrandom_fill(buf: &mut [u8]) -> std::io::Result<()> {
 }
 
 /// Milliseconds since the Unix epoch.
+/// How far ahead of this machine's clock a decision row may be stamped and still
+/// count as recent for retention: other replicas' clocks differ by far less.
+pub const FUTURE_SLACK_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// The newest stamp retention takes at face value (see [`Store::decisions_prune`]).
+fn retention_horizon_ms() -> i64 {
+    now_ms().saturating_add(FUTURE_SLACK_MS)
+}
+
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

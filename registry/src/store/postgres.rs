@@ -662,14 +662,19 @@ impl PostgresStore {
             .map(|row| row.try_get::<_, i64>(0))
             .transpose()
             .map_err(|e| self.error(e))?;
-        if oldest.is_none_or(|at_ms| at_ms >= before_ms) {
+        let horizon_ms = super::retention_horizon_ms();
+        if oldest.is_none_or(|at_ms| at_ms >= before_ms && at_ms <= horizon_ms) {
             return Ok(0);
         }
         let n = self
             .execute(
                 "DELETE FROM tool_history WHERE id IN
-                   (SELECT id FROM tool_history WHERE at_ms < $1 ORDER BY id LIMIT $2)",
-                &[&before_ms, &limit],
+                   (SELECT id FROM tool_history
+                     WHERE id < coalesce((SELECT min(id) FROM tool_history
+                                           WHERE at_ms >= $1 AND at_ms <= $3),
+                                         9223372036854775807)
+                     ORDER BY id LIMIT $2)",
+                &[&before_ms, &limit, &horizon_ms],
             )
             .await?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))

@@ -549,59 +549,90 @@ async fn sessions_router_state_and_decisions() {
 }
 
 #[tokio::test]
-async fn pruning_the_decision_log_deletes_old_rows_oldest_first() {
+async fn pruning_the_decision_log_cuts_it_at_its_old_end() {
     let (_dir, stores) = stores().await;
+    let future = now_ms() + 2 * crate::store::FUTURE_SLACK_MS;
     for t in stores {
         let store = &t.store;
-        let row = |at_ms: i64| DecisionRow {
+        let row = |session: &str, at_ms: i64| DecisionRow {
             at_ms,
-            session: Some("s".into()),
-            turn: at_ms,
+            session: Some(session.into()),
+            turn: 1,
             message: format!("at {at_ms}"),
             n_tools: 1,
             tokens: 10,
             reasons: Reasons::to_json(&serde_json::json!([])),
         };
         assert_eq!(store.decisions_prune(100, 10).await.expect("empty log"), 0);
-        // 5 old rows, then one whose clock was behind, among recent ones.
-        let rows: Vec<DecisionRow> = [10, 20, 30, 40, 50, 200, 60, 300]
+        // Old rows, one stamped far in the future among them, then recent rows with
+        // one whose clock was behind; two sessions interleaved, over two batches.
+        let first: Vec<DecisionRow> = [("s", 10), ("t", 20), ("s", future), ("t", 30)]
             .into_iter()
-            .map(row)
+            .map(|(s, at)| row(s, at))
             .collect();
-        store
-            .decisions_insert(rows.clone(), LogPace::Idle)
-            .await
-            .expect("insert");
-        assert_eq!(
-            store.decisions_prune(100, 4).await.expect("prune"),
-            4,
-            "{}",
-            t.name
-        );
-        assert_eq!(
-            store.decisions_prune(100, 4).await.expect("prune"),
-            2,
-            "{}",
-            t.name
-        );
-        assert_eq!(
-            store.decisions_prune(100, 4).await.expect("prune"),
-            0,
-            "{}",
-            t.name
-        );
-        let kept: Vec<i64> = store
-            .decisions("s")
-            .await
-            .expect("decisions")
-            .iter()
-            .map(|r| r.at_ms)
+        let second: Vec<DecisionRow> = [("s", 40), ("t", 50), ("s", 200), ("t", 60), ("s", 300)]
+            .into_iter()
+            .map(|(s, at)| row(s, at))
             .collect();
-        assert_eq!(kept, [200, 300], "{}", t.name);
+        for batch in [first, second] {
+            store
+                .decisions_insert(batch, LogPace::Idle)
+                .await
+                .expect("insert");
+        }
+        let at_of = |rows: Vec<DecisionRow>| rows.iter().map(|r| r.at_ms).collect::<Vec<_>>();
+        assert_eq!(
+            at_of(store.decisions("s").await.expect("s")),
+            [10, future, 40, 200, 300],
+            "{}",
+            t.name
+        );
+        let pruned = [
+            store.decisions_prune(100, 4).await.expect("prune"),
+            store.decisions_prune(100, 4).await.expect("prune"),
+            store.decisions_prune(100, 4).await.expect("prune"),
+        ];
+        assert_eq!(pruned, [4, 2, 0], "{}", t.name);
+        assert_eq!(
+            at_of(store.decisions("s").await.expect("s")),
+            [200, 300],
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            at_of(store.decisions("t").await.expect("t")),
+            [60],
+            "{}",
+            t.name
+        );
         let first = store.first_decision("s").await.expect("first");
         assert_eq!(first.map(|r| r.at_ms), Some(200), "{}", t.name);
         let none = store.first_decision("nobody").await.expect("first");
         assert_eq!(none, None, "{}", t.name);
+
+        // Everything old: the log empties, and a session that starts again begins a
+        // new chain rather than joining the deleted one.
+        assert_eq!(
+            store.decisions_prune(now_ms(), 10).await.expect("prune"),
+            3,
+            "{}",
+            t.name
+        );
+        store
+            .decisions_insert(vec![row("t", 70)], LogPace::Idle)
+            .await
+            .expect("insert");
+        assert_eq!(
+            at_of(store.decisions("t").await.expect("t")),
+            [70],
+            "{}",
+            t.name
+        );
+        assert!(
+            store.decisions("s").await.expect("s").is_empty(),
+            "{}",
+            t.name
+        );
     }
 }
 
