@@ -12,6 +12,9 @@
 //! message, for the message and its requests), the time to embed every tool text of
 //! the shared catalog (262 tools) and of Seal-Tools (4,077 tools), and cold start
 //! (router + encoder + vectors) with and without the vector cache.
+//!
+//! Then the decision log's writes on SQLite, per row, for one-off and session rows
+//! (see `bench_log.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
@@ -22,6 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use loadout::Registry;
 use loadout::router::{MessageLogging, RouteInput, Router, RouterConfig, Selection, SessionView};
+use loadout::store::DecisionRow;
 
 use crate::eval::{EmbedderChoice, attach_embedder};
 
@@ -98,7 +102,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         .build()?;
     let messages = dev_messages(&options.cases)?;
     let registry = Arc::new(registry);
-    bench_one(
+    let decision_rows = bench_one(
         "shared catalog (dev messages)",
         registry.clone(),
         &messages,
@@ -118,6 +122,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             rounds,
         )?;
     }
+    crate::bench_log::run(&decision_rows, if options.quick { 40 } else { 200 })?;
     Ok(())
 }
 
@@ -126,7 +131,7 @@ fn bench_one(
     registry: Arc<Registry>,
     messages: &[String],
     rounds: usize,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<DecisionRow>> {
     let build_started = Instant::now();
     let router = Router::new(registry.clone(), RouterConfig::default());
     let build_time = build_started.elapsed();
@@ -203,7 +208,13 @@ fn bench_one(
         micros(percentile(&row_times, 0.5)),
         micros(percentile(&row_times, 0.95)),
     );
-    Ok(())
+    Ok(messages
+        .iter()
+        .filter_map(|m| {
+            let selection = selections.get(m.as_str())?;
+            Some(selection.decision_row(None, 1, m, MessageLogging::Plain, 0))
+        })
+        .collect())
 }
 
 /// The dense stage: routing time per message, index build, cold start.

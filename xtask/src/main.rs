@@ -3,6 +3,7 @@
 //! Each task lives in its own module; this file only dispatches.
 
 mod bench;
+mod bench_log;
 mod bench_route;
 mod ci;
 mod eval;
