@@ -913,3 +913,78 @@ async fn a_hangup_reloads_the_router_tunables_and_refuses_a_bad_file() {
     // Still serving, with the config it had.
     assert_eq!(budget(replica.route("r", "list my files", &[]).await), 2345);
 }
+
+/// `[servers]` follows a reload too: a server added to the file is connected and
+/// its tools are routed; taken out again, it is stopped and they are not; a file
+/// with a problem leaves the servers as they run.
+#[tokio::test]
+async fn a_hangup_connects_and_stops_the_upstream_servers_of_the_file() {
+    let Some(with_fake) = crate::support::data_dir_with_fake_upstream() else {
+        return;
+    };
+    let fake = std::fs::read_to_string(with_fake.path().join("loadout.toml")).expect("read");
+    let data_dir = tempfile::tempdir().expect("tempdir");
+    let config = data_dir.path().join("loadout.toml");
+    std::fs::write(&config, "[router]\ntoken_budget = 4000\n").expect("write config");
+    let replica = Replica::start_with("servers", data_dir, None, &[]).await;
+    let sends_echo_for = |message: &'static str| {
+        let replica = &replica;
+        async move {
+            let routed = replica.route("s", message, &[]).await;
+            routed["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| t["function"]["name"] == "fake__echo")
+        }
+    };
+    let sends_echo = || sends_echo_for("echo this back to me");
+    // Placed by memory's keyword, so no fallback sends every tool.
+    let parrot_message = "parrot that and remember it";
+    assert!(!sends_echo().await);
+
+    std::fs::write(&config, format!("[router]\ntoken_budget = 4000\n{fake}")).expect("write");
+    replica.hangup();
+    within(WAIT, "the added server's tool in a selection", sends_echo).await;
+    let log = replica.stderr_text();
+    assert!(log.contains("upstream MCP servers added fake"), "{log}");
+
+    // A bad file: refused, and the server keeps running.
+    std::fs::write(&config, format!("[router]\ntoken_budjet = 1\n{fake}")).expect("write");
+    replica.hangup();
+    within(WAIT, "the refusal", || async {
+        replica.stderr_text().contains("not reloaded")
+    })
+    .await;
+    assert!(sends_echo().await);
+    assert!(!sends_echo_for(parrot_message).await);
+
+    // Changed settings: the server restarts with them (a new keyword routes to it).
+    let parrot = fake.replace("keywords = [\"echo\"]", "keywords = [\"echo\", \"parrot\"]");
+    assert_ne!(parrot, fake);
+    std::fs::write(&config, format!("[router]\ntoken_budget = 4000\n{parrot}")).expect("write");
+    replica.hangup();
+    within(WAIT, "the restarted server's new keyword", || {
+        sends_echo_for(parrot_message)
+    })
+    .await;
+    assert!(
+        replica
+            .stderr_text()
+            .contains("upstream MCP servers restarted fake"),
+        "{}",
+        replica.stderr_text()
+    );
+
+    std::fs::write(&config, "[router]\ntoken_budget = 4000\n").expect("write");
+    replica.hangup();
+    within(WAIT, "the removed server's tool gone", || async {
+        !sends_echo().await
+    })
+    .await;
+    let log = replica.stderr_text();
+    assert!(
+        log.contains("upstream MCP servers removed fake") && !log.contains("panicked"),
+        "{log}"
+    );
+}

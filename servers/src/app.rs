@@ -2,7 +2,7 @@
 //! settings cache.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context as _;
 use loadout::router::Router;
@@ -44,8 +44,9 @@ pub struct App {
     pub registry: Arc<Registry>,
     pub settings: Settings,
     /// `loadout.toml`: the router's tunables and the upstream MCP servers, as
-    /// read at start or at the last reload; shared by the app's copies.
-    config: Arc<RwLock<Arc<ConfigFile>>>,
+    /// read at start or at the last reload; shared by the app's copies, and
+    /// watched by the MCP server, which connects the `[servers]` it lists.
+    config: Arc<tokio::sync::watch::Sender<Arc<ConfigFile>>>,
     /// Built on first use: the router counts every tool's tokens and the decision
     /// writer needs a runtime, which commands that never route (`settings`,
     /// `audit`, `loadout mcp`) should not pay for.
@@ -78,7 +79,7 @@ impl App {
         App {
             registry,
             settings,
-            config: Arc::new(RwLock::new(Arc::new(config))),
+            config: Arc::new(tokio::sync::watch::Sender::new(Arc::new(config))),
             routing: Arc::new(OnceLock::new()),
             replacing: Arc::new(tokio::sync::Mutex::new(())),
         }
@@ -98,16 +99,18 @@ impl App {
 
     /// Takes a loaded config file. Call before anything routes.
     pub fn with_config(mut self, config: ConfigFile) -> App {
-        self.config = Arc::new(RwLock::new(Arc::new(config)));
+        self.config = Arc::new(tokio::sync::watch::Sender::new(Arc::new(config)));
         self
     }
 
     /// The config file in force.
     pub fn config(&self) -> Arc<ConfigFile> {
-        self.config
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+        self.config.borrow().clone()
+    }
+
+    /// The config file in force from now on, at each reload.
+    pub fn config_changes(&self) -> tokio::sync::watch::Receiver<Arc<ConfigFile>> {
+        self.config.subscribe()
     }
 
     /// A router over `registry` with the config file's tunables: every entry point
@@ -119,14 +122,15 @@ impl App {
 
     /// Reads the config file again. A file with problems changes nothing. New
     /// `[router]` tunables replace the router (if this app routes: turns that start
-    /// from now on use the new one) and reach MCP's `search_tools` at its next call;
-    /// `[servers]` is kept as it runs until the next start.
+    /// from now on use the new one) and reach MCP's `search_tools` at its next call.
+    /// A changed `[servers]` reaches the MCP server, which connects and stops
+    /// upstream servers to match (see [`crate::mcp::McpServer::start`]); their tools
+    /// reach the router as an upstream's new tool list does.
     pub async fn reload_config(&self) -> anyhow::Result<Reloaded> {
         let _replacing = self.replacing.lock().await;
         let old = self.config();
-        let mut new = old.reload()?;
+        let new = old.reload()?;
         let servers_changed = new.servers != old.servers;
-        new.servers = old.servers.clone();
         let reloaded = Reloaded {
             router_changes: old.router_changes(&new),
             servers_changed,
@@ -141,10 +145,7 @@ impl App {
             }
             _ => None,
         };
-        *self
-            .config
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(new);
+        self.config.send_replace(Arc::new(new));
         if let Some((routing, router)) = rebuilt {
             self.install(routing, router).await;
         }

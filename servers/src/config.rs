@@ -123,7 +123,7 @@ impl ConfigFile {
 pub struct Reloaded {
     /// `[router]` fields that changed, as `name: old → new`.
     pub router_changes: Vec<String>,
-    /// `[servers]` differs from what runs: applied at the next start only.
+    /// `[servers]` changed: the MCP server connects and stops servers to match.
     pub servers_changed: bool,
 }
 
@@ -155,10 +155,7 @@ pub async fn reload_on_hangup(app: crate::app::App) {
                         );
                     }
                     if reloaded.servers_changed {
-                        eprintln!(
-                            "loadout: {path}: [servers] changed; the upstream servers \
-                             change at the next start and run as they were until then"
-                        );
+                        eprintln!("loadout: {path}: [servers] changed; reconnecting");
                     }
                 }
                 Err(e) => eprintln!(

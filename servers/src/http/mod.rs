@@ -108,11 +108,11 @@ impl HttpState {
         // Subscribed first, so that a change right after the read is not missed.
         let changes = mcp.registry_changes();
         let registry = mcp.registry();
-        if Arc::ptr_eq(&registry, &self.app.registry) {
-            return self;
+        if !Arc::ptr_eq(&registry, &self.app.registry) {
+            // The OpenAI definitions cache follows the router's registry by itself.
+            self.app = self.app.with_other_registry(registry);
         }
-        // The OpenAI definitions cache follows the router's registry by itself.
-        self.app = self.app.with_other_registry(registry);
+        // Followed even with no upstream server yet: a reload may add one.
         tokio::spawn(follow_upstream_tools(self.app.clone(), changes));
         self
     }

@@ -90,11 +90,7 @@ impl McpServer {
         // The upstream servers of the app's config file.
         let config = app.config();
         let (changed_tx, changed_rx) = mpsc::unbounded_channel();
-        let upstreams = if config.servers.is_empty() {
-            Upstreams::none()
-        } else {
-            Upstreams::start(&config.path, config.servers.clone(), changed_tx).await
-        };
+        let upstreams = Upstreams::start(&config.path, config.servers.clone(), changed_tx).await;
         let base = match &options.catalog {
             Some(dir) => crate::app::with_toolkits(&app.registry, dir)?,
             None => app.registry.clone(),
@@ -111,14 +107,17 @@ impl McpServer {
             dynamic: options.dynamic,
         });
         let upstreams = Arc::new(upstreams);
-        if !upstreams.is_empty() {
-            tokio::spawn(rebuild_on_change(
-                Arc::downgrade(&shared),
-                base,
-                upstreams.clone(),
-                changed_rx,
-            ));
-        }
+        tokio::spawn(rebuild_on_change(
+            Arc::downgrade(&shared),
+            base,
+            upstreams.clone(),
+            changed_rx,
+        ));
+        tokio::spawn(follow_servers_config(
+            Arc::downgrade(&shared),
+            upstreams.clone(),
+            shared.app.config_changes(),
+        ));
         Ok(McpServer {
             shared,
             upstreams,
@@ -211,8 +210,43 @@ fn with_upstreams(base: &Arc<Registry>, upstreams: &Upstreams) -> anyhow::Result
     Ok(Arc::new(Registry::from_parts(domains, tools)?))
 }
 
-/// Rebuilds the catalog when an upstream server's tools change; connections are
-/// told through the catalog's watch channel.
+/// Connects and stops upstream servers as the config file's `[servers]` changes
+/// (a reload), for as long as the MCP server lives; the catalog follows through
+/// [`rebuild_on_change`].
+async fn follow_servers_config(
+    shared: std::sync::Weak<Shared>,
+    upstreams: Arc<Upstreams>,
+    mut configs: watch::Receiver<Arc<crate::config::ConfigFile>>,
+) {
+    let mut applied = configs.borrow_and_update().servers.clone();
+    while configs.changed().await.is_ok() {
+        if shared.strong_count() == 0 {
+            return;
+        }
+        let config = configs.borrow_and_update().clone();
+        if config.servers == applied {
+            continue;
+        }
+        let done = upstreams.reconcile(&config.path, &config.servers).await;
+        applied = config.servers.clone();
+        let mut parts = Vec::new();
+        for (what, slugs) in [
+            ("added", &done.added),
+            ("removed", &done.removed),
+            ("restarted", &done.restarted),
+        ] {
+            if !slugs.is_empty() {
+                parts.push(format!("{what} {}", slugs.join(", ")));
+            }
+        }
+        if !parts.is_empty() {
+            eprintln!("loadout: upstream MCP servers {}", parts.join("; "));
+        }
+    }
+}
+
+/// Rebuilds the catalog when an upstream server's tools change, or the set of
+/// servers does; connections are told through the catalog's watch channel.
 async fn rebuild_on_change(
     shared: std::sync::Weak<Shared>,
     base: Arc<Registry>,
