@@ -18,8 +18,8 @@
 //!
 //! A running `loadout serve` or `loadout mcp` reads it again on `SIGHUP`
 //! ([`reload_on_hangup`]): `[router]` applies to the turns that start after the
-//! reload; `[servers]` changes wait for a restart (the connections stay as they are);
-//! a file with problems is refused, named as at start, and the process keeps the
+//! reload; the MCP server connects, stops or restarts upstream servers to match
+//! `[servers]` (the unchanged ones keep their connections); a file with problems is refused, named as at start, and the process keeps the
 //! config it had.
 
 use std::collections::BTreeMap;
