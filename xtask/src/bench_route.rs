@@ -28,7 +28,7 @@ use crate::fixed_rate;
 /// decision-log settings, unless `--share` says otherwise.
 const FIXED_RATE_SHARE: f64 = 0.5;
 
-const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL] [--duration SECONDS] [--connections N] [--repeat N] [--share F] [--dense]
+const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL] [--duration SECONDS] [--connections N] [--repeat N] [--share F] [--both-off] [--dense]
   --bin          the loadout binary (default target/release/loadout; build it with
                  `cargo build --release -p loadout-server`)
   --postgres     also run against this PostgreSQL database (its tables are created
@@ -39,6 +39,8 @@ const USAGE: &str = "usage: cargo xtask bench-route [--bin PATH] [--postgres URL
                  first; the reported p99 is their median (default 3)
   --share        the fixed rate, as a share of the lower saturated rate (default
                  0.5); the log's cost at p99 grows with the load the cores carry
+  --both-off     start the `plain` server with the log off too: an A/A run, whose
+                 on/off ratios are the harness's own bias and noise
   --dense        also route with the dense stage (the built-in encoder) on SQLite,
                  saturated, with a cheap GET beside it: what the encoder costs per
                  request and whether it holds up the rest of the server";
@@ -59,6 +61,7 @@ struct Options {
     connections: u32,
     repeat: usize,
     share: f64,
+    both_off: bool,
     dense: bool,
 }
 
@@ -70,6 +73,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         connections: 32,
         repeat: 3,
         share: FIXED_RATE_SHARE,
+        both_off: false,
         dense: false,
     };
     let mut args = args.iter();
@@ -110,6 +114,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
                     .filter(|&f| f > 0.0 && f <= 1.0)
                     .with_context(|| format!("--share {text}: not a share in (0, 1]"))?;
             }
+            "--both-off" => options.both_off = true,
             "--dense" => options.dense = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -156,6 +161,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         "{:<11} {:<13} {:<11} {:>10} {:>9} {:>9} {:>7}",
         "backend", "decision_log", "requests", "req/s", "p50 ms", "p99 ms", "errors"
     );
+    if options.both_off {
+        println!(
+            "# --both-off: the `plain` server logs nothing either; every on/off ratio below compares two servers set alike"
+        );
+    }
     let mut backends: Vec<(&str, Option<&str>)> = vec![("sqlite", None)];
     if let Some(url) = &options.postgres {
         backends.push(("postgresql", Some(url.as_str())));
@@ -165,7 +175,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         for log in ["plain", "off"] {
             let data_dir = scratch.join(format!("{backend}-{log}"));
             std::fs::create_dir_all(&data_dir)?;
-            for (key, value) in [("router_dense", "off"), ("decision_log", log)] {
+            let setting = if options.both_off { "off" } else { log };
+            for (key, value) in [("router_dense", "off"), ("decision_log", setting)] {
                 let status = loadout(&options.bin, &data_dir, url)
                     .args(["settings", "set", key, value])
                     .stdout(Stdio::null())
@@ -205,22 +216,20 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         // two runs of a pair share the machine's spell, fast or slow, so their ratio
         // is measured against the other's noise of the same moment, not of minutes
         // before. One idle server costs the other nothing.
-        let mut servers = Vec::new();
-        for log in ["plain", "off"] {
-            let data_dir = scratch.join(format!("{backend}-{log}"));
-            let server = Server::start(&options.bin, &data_dir, url)?;
-            wrk(
-                &scripts.plain,
-                &format!("http://{}/api/route", server.addr),
-                4,
-                2,
-            )?;
-            servers.push((log, server));
-        }
+        //
+        // Which server started first matters by itself: with the log off in both
+        // (`--both-off`), session requests' p99 came out 1.51x on the first-started
+        // server over 12 rounds, and 1.14x with the start order swapped. So half way
+        // through, both servers are started again in the other order.
+        let mut servers = start_pair(&options, &scripts, &scratch, backend, url, false)?;
         let mut samples: Vec<(&str, &str, fixed_rate::FixedRate, cpu::PerRequest)> = Vec::new();
         // Per kind of request, each round's on/off ratio of p99 and of CPU per request.
         let mut paired: Vec<(&str, &Measure, Vec<f64>)> = Vec::new();
         for round in 0..options.repeat {
+            if round == options.repeat / 2 && round > 0 {
+                drop(servers);
+                servers = start_pair(&options, &scripts, &scratch, backend, url, true)?;
+            }
             let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
             for (requests, bodies) in [("one-off", &bodies.plain), ("session", &bodies.session)] {
                 let rate = rate_for(requests);
@@ -564,6 +573,40 @@ fn loadout(bin: &Path, data_dir: &Path, url: Option<&str>) -> Command {
 struct Server {
     child: Child,
     addr: String,
+}
+
+/// The fixed-rate rounds' two servers, `plain` first in the result; started (and
+/// warmed up) in that order, or `off` first when `reversed`.
+fn start_pair(
+    options: &Options,
+    scripts: &Scripts,
+    scratch: &Path,
+    backend: &str,
+    url: Option<&str>,
+    reversed: bool,
+) -> anyhow::Result<Vec<(&'static str, Server)>> {
+    let mut order = ["plain", "off"];
+    if reversed {
+        order.reverse();
+    }
+    let mut servers = Vec::new();
+    for log in order {
+        let data_dir = scratch.join(format!("{backend}-{log}"));
+        let server = Server::start(&options.bin, &data_dir, url)?;
+        wrk(
+            &scripts.plain,
+            &format!("http://{}/api/route", server.addr),
+            4,
+            2,
+        )?;
+        servers.push((log, server));
+    }
+    servers.sort_by_key(|(log, _)| *log != "plain");
+    println!(
+        "# fixed-rate servers started, {} first",
+        if reversed { "log off" } else { "log on" }
+    );
+    Ok(servers)
 }
 
 impl Server {
