@@ -208,7 +208,7 @@ const DECISIONS_MIGRATIONS: &[(i64, &str)] = &[
         // are read by walking back from there. This replaces the index on
         // `(session_id, id)`, whose leaves are spread over the sessions: a batch of
         // rows from 64 sessions dirtied about 64 index pages, and the log wrote 4.7
-        // times the bytes of the rows themselves to its WAL (11 times with 1,000
+        // times the bytes of the rows themselves to its WAL (9.4 times with 1,000
         // sessions); now a batch appends its rows and updates a page or two of
         // `session_last`.
         concat!(
