@@ -1054,3 +1054,61 @@ async fn schema_shaped_random_arguments_get_results_or_invalid_params_only() {
         "CANARY-OUTSIDE"
     );
 }
+
+/// `loadout mcp` over stdio follows a changed `[servers]` on `SIGHUP` as `serve`
+/// does: an added server's tools are listed and callable, clients are told the list
+/// changed, and a removed server's tools are gone.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hangup_connects_and_stops_upstream_servers_over_stdio() {
+    let Some((python, script)) = crate::support::fake_upstream() else {
+        return;
+    };
+    let data = tempfile::tempdir().expect("tempdir");
+    let config = data.path().join("loadout.toml");
+    std::fs::write(&config, "[router]\n").expect("write config");
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadout")).configure(|c| {
+        c.arg("mcp")
+            .env("LOADOUT_DATA_DIR", data.path())
+            .env_remove("LOADOUT_DATABASE_URL");
+    });
+    let transport = TokioChildProcess::new(command).expect("spawn loadout mcp");
+    let pid = transport.id().expect("pid of loadout mcp").to_string();
+    let mut mcp = connect(transport).await;
+    let hangup = || {
+        let sent = std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -HUP {pid}");
+    };
+    let echo = "fake__echo".to_owned();
+    assert!(!mcp.tool_names().await.contains(&echo));
+
+    std::fs::write(
+        &config,
+        format!(
+            "[router]\n[servers.fake]\ncommand = {python:?}\nargs = [{script:?}]\n",
+            script = script.display().to_string(),
+        ),
+    )
+    .expect("write config");
+    while mcp.list_changed.try_recv().is_ok() {}
+    hangup();
+    tokio::time::timeout(WAIT, mcp.list_changed.recv())
+        .await
+        .expect("tools/list_changed in time");
+    assert!(mcp.tool_names().await.contains(&echo));
+    assert_eq!(
+        mcp.call_ok("fake__echo", json!({"text": "hi"})).await,
+        "echo: hi"
+    );
+
+    std::fs::write(&config, "[router]\n").expect("write config");
+    while mcp.list_changed.try_recv().is_ok() {}
+    hangup();
+    tokio::time::timeout(WAIT, mcp.list_changed.recv())
+        .await
+        .expect("tools/list_changed in time");
+    assert!(!mcp.tool_names().await.contains(&echo));
+}
