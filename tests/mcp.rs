@@ -52,26 +52,25 @@ struct Mcp {
     list_changed: mpsc::UnboundedReceiver<()>,
 }
 
-async fn start(data_dir: &Path, extra_args: &[&str]) -> Mcp {
-    let args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
-    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadout")).configure(|c| {
+/// `loadout mcp` over stdio on `data_dir`'s SQLite store.
+fn mcp_command(data_dir: &Path, extra_args: &[&str]) -> tokio::process::Command {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_loadout")).configure(|c| {
         c.arg("mcp")
-            .args(&args)
+            .args(extra_args)
             .env("LOADOUT_DATA_DIR", data_dir)
             .env_remove("LOADOUT_DATABASE_URL");
-    });
-    let transport = TokioChildProcess::new(command).expect("spawn loadout mcp");
+    })
+}
+
+async fn start(data_dir: &Path, extra_args: &[&str]) -> Mcp {
+    let transport =
+        TokioChildProcess::new(mcp_command(data_dir, extra_args)).expect("spawn loadout mcp");
     connect(transport).await
 }
 
 /// `start`, with the server's stderr collected (and passed on to the test's).
 async fn start_capturing_stderr(data_dir: &Path) -> (Mcp, Arc<Mutex<String>>) {
-    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadout")).configure(|c| {
-        c.arg("mcp")
-            .env("LOADOUT_DATA_DIR", data_dir)
-            .env_remove("LOADOUT_DATABASE_URL");
-    });
-    let (transport, stderr) = TokioChildProcess::builder(command)
+    let (transport, stderr) = TokioChildProcess::builder(mcp_command(data_dir, &[]))
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn loadout mcp");
@@ -1067,21 +1066,11 @@ async fn a_hangup_connects_and_stops_upstream_servers_over_stdio() {
     let data = tempfile::tempdir().expect("tempdir");
     let config = data.path().join("loadout.toml");
     std::fs::write(&config, "[router]\n").expect("write config");
-    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadout")).configure(|c| {
-        c.arg("mcp")
-            .env("LOADOUT_DATA_DIR", data.path())
-            .env_remove("LOADOUT_DATABASE_URL");
-    });
-    let transport = TokioChildProcess::new(command).expect("spawn loadout mcp");
-    let pid = transport.id().expect("pid of loadout mcp").to_string();
+    let transport =
+        TokioChildProcess::new(mcp_command(data.path(), &[])).expect("spawn loadout mcp");
+    let pid = transport.id().expect("pid of loadout mcp");
     let mut mcp = connect(transport).await;
-    let hangup = || {
-        let sent = std::process::Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -HUP {pid}");
-    };
+    let hangup = || crate::support::hangup(pid);
     let echo = "fake__echo".to_owned();
     assert!(!mcp.tool_names().await.contains(&echo));
 

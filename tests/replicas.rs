@@ -158,12 +158,7 @@ impl Replica {
 
     /// Sends SIGHUP: read the config file again.
     fn hangup(&self) {
-        let pid = self.child.id().to_string();
-        let sent = Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -HUP {pid}");
+        crate::support::hangup(self.child.id());
     }
 
     fn stderr_text(&self) -> String {

@@ -115,3 +115,13 @@ impl Rng {
         (z ^ (z >> 31)) as usize
     }
 }
+
+/// Sends `SIGHUP` to process `pid` (a `loadout serve` or `mcp` reloads its config).
+pub fn hangup(pid: u32) {
+    let pid = pid.to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -HUP {pid}");
+}
