@@ -62,7 +62,12 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             }
             "--embedder" => {
                 options.embedder =
-                    EmbedderChoice::parse(args.next().context("--embedder needs a value")?)?
+                    EmbedderChoice::parse(args.next().context("--embedder needs a value")?)?;
+                if let EmbedderChoice::Endpoint { .. } = options.embedder {
+                    anyhow::bail!(
+                        "--embedder: the bench times the built-in encoder; give builtin or none"
+                    )
+                }
             }
             other => anyhow::bail!(
                 "unknown argument `{other}`; usage: cargo xtask bench [--quick] [--catalog DIR --cases FILE] [--embedder builtin|none]"
@@ -226,7 +231,7 @@ fn bench_dense(
     println!("\ndense stage (built-in encoder, one embedder call per message)");
     let cache_root = tempfile_dir("loadout-bench-vectors")?;
     let router = Router::new(registry.clone(), RouterConfig::default());
-    let line = attach_embedder(&router, EmbedderChoice::Builtin, Some(&cache_root))?;
+    let line = attach_embedder(&router, &EmbedderChoice::Builtin, Some(&cache_root))?;
     println!("  {line}");
     let settings: BTreeMap<String, String> = registry
         .domains()
@@ -269,7 +274,7 @@ fn bench_dense(
                 .with_context(|| format!("loading {}", dir.display()))?
                 .build()?;
             let router = Router::new(Arc::new(registry), RouterConfig::default());
-            let line = attach_embedder(&router, EmbedderChoice::Builtin, Some(cache))?;
+            let line = attach_embedder(&router, &EmbedderChoice::Builtin, Some(cache))?;
             Ok((started.elapsed(), line))
         };
         let (without_cache, line) = cold(&cache_dir)?;

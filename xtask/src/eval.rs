@@ -15,10 +15,14 @@ use loadout::router::{Router, RouterConfig};
 
 const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json] [--verbose]
        [--min-turn-recall X] [--config ROUTER_CONFIG.json] [--budget TOKENS]
-       [--embedder builtin|none] [--vector-cache DIR|none] [--tool-ranks]
+       [--embedder builtin|none|URL#MODEL] [--vector-cache DIR|none] [--tool-ranks]
        [--compare CANDIDATE.json]
   --embedder      the dense stage: the built-in encoder (default when built with the
-                  `dense` feature) or none (lexical only)
+                  `dense` feature), none (lexical only), or an OpenAI-compatible
+                  embeddings endpoint and its model, as the server's
+                  `embeddings_base_url` and `embeddings_model` settings name them
+                  (e.g. http://127.0.0.1:11434/v1#nomic-embed-text); its bearer key,
+                  if it needs one, from LOADOUT_EMBEDDINGS_API_KEY
   --vector-cache  where tool vectors are cached (default target/vector-cache)
   --tool-ranks    also report how often every needed tool of a turn is among the k
                   best of the message-only tool ranking (`search_tools`)
@@ -40,10 +44,16 @@ struct Options {
 }
 
 /// Which dense stage `eval` and `bench` run with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EmbedderChoice {
     None,
     Builtin,
+    /// An OpenAI-compatible `/v1/embeddings` endpoint: the server's second embedder,
+    /// so a model can be measured on the eval before a deployment points at it.
+    Endpoint {
+        base_url: String,
+        model: String,
+    },
 }
 
 impl EmbedderChoice {
@@ -59,14 +69,29 @@ impl EmbedderChoice {
         match text {
             "none" | "lexical" => Ok(EmbedderChoice::None),
             "builtin" => Ok(EmbedderChoice::Builtin),
-            other => bail!("--embedder {other}: expected builtin or none"),
+            other => match other.split_once('#') {
+                Some((base_url, model))
+                    if (base_url.starts_with("http://") || base_url.starts_with("https://"))
+                        && !model.trim().is_empty() =>
+                {
+                    Ok(EmbedderChoice::Endpoint {
+                        base_url: base_url.to_owned(),
+                        model: model.trim().to_owned(),
+                    })
+                }
+                _ => bail!(
+                    "--embedder {other}: expected builtin, none or an endpoint URL#MODEL \
+                     (e.g. http://127.0.0.1:11434/v1#nomic-embed-text)"
+                ),
+            },
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> String {
         match self {
-            EmbedderChoice::None => "none (lexical only)",
-            EmbedderChoice::Builtin => "builtin",
+            EmbedderChoice::None => "none (lexical only)".to_owned(),
+            EmbedderChoice::Builtin => "builtin".to_owned(),
+            EmbedderChoice::Endpoint { base_url, model } => format!("{base_url}#{model}"),
         }
     }
 }
@@ -83,38 +108,42 @@ pub fn default_vector_cache() -> PathBuf {
 /// report.
 pub fn attach_embedder(
     router: &Router,
-    choice: EmbedderChoice,
+    choice: &EmbedderChoice,
     vector_cache: Option<&std::path::Path>,
 ) -> anyhow::Result<String> {
-    match choice {
-        EmbedderChoice::None => Ok("embedder none (lexical only)".to_owned()),
-        EmbedderChoice::Builtin => {
-            let started = Instant::now();
-            let embedder = loadout::embed::builtin().map_err(anyhow::Error::msg)?;
-            let load_ms = started.elapsed().as_secs_f64() * 1e3;
-            let mut cache =
-                vector_cache.map(|dir| loadout::embed::VectorCache::open(dir, embedder.model_id()));
-            let (index, stats) =
-                loadout::embed::build_dense_index(router, embedder, cache.as_mut())
-                    .map_err(anyhow::Error::msg)?;
-            if let Some(cache) = &mut cache {
-                cache
-                    .save()
-                    .with_context(|| format!("writing {}", cache.path().display()))?;
-            }
-            let model_id = index.model_id().to_owned();
-            router
-                .attach_dense(index)
-                .map_err(|_| anyhow::anyhow!("dense stage already attached"))?;
-            Ok(format!(
-                "embedder {model_id}: loaded in {load_ms:.0} ms; {} texts, {} cached, {} embedded in {:.1} s",
-                stats.n_texts,
-                stats.n_cached,
-                stats.n_embedded,
-                stats.elapsed.as_secs_f64()
-            ))
+    let started = Instant::now();
+    let embedder: Arc<dyn loadout::router::Embedder> = match choice {
+        EmbedderChoice::None => return Ok("embedder none (lexical only)".to_owned()),
+        EmbedderChoice::Builtin => loadout::embed::builtin().map_err(anyhow::Error::msg)?,
+        EmbedderChoice::Endpoint { base_url, model } => {
+            let api_key = std::env::var("LOADOUT_EMBEDDINGS_API_KEY").ok();
+            Arc::new(
+                loadout_server::embeddings::HttpEmbedder::new(base_url, model, api_key)
+                    .map_err(anyhow::Error::msg)?,
+            )
         }
+    };
+    let load_ms = started.elapsed().as_secs_f64() * 1e3;
+    let mut cache =
+        vector_cache.map(|dir| loadout::embed::VectorCache::open(dir, embedder.model_id()));
+    let (index, stats) = loadout::embed::build_dense_index(router, embedder, cache.as_mut())
+        .map_err(anyhow::Error::msg)?;
+    if let Some(cache) = &mut cache {
+        cache
+            .save()
+            .with_context(|| format!("writing {}", cache.path().display()))?;
     }
+    let model_id = index.model_id().to_owned();
+    router
+        .attach_dense(index)
+        .map_err(|_| anyhow::anyhow!("dense stage already attached"))?;
+    Ok(format!(
+        "embedder {model_id}: loaded in {load_ms:.0} ms; {} texts, {} cached, {} embedded in {:.1} s",
+        stats.n_texts,
+        stats.n_cached,
+        stats.n_embedded,
+        stats.elapsed.as_secs_f64()
+    ))
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Options> {
@@ -208,7 +237,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let router = Router::new(registry.clone(), options.config.clone());
     let build_ms = started.elapsed().as_secs_f64() * 1e3;
     let embedder_line =
-        attach_embedder(&router, options.embedder, options.vector_cache.as_deref())?;
+        attach_embedder(&router, &options.embedder, options.vector_cache.as_deref())?;
 
     let cases_text = std::fs::read_to_string(&options.cases)
         .with_context(|| format!("reading {}", options.cases.display()))?;
@@ -276,7 +305,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     }
     if let Some(candidate) = &options.compare {
         let tried = Router::new(registry.clone(), candidate.clone());
-        attach_embedder(&tried, options.embedder, options.vector_cache.as_deref())?;
+        attach_embedder(&tried, &options.embedder, options.vector_cache.as_deref())?;
         let tried = replay(&tried, &cases, options.budget, |_| {}).map_err(anyhow::Error::msg)?;
         let comparison = Comparison::new(&report, &tried);
         for line in comparison.lines() {
@@ -303,4 +332,103 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         bail!("turn recall {turn_recall:.3} is below the gate {min:.3}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+
+    use super::*;
+
+    #[test]
+    fn an_embedder_is_builtin_none_or_an_endpoint_with_its_model() {
+        assert_eq!(
+            EmbedderChoice::parse("http://127.0.0.1:11434/v1#nomic-embed-text").ok(),
+            Some(EmbedderChoice::Endpoint {
+                base_url: "http://127.0.0.1:11434/v1".into(),
+                model: "nomic-embed-text".into()
+            })
+        );
+        assert_eq!(
+            EmbedderChoice::parse("none").ok(),
+            Some(EmbedderChoice::None)
+        );
+        for bad in [
+            "bert",
+            "http://127.0.0.1:1/v1",
+            "http://127.0.0.1:1/v1#",
+            "ftp://x#m",
+        ] {
+            let error = EmbedderChoice::parse(bad).err().map(|e| e.to_string());
+            assert!(
+                error.as_deref().is_some_and(|e| e.contains("URL#MODEL")),
+                "{bad}: {error:?}"
+            );
+        }
+    }
+
+    /// One `/v1/embeddings` answer per connection from a plain thread: the vector of a
+    /// text is [its length, its count of 'e'], so tools get distinct vectors.
+    fn serve_embeddings(connections: usize) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for stream in listener.incoming().take(connections) {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut length = 0;
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = value.trim().parse().expect("length");
+                    }
+                    line.clear();
+                }
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).expect("body");
+                let body: serde_json::Value = serde_json::from_slice(&body).expect("json");
+                let data: Vec<serde_json::Value> = body["input"]
+                    .as_array()
+                    .expect("input")
+                    .iter()
+                    .enumerate()
+                    .map(|(i, text)| {
+                        let text = text.as_str().expect("text");
+                        let vector = [text.len() as f32, text.matches('e').count() as f32];
+                        serde_json::json!({"index": i, "embedding": vector})
+                    })
+                    .collect();
+                let answer = serde_json::json!({"data": data}).to_string();
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            }
+        });
+        format!("http://{addr}/v1")
+    }
+
+    #[test]
+    fn an_endpoint_embeds_the_tools_and_a_dead_one_is_a_clear_error() {
+        let registry = Arc::new(loadout_domains::registry().expect("registry builds"));
+        let router = Router::new(registry.clone(), RouterConfig::default());
+        let base = serve_embeddings(64);
+        let choice = EmbedderChoice::parse(&format!("{base}#toy")).expect("parses");
+        let line = attach_embedder(&router, &choice, None).expect("attaches");
+        assert!(
+            line.contains(&format!("openai-compatible:{base}#toy")),
+            "{line}"
+        );
+        assert!(!line.contains(" 0 embedded"), "{line}");
+
+        let dead = EmbedderChoice::parse("http://127.0.0.1:9/v1#toy").expect("parses");
+        let error = attach_embedder(&Router::new(registry, RouterConfig::default()), &dead, None)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            error.as_deref().is_some_and(|e| e.contains("unreachable")),
+            "{error:?}"
+        );
+    }
 }
