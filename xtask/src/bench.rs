@@ -127,6 +127,22 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             rounds,
         )?;
     }
+    // Scale: a public catalog of 4,077 tools with its own messages (never tuned to).
+    let seal_cases = std::path::Path::new(SEAL_CATALOG).with_file_name("cases.jsonl");
+    if std::path::Path::new(SEAL_CATALOG).is_dir() && seal_cases.is_file() {
+        let registry = Registry::builder()
+            .toolkit_dir(std::path::Path::new(SEAL_CATALOG))
+            .context("loading Seal-Tools")?
+            .build()?;
+        let mut messages = dev_messages(&seal_cases)?;
+        messages.truncate(200);
+        bench_one(
+            "Seal-Tools (its messages)",
+            Arc::new(registry),
+            &messages,
+            rounds,
+        )?;
+    }
     crate::bench_log::run(&decision_rows, if options.quick { 40 } else { 200 })?;
     Ok(())
 }

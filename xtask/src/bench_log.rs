@@ -24,6 +24,12 @@ pub fn run(rows: &[DecisionRow], batches: usize) -> anyhow::Result<()> {
     println!(
         "\n# decision log on SQLite: {batches} batches of {BATCH} rows each, rows of the shared catalog's selections, after {PREFILL_ROWS} rows"
     );
+    let n_rows = rows.len().max(1);
+    println!(
+        "rows average {} bytes of reasons and {} of message",
+        rows.iter().map(|r| r.reasons.as_str().len()).sum::<usize>() / n_rows,
+        rows.iter().map(|r| r.message.len()).sum::<usize>() / n_rows,
+    );
     println!(
         "{:<22} {:>12} {:>15} {:>14}",
         "rows", "us per row", "bytes per row", "vs one-off"

@@ -396,6 +396,23 @@ impl Bm25Index {
 
     /// Adds each document's BM25 score for `terms` into `scores` (one slot per document).
     pub(crate) fn score_into(&self, terms: &[u32], scores: &mut [f32]) {
+        self.accumulate(terms, scores, |_| {});
+    }
+
+    /// [`Bm25Index::score_into`], also listing in `touched` each document whose slot
+    /// was zero when a term reached it: the documents the query touched, so that a
+    /// caller can go over them instead of every document. (A slot listed twice, which
+    /// takes a term adding exactly zero, is harmless to scale or reset.)
+    pub(crate) fn score_into_touched(
+        &self,
+        terms: &[u32],
+        scores: &mut [f32],
+        touched: &mut Vec<u32>,
+    ) {
+        self.accumulate(terms, scores, |doc| touched.push(doc));
+    }
+
+    fn accumulate(&self, terms: &[u32], scores: &mut [f32], mut first_touch: impl FnMut(u32)) {
         for &term in terms {
             let (Some(docs), Some(&idf)) = (
                 self.postings.get(term as usize),
@@ -410,6 +427,9 @@ impl Bm25Index {
                 ) else {
                     continue;
                 };
+                if *slot == 0.0 {
+                    first_touch(doc);
+                }
                 *slot += idf * freq * (K1 + 1.0) / (freq + norm);
             }
         }

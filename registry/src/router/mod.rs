@@ -237,6 +237,8 @@ pub struct Router {
     tools_by_domain: Vec<Vec<usize>>,
     domain_is_core: Vec<bool>,
     tool_tokens: Vec<usize>,
+    /// Per domain: the tokens of all its tools.
+    domain_tokens: Vec<usize>,
     hint_tokens: Vec<usize>,
     all_tools_tokens: usize,
     /// Per tool: conflicting tools (both directions).
@@ -266,7 +268,10 @@ impl std::fmt::Debug for Router {
 /// Per-message evidence, gathered before any decision.
 struct Evidence {
     active: Vec<bool>,
+    /// Per domain: hits of its own keywords.
     domain_keyword_hits: Vec<u16>,
+    /// Per domain: hits of its own keywords and of its tools'.
+    keyword_hits_in_domain: Vec<u16>,
     tool_keyword_hits: Vec<u16>,
     /// Per tool: what ranks tools inside a domain: the BM25 share (0..1) lexical-only,
     /// the fused (RRF) score of BM25 and dense with the dense stage; best over the
@@ -275,22 +280,15 @@ struct Evidence {
     /// Per domain: the best of its BM25 share and its calibrated cosine over the
     /// message and its requests, each the better of its own text's and its best tool's.
     domain_similarity: Vec<f32>,
+    /// Per domain: its best raw cosine over the message and its requests (0 without
+    /// the dense stage); still orders domains when no score reaches the calibrated
+    /// scale.
+    domain_best_dense: Vec<f32>,
     /// Per piece (the whole message, then each request when there are several).
     pieces: Vec<PieceScores>,
     /// The dense stage ran for this message.
     dense_on: bool,
     notes: Vec<String>,
-}
-
-impl Evidence {
-    /// A domain's best raw cosine over the message and its requests: still orders
-    /// domains when no score reaches the calibrated scale.
-    fn best_dense(&self, d: usize) -> f32 {
-        self.pieces
-            .iter()
-            .map(|p| p.domain_dense[d])
-            .fold(0.0f32, f32::max)
-    }
 }
 
 /// Per piece of the message: cosines per tool and per domain text.
@@ -408,6 +406,10 @@ impl Router {
             .map(|t| crate::tokens::count_json(&crate::export::hint(t)))
             .collect();
         let all_tools_tokens = tool_tokens.iter().sum();
+        let domain_tokens = tools_by_domain
+            .iter()
+            .map(|members| members.iter().map(|&t| tool_tokens[t]).sum())
+            .collect();
 
         let mut tool_conflicts = vec![Vec::new(); tools.len()];
         for (t, tool) in tools.iter().enumerate() {
@@ -499,6 +501,7 @@ impl Router {
             tools_by_domain,
             domain_is_core,
             tool_tokens,
+            domain_tokens,
             hint_tokens,
             all_tools_tokens,
             tool_conflicts,
@@ -652,7 +655,7 @@ impl Router {
             })
             .filter(|&(score, _)| score > 0.0)
             .collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         scored
             .into_iter()
             .take(limit)
@@ -698,17 +701,27 @@ impl Router {
 
         let lowered = message.to_lowercase();
         let mut domain_keyword_hits = vec![0u16; n_domains];
+        let mut keyword_hits_in_domain = vec![0u16; n_domains];
         let mut tool_keyword_hits = vec![0u16; n_tools];
-        self.keywords.for_each_match(&lowered, |owner| match owner {
-            KeywordOwner::Domain(d) => {
-                if let Some(hits) = domain_keyword_hits.get_mut(d) {
+        self.keywords.for_each_match(&lowered, |owner| {
+            let domain = match owner {
+                KeywordOwner::Domain(d) => {
+                    let Some(hits) = domain_keyword_hits.get_mut(d) else {
+                        return;
+                    };
                     *hits = hits.saturating_add(1);
+                    d
                 }
-            }
-            KeywordOwner::Tool(t) => {
-                if let Some(hits) = tool_keyword_hits.get_mut(t) {
+                KeywordOwner::Tool(t) => {
+                    let Some(hits) = tool_keyword_hits.get_mut(t) else {
+                        return;
+                    };
                     *hits = hits.saturating_add(1);
+                    self.tool_domain[t]
                 }
+            };
+            if let Some(hits) = keyword_hits_in_domain.get_mut(domain) {
+                *hits = hits.saturating_add(1);
             }
         });
 
@@ -740,19 +753,34 @@ impl Router {
         };
         let dense_on = dense_cosines.is_some();
 
+        // BM25 touches only the tools that share a term with the piece: the loops
+        // below go over those (`touched`), not over every tool, so that lexical
+        // routing costs what the message matches rather than what the registry holds.
         let mut terms = Vec::new();
         let mut words = String::new();
+        let mut touched: Vec<u32> = Vec::new();
         let mut piece_tool_bm25 = vec![0.0f32; n_tools];
         let mut tool_bm25 = vec![0.0f32; n_tools];
-        let mut tool_dense = vec![0.0f32; n_tools];
-        let mut tool_similarity = vec![0.0f32; n_tools];
+        let mut tool_dense = if dense_on {
+            vec![0.0f32; n_tools]
+        } else {
+            Vec::new()
+        };
+        let mut tool_similarity = if dense_on {
+            vec![0.0f32; n_tools]
+        } else {
+            Vec::new()
+        };
         let mut domain_similarity = vec![0.0f32; n_domains];
         let mut pieces = Vec::with_capacity(piece_texts.len());
         let mut lowered_piece = String::new();
         for (p, piece) in piece_texts.iter().enumerate() {
             lowered_piece.clear();
             lowered_piece.push_str(&piece.to_lowercase());
-            piece_tool_bm25.iter_mut().for_each(|s| *s = 0.0);
+            for &t in &touched {
+                piece_tool_bm25[t as usize] = 0.0;
+            }
+            touched.clear();
             lexical::query_words(&lowered_piece, &mut words);
             self.tool_index.query_word_terms(&words, &mut terms);
             let tool_query_mass: f32 = terms
@@ -760,9 +788,10 @@ impl Router {
                 .map(|&t| self.tool_index.max_term_score(t))
                 .sum();
             if tool_query_mass > 0.0 {
-                self.tool_index.score_into(&terms, &mut piece_tool_bm25);
-                for score in &mut piece_tool_bm25 {
-                    *score /= tool_query_mass;
+                self.tool_index
+                    .score_into_touched(&terms, &mut piece_tool_bm25, &mut touched);
+                for &t in &touched {
+                    piece_tool_bm25[t as usize] /= tool_query_mass;
                 }
             }
             let mut domain_bm25 = vec![0.0f32; n_domains];
@@ -777,7 +806,9 @@ impl Router {
                     *score /= domain_query_mass;
                 }
             }
-            for (t, &score) in piece_tool_bm25.iter().enumerate() {
+            for &t in &touched {
+                let t = t as usize;
+                let score = piece_tool_bm25[t];
                 tool_bm25[t] = tool_bm25[t].max(score);
                 let slot = &mut domain_bm25[self.tool_domain[t]];
                 *slot = slot.max(score);
@@ -810,15 +841,25 @@ impl Router {
             });
         }
         if !dense_on {
-            tool_similarity.clone_from(&tool_bm25);
+            tool_similarity = tool_bm25;
         }
+        let domain_best_dense = (0..n_domains)
+            .map(|d| {
+                pieces
+                    .iter()
+                    .map(|p| p.domain_dense[d])
+                    .fold(0.0f32, f32::max)
+            })
+            .collect();
 
         Evidence {
             active,
             domain_keyword_hits,
+            keyword_hits_in_domain,
             tool_keyword_hits,
             tool_similarity,
             domain_similarity,
+            domain_best_dense,
             pieces,
             dense_on,
             notes,
@@ -910,11 +951,7 @@ impl Router {
         let mut n_active_tools = 0;
         for (d, domain) in domains.iter().enumerate() {
             let similarity = evidence.domain_similarity[d];
-            let keyword_hits = evidence.domain_keyword_hits[d]
-                + self.tools_by_domain[d]
-                    .iter()
-                    .map(|&t| evidence.tool_keyword_hits[t])
-                    .sum::<u16>();
+            let keyword_hits = evidence.keyword_hits_in_domain[d];
             let verdict = if !evidence.active[d] {
                 let missing = registry.missing_settings(&domain.name, input.settings);
                 DomainVerdict::out(
@@ -995,49 +1032,46 @@ impl Router {
         // Collisions between domains: keep the better one unless both are justified.
         self.resolve_domain_collisions(&mut verdicts);
 
-        // Tool scores: domain evidence plus the tool's own.
-        let tool_scores: Vec<f32> = (0..tools.len())
-            .map(|t| {
-                let d = self.tool_domain[t];
-                verdicts[d].score
-                    + evidence.tool_similarity[t]
-                    + 0.5 * f32::from(evidence.tool_keyword_hits[t].min(2))
-                    + self.tool_prior[t]
-            })
-            .collect();
-        let tool_score = |t: usize| -> f32 { tool_scores[t] };
+        // Tool scores: domain evidence (as the domain stages left it) plus the tool's
+        // own; computed when asked, for the few tools a selection looks at.
+        let domain_scores: Vec<f32> = verdicts.iter().map(|v| v.score).collect();
+        let tool_score = |t: usize| -> f32 {
+            domain_scores[self.tool_domain[t]]
+                + evidence.tool_similarity.get(t).copied().unwrap_or(0.0)
+                + 0.5 * f32::from(evidence.tool_keyword_hits[t].min(2))
+                + self.tool_prior[t]
+        };
 
-        let mut sent: Vec<Option<(Stage, f32)>> = vec![None; tools.len()];
+        let mut sent: ToolSlots<(Stage, f32)> = ToolSlots::new(tools.len());
         // Per tool of a domain ranked tool by tool: (stage, included).
-        let mut tool_outcomes: Vec<Option<(Stage, bool)>> = vec![None; tools.len()];
+        let mut tool_outcomes: ToolSlots<(Stage, bool)> = ToolSlots::new(tools.len());
         let mut ranked_out: Vec<usize> = Vec::new();
         for (d, verdict) in verdicts.iter().enumerate() {
             match verdict.send {
                 Send::Nothing => {}
                 Send::Whole => {
                     for &t in &self.tools_by_domain[d] {
-                        sent[t] = Some((verdict.stage, tool_score(t)));
+                        sent.set(t, (verdict.stage, tool_score(t)));
                     }
                 }
                 Send::Ranked => {
                     let members = &self.tools_by_domain[d];
                     if members.len() <= config.domain_tool_cap {
                         for &t in members {
-                            sent[t] = Some((verdict.stage, tool_score(t)));
+                            sent.set(t, (verdict.stage, tool_score(t)));
                         }
                         continue;
                     }
                     let mut ranked: Vec<usize> = members.clone();
-                    ranked
-                        .sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
+                    best_first(&mut ranked, config.domain_tool_cap, tool_score);
                     for (rank, &t) in ranked.iter().enumerate() {
                         let included = rank < config.domain_tool_cap;
                         if included {
-                            sent[t] = Some((verdict.stage, tool_score(t)));
+                            sent.set(t, (verdict.stage, tool_score(t)));
                         } else {
                             ranked_out.push(t);
                         }
-                        tool_outcomes[t] = Some((Stage::Ranked, included));
+                        tool_outcomes.set(t, (Stage::Ranked, included));
                     }
                 }
             }
@@ -1048,7 +1082,7 @@ impl Router {
             if let Some(t) = registry.tool_idx(name)
                 && evidence.active[self.tool_domain[t]]
             {
-                sent[t] = Some((Stage::Loaded, tool_score(t)));
+                sent.set(t, (Stage::Loaded, tool_score(t)));
                 let d = self.tool_domain[t];
                 if !verdicts[d].included() {
                     verdicts[d] = DomainVerdict::ranked(
@@ -1070,11 +1104,10 @@ impl Router {
                     continue;
                 };
                 let d = self.tool_domain[t];
-                if !evidence.active[d] || verdicts[d].stage == Stage::Unloaded || sent[t].is_some()
-                {
+                if !evidence.active[d] || verdicts[d].stage == Stage::Unloaded || sent.has(t) {
                     continue;
                 }
-                sent[t] = Some((Stage::Carried, tool_score(t)));
+                sent.set(t, (Stage::Carried, tool_score(t)));
                 if !verdicts[d].included() {
                     verdicts[d] = DomainVerdict::ranked(
                         Stage::Carried,
@@ -1123,8 +1156,8 @@ impl Router {
             }
         }
         // A tool goes with the tool that finds its ids.
-        for (t, s) in sent.iter().enumerate() {
-            if let Some((stage, score)) = *s
+        for t in sent.sorted() {
+            if let Some((stage, score)) = sent.get(t)
                 && !matches!(stage, Stage::Fallback | Stage::Warm | Stage::AlwaysOn)
             {
                 steps.extend(
@@ -1136,9 +1169,9 @@ impl Router {
         }
         for (p, stage, score) in steps {
             let d = self.tool_domain[p];
-            if sent[p].is_none() && evidence.active[d] && verdicts[d].stage != Stage::Unloaded {
-                sent[p] = Some((stage, score));
-                tool_outcomes[p] = Some((stage, true));
+            if !sent.has(p) && evidence.active[d] && verdicts[d].stage != Stage::Unloaded {
+                sent.set(p, (stage, score));
+                tool_outcomes.set(p, (stage, true));
                 if !verdicts[d].included() {
                     let why = match stage {
                         Stage::NextStep => {
@@ -1167,31 +1200,28 @@ impl Router {
         if tokens > budget && !session.load_all_this_turn {
             let mut trimmable: Vec<(f32, usize)> = sent
                 .iter()
-                .enumerate()
-                .filter_map(|(t, s)| s.map(|(stage, score)| (t, stage, score)))
+                .map(|(t, (stage, score))| (t, stage, score))
                 .filter(|&(_, stage, _)| {
                     !is_protected(stage) && !matches!(stage, Stage::Fallback | Stage::Warm)
                 })
                 .map(|(t, _, score)| (score, t))
                 .collect();
-            trimmable.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+            trimmable.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
             for (_, t) in trimmable {
                 if tokens <= budget {
                     break;
                 }
-                sent[t] = None;
+                sent.clear(t);
                 tokens -= self.tool_tokens[t];
                 ranked_out.push(t);
-                tool_outcomes[t] = Some((Stage::BudgetTrimmed, false));
+                tool_outcomes.set(t, (Stage::BudgetTrimmed, false));
             }
         }
 
         // Domain decisions reflect what is actually sent.
         let mut n_sent_by_domain = vec![0usize; n_domains];
-        for (t, s) in sent.iter().enumerate() {
-            if s.is_some() {
-                n_sent_by_domain[self.tool_domain[t]] += 1;
-            }
+        for (t, _) in sent.iter() {
+            n_sent_by_domain[self.tool_domain[t]] += 1;
         }
         let domain_decisions: Vec<DomainDecision> = verdicts
             .into_iter()
@@ -1219,19 +1249,16 @@ impl Router {
         // Sent tools: core first, then by score.
         let mut selected: Vec<SelectedTool> = sent
             .iter()
-            .enumerate()
-            .filter_map(|(t, s)| {
-                s.map(|(stage, score)| SelectedTool {
-                    name: self.tool_names[t].clone(),
-                    domain: self.domain_names[self.tool_domain[t]].clone(),
-                    stage,
-                    score,
-                    tokens: self.tool_tokens[t],
-                    tool_idx: t,
-                })
+            .map(|(t, (stage, score))| SelectedTool {
+                name: self.tool_names[t].clone(),
+                domain: self.domain_names[self.tool_domain[t]].clone(),
+                stage,
+                score,
+                tokens: self.tool_tokens[t],
+                tool_idx: t,
             })
             .collect();
-        selected.sort_by(|a, b| {
+        selected.sort_unstable_by(|a, b| {
             let a_core = self.domain_is_core[self.tool_domain[a.tool_idx]];
             let b_core = self.domain_is_core[self.tool_domain[b.tool_idx]];
             b_core
@@ -1244,15 +1271,8 @@ impl Router {
         // Only the best `max_hints` need an order: with a large domain ranked out, a
         // full sort of every hinted-out tool would dominate the selection's cost.
         let mut seen = vec![false; tools.len()];
-        ranked_out.retain(|&t| sent[t].is_none() && !std::mem::replace(&mut seen[t], true));
-        let best_first =
-            |&a: &usize, &b: &usize| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b));
-        if ranked_out.len() > config.max_hints && config.max_hints > 0 {
-            ranked_out.select_nth_unstable_by(config.max_hints - 1, best_first);
-            ranked_out[..config.max_hints].sort_unstable_by(best_first);
-        } else {
-            ranked_out.sort_unstable_by(best_first);
-        }
+        ranked_out.retain(|&t| !sent.has(t) && !std::mem::replace(&mut seen[t], true));
+        best_first(&mut ranked_out, config.max_hints, tool_score);
         let mut hints = Vec::with_capacity(ranked_out.len().min(config.max_hints));
         let mut hint_tokens = 0;
         for &t in ranked_out.iter().take(config.max_hints) {
@@ -1260,15 +1280,15 @@ impl Router {
             hints.push(self.hint_for(t));
         }
         let tool_decisions: Vec<ToolDecision> = tool_outcomes
-            .iter()
-            .enumerate()
-            .filter_map(|(t, outcome)| {
-                outcome.map(|(stage, included)| ToolDecision {
+            .sorted()
+            .into_iter()
+            .filter_map(|t| {
+                tool_outcomes.get(t).map(|(stage, included)| ToolDecision {
                     tool: self.tool_names[t].clone(),
                     domain: self.domain_names[self.tool_domain[t]].clone(),
-                    included: included && sent[t].is_some(),
+                    included: included && sent.has(t),
                     stage,
-                    score: tool_scores[t],
+                    score: tool_score(t),
                 })
             })
             .collect();
@@ -1354,7 +1374,7 @@ impl Router {
                 })
                 .filter(|&(d, b, c)| (b || c) && verdicts[d].stage == Stage::NotMatched)
                 .collect();
-            passing.sort_by(|a, b| fused[b.0].total_cmp(&fused[a.0]).then(a.0.cmp(&b.0)));
+            passing.sort_unstable_by(|a, b| fused[b.0].total_cmp(&fused[a.0]).then(a.0.cmp(&b.0)));
             let top_k = match (p, evidence.dense_on) {
                 (0, false) => config.bm25_top_k,
                 (0, true) => config.bm25_top_k.max(config.dense_top_k),
@@ -1369,8 +1389,9 @@ impl Router {
                 config.request_top_k
             };
             let mut dense_best: Vec<usize> = passing.iter().filter(|x| x.2).map(|x| x.0).collect();
-            dense_best
-                .sort_by(|&a, &b| dense_scores[b].total_cmp(&dense_scores[a]).then(a.cmp(&b)));
+            dense_best.sort_unstable_by(|&a, &b| {
+                dense_scores[b].total_cmp(&dense_scores[a]).then(a.cmp(&b))
+            });
             dense_best.truncate(dense_k);
             let mut kept = 0;
             passing.retain(|x| {
@@ -1419,7 +1440,7 @@ impl Router {
                     continue;
                 }
                 let best_bm25 = pieces.iter().map(|p| p.domain_bm25[d]).fold(0.0, f32::max);
-                let best_dense = evidence.best_dense(d);
+                let best_dense = evidence.domain_best_dense[d];
                 let rank = Rank(best_dense_rank[d]);
                 verdicts[d].reason = Cow::Owned(format!(
                     "no keyword; bm25 {best_bm25:.2}, dense {best_dense:.2} ({rank}): below the gates or not among the best"
@@ -1476,14 +1497,15 @@ impl Router {
         evidence: &Evidence,
         session: &SessionView,
         verdicts: &[DomainVerdict],
-        sent: &mut [Option<(Stage, f32)>],
+        sent: &mut ToolSlots<(Stage, f32)>,
         ranked_out: &mut Vec<usize>,
-        tool_outcomes: &mut [Option<(Stage, bool)>],
+        tool_outcomes: &mut ToolSlots<(Stage, bool)>,
     ) {
         let tools = self.registry.all_tools();
-        for t in 0..tools.len() {
+        for t in sent.sorted() {
             for &other in &self.tool_conflicts[t] {
-                let (Some((stage_t, score_t)), Some((stage_o, score_o))) = (sent[t], sent[other])
+                let (Some((stage_t, score_t)), Some((stage_o, score_o))) =
+                    (sent.get(t), sent.get(other))
                 else {
                     continue;
                 };
@@ -1512,20 +1534,16 @@ impl Router {
                 {
                     continue;
                 }
-                sent[loser] = None;
+                sent.clear(loser);
                 ranked_out.push(loser);
-                tool_outcomes[loser] = Some((Stage::Collision, false));
+                tool_outcomes.set(loser, (Stage::Collision, false));
             }
         }
     }
 
     /// Tokens of the tools `sent` holds.
-    fn sent_tokens(&self, sent: &[Option<(Stage, f32)>]) -> usize {
-        sent.iter()
-            .enumerate()
-            .filter(|(_, s)| s.is_some())
-            .map(|(t, _)| self.tool_tokens[t])
-            .sum()
+    fn sent_tokens(&self, sent: &ToolSlots<(Stage, f32)>) -> usize {
+        sent.iter().map(|(t, _)| self.tool_tokens[t]).sum()
     }
 
     /// Adds the domains nearest to the similarity gates while the selection stays
@@ -1535,13 +1553,13 @@ impl Router {
         &self,
         evidence: &Evidence,
         verdicts: &mut [DomainVerdict],
-        sent: &mut [Option<(Stage, f32)>],
+        sent: &mut ToolSlots<(Stage, f32)>,
         ranked_out: &mut Vec<usize>,
         tool_score: &dyn Fn(usize) -> f32,
     ) {
         let limit = self.config.backfill_tokens;
         let mut tokens = self.sent_tokens(sent);
-        let mut n_tools = sent.iter().filter(|s| s.is_some()).count();
+        let mut n_tools = sent.len();
         if tokens >= limit || n_tools >= self.config.backfill_tools {
             return;
         }
@@ -1550,22 +1568,22 @@ impl Router {
                 evidence.active[d]
                     && !self.domain_is_core[d]
                     && verdicts[d].stage == Stage::NotMatched
-                    && (evidence.domain_similarity[d] > 0.0 || evidence.best_dense(d) > 0.0)
+                    && (evidence.domain_similarity[d] > 0.0 || evidence.domain_best_dense[d] > 0.0)
             })
             .collect();
-        order.sort_by(|&a, &b| {
+        order.sort_unstable_by(|&a, &b| {
             evidence.domain_similarity[b]
                 .total_cmp(&evidence.domain_similarity[a])
-                .then(evidence.best_dense(b).total_cmp(&evidence.best_dense(a)))
+                .then(evidence.domain_best_dense[b].total_cmp(&evidence.domain_best_dense[a]))
                 .then(a.cmp(&b))
         });
         for d in order {
             let mut members = self.tools_by_domain[d].clone();
-            members.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
             let cap = self
                 .config
                 .domain_tool_cap
                 .min(self.config.backfill_tool_cap.max(1));
+            best_first(&mut members, cap, tool_score);
             let rest = members.split_off(members.len().min(cap));
             let cost: usize = members.iter().map(|&t| self.tool_tokens[t]).sum();
             if tokens + cost > limit || n_tools + members.len() > self.config.backfill_tools {
@@ -1575,7 +1593,7 @@ impl Router {
             n_tools += members.len();
             ranked_out.extend(rest);
             for &t in &members {
-                sent[t] = Some((Stage::Backfill, tool_score(t)));
+                sent.set(t, (Stage::Backfill, tool_score(t)));
             }
             verdicts[d] = DomainVerdict::ranked(
                 Stage::Backfill,
@@ -1598,7 +1616,7 @@ impl Router {
         session: &SessionView,
         budget: usize,
         verdicts: &mut [DomainVerdict],
-        sent: &mut [Option<(Stage, f32)>],
+        sent: &mut ToolSlots<(Stage, f32)>,
         ranked_out: &mut Vec<usize>,
         tool_score: &dyn Fn(usize) -> f32,
     ) {
@@ -1609,29 +1627,25 @@ impl Router {
                     && verdicts[d].stage == Stage::NotMatched
             })
             .collect();
-        let domain_tokens = |d: usize| -> usize {
-            self.tools_by_domain[d]
-                .iter()
-                .map(|&t| self.tool_tokens[t])
-                .sum()
-        };
+        let domain_tokens = |d: usize| -> usize { self.domain_tokens[d] };
         let mut tokens = self.sent_tokens(sent);
         let all_optional_tokens: usize = optional.iter().map(|&d| domain_tokens(d)).sum();
         let fits_whole = tokens + all_optional_tokens <= budget;
         let mut order = optional.clone();
-        let is_warm = |d: usize| {
-            session
-                .warm
-                .iter()
-                .any(|w| *w == self.registry.domains()[d].name)
-        };
+        let warm: Vec<bool> = self
+            .registry
+            .domains()
+            .iter()
+            .map(|domain| session.warm.contains(&domain.name))
+            .collect();
+        let is_warm = |d: usize| warm[d];
         // Best first: similarity, then the raw cosine (which still orders domains when
         // no score reaches the calibrated scale), warm ones first on ties, then the
         // cheaper domain (more of them fit).
-        order.sort_by(|&a, &b| {
+        order.sort_unstable_by(|&a, &b| {
             evidence.domain_similarity[b]
                 .total_cmp(&evidence.domain_similarity[a])
-                .then(evidence.best_dense(b).total_cmp(&evidence.best_dense(a)))
+                .then(evidence.domain_best_dense[b].total_cmp(&evidence.domain_best_dense[a]))
                 .then(is_warm(b).cmp(&is_warm(a)))
                 .then(domain_tokens(a).cmp(&domain_tokens(b)))
                 .then(a.cmp(&b))
@@ -1647,7 +1661,7 @@ impl Router {
             let members = &self.tools_by_domain[d];
             if !fits_whole && cap > 0 && members.len() > cap {
                 let mut best = members.clone();
-                best.sort_by(|&a, &b| tool_score(b).total_cmp(&tool_score(a)).then(a.cmp(&b)));
+                best_first(&mut best, cap, tool_score);
                 let rest = best.split_off(cap);
                 let cost: usize = best.iter().map(|&t| self.tool_tokens[t]).sum();
                 if tokens + cost <= budget {
@@ -1660,7 +1674,7 @@ impl Router {
                         )),
                     );
                     for &t in &best {
-                        sent[t] = Some((stage, tool_score(t)));
+                        sent.set(t, (stage, tool_score(t)));
                     }
                     ranked_out.extend(rest);
                     continue;
@@ -1678,7 +1692,7 @@ impl Router {
                 };
                 verdicts[d] = DomainVerdict::whole(stage, score, reason);
                 for &t in members {
-                    sent[t] = Some((stage, tool_score(t)));
+                    sent.set(t, (stage, tool_score(t)));
                 }
             } else {
                 verdicts[d].reason =
@@ -1686,6 +1700,68 @@ impl Router {
                 ranked_out.extend(self.tools_by_domain[d].iter().copied());
             }
         }
+    }
+}
+
+/// Per-tool slots of a selection being made, and the tools whose slot was ever set:
+/// a selection goes over the few tools it touched, not over every tool of the
+/// registry (at a thousand tools, those passes were most of its time).
+struct ToolSlots<T: Copy> {
+    slots: Vec<Option<T>>,
+    listed: Vec<bool>,
+    /// Each tool once, in the order first set.
+    touched: Vec<usize>,
+}
+
+impl<T: Copy> ToolSlots<T> {
+    fn new(n_tools: usize) -> Self {
+        ToolSlots {
+            slots: vec![None; n_tools],
+            listed: vec![false; n_tools],
+            touched: Vec::new(),
+        }
+    }
+
+    fn get(&self, t: usize) -> Option<T> {
+        self.slots.get(t).copied().flatten()
+    }
+
+    fn has(&self, t: usize) -> bool {
+        self.get(t).is_some()
+    }
+
+    fn set(&mut self, t: usize, value: T) {
+        let (Some(slot), Some(listed)) = (self.slots.get_mut(t), self.listed.get_mut(t)) else {
+            return;
+        };
+        *slot = Some(value);
+        if !std::mem::replace(listed, true) {
+            self.touched.push(t);
+        }
+    }
+
+    fn clear(&mut self, t: usize) {
+        if let Some(slot) = self.slots.get_mut(t) {
+            *slot = None;
+        }
+    }
+
+    /// The set tools with their values, in no particular order.
+    fn iter(&self) -> impl Iterator<Item = (usize, T)> + '_ {
+        self.touched
+            .iter()
+            .filter_map(|&t| self.get(t).map(|value| (t, value)))
+    }
+
+    fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    /// The tools ever set, by index: the order of a pass over every slot.
+    fn sorted(&self) -> Vec<usize> {
+        let mut tools = self.touched.clone();
+        tools.sort_unstable();
+        tools
     }
 }
 
@@ -1793,7 +1869,7 @@ impl std::fmt::Display for Rank {
 
 fn ranks(scores: &[f32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).filter(|&i| scores[i] > 0.0).collect();
-    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    order.sort_unstable_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
     let mut rank = vec![0; scores.len()];
     for (r, &i) in order.iter().enumerate() {
         rank[i] = r + 1;
@@ -1815,6 +1891,26 @@ fn rrf(lists: &[&[f32]], k: f32) -> Vec<f32> {
         }
     }
     fused
+}
+
+/// Puts `tools` best first (score descending, then index), scoring each tool once.
+/// Only the first `keep` are put in order; the rest follow them in no order (callers
+/// hint those, ordered again with the other hints).
+fn best_first(tools: &mut [usize], keep: usize, score: impl Fn(usize) -> f32) {
+    if keep == 0 || tools.is_empty() {
+        return;
+    }
+    let mut scored: Vec<(f32, usize)> = tools.iter().map(|&t| (score(t), t)).collect();
+    let order = |a: &(f32, usize), b: &(f32, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    if keep < scored.len() {
+        scored.select_nth_unstable_by(keep - 1, order);
+        scored[..keep].sort_unstable_by(order);
+    } else {
+        scored.sort_unstable_by(order);
+    }
+    for (slot, (_, t)) in tools.iter_mut().zip(scored) {
+        *slot = t;
+    }
 }
 
 fn push_unique(list: &mut Vec<usize>, value: usize) {

@@ -12,6 +12,8 @@
 //! `그리고`/`그다음`/`또` as words, and a word ending in `하고`/`해주고`/`고서` ends a request
 //! (`날씨 확인하고 일정 잡아줘`).
 
+use std::borrow::Cow;
+
 /// Most requests scored per message; the rest of the message stays in the last one.
 pub(crate) const MAX_REQUESTS: usize = 6;
 
@@ -20,7 +22,14 @@ const MIN_WORDS_AROUND_AND: usize = 3;
 
 /// English connectives that start a new request; matched as whole words,
 /// case-insensitively. Longest first.
-const CONNECTIVES: &[&str] = &["and then", "after that", "and also", "then", "also", "plus"];
+const CONNECTIVES: &[&[&str]] = &[
+    &["and", "then"],
+    &["after", "that"],
+    &["and", "also"],
+    &["then"],
+    &["also"],
+    &["plus"],
+];
 
 /// Korean words that start a new request.
 const KOREAN_CONNECTIVES: &[&str] = &["그리고", "그다음", "그다음에", "그리고나서", "또"];
@@ -114,11 +123,18 @@ fn push_trimmed<'a>(pieces: &mut Vec<&'a str>, piece: &'a str) {
 fn split_connectives<'a>(sentence: &'a str, pieces: &mut Vec<&'a str>) {
     // Words with their byte spans.
     let words: Vec<(usize, &str)> = word_spans(sentence);
-    let lower: Vec<String> = words
+    let lower: Vec<Cow<'_, str>> = words
         .iter()
         .map(|(_, w)| {
-            w.trim_matches(|c: char| !c.is_alphanumeric())
-                .to_lowercase()
+            let word = w.trim_matches(|c: char| !c.is_alphanumeric());
+            if word
+                .bytes()
+                .any(|b| !b.is_ascii_lowercase() && !b.is_ascii_digit())
+            {
+                Cow::Owned(word.to_lowercase())
+            } else {
+                Cow::Borrowed(word)
+            }
         })
         .collect();
     // Cut points: (byte where the piece before ends, byte where the next starts).
@@ -127,15 +143,14 @@ fn split_connectives<'a>(sentence: &'a str, pieces: &mut Vec<&'a str>) {
     while i < words.len() {
         let mut matched = 0;
         for connective in CONNECTIVES {
-            let n_parts = connective.split(' ').count();
-            if i + n_parts <= lower.len()
-                && connective.split(' ').zip(&lower[i..]).all(|(p, w)| p == w)
+            if lower[i..].len() >= connective.len()
+                && connective.iter().zip(&lower[i..]).all(|(p, w)| p == w)
             {
-                matched = n_parts;
+                matched = connective.len();
                 break;
             }
         }
-        if matched == 0 && KOREAN_CONNECTIVES.contains(&lower[i].as_str()) {
+        if matched == 0 && KOREAN_CONNECTIVES.contains(&lower[i].as_ref()) {
             matched = 1;
         }
         if matched == 0 && lower[i] == "and" {
