@@ -535,15 +535,38 @@ fn the_logged_reasons_are_the_json_serde_writes_for_them() {
         {
             d.score = 0.125;
         }
+        // More tools ranked out than a row names: the best are named, the rest counted.
+        if message == "weather" {
+            let domain = selection.domains[0].domain.clone();
+            selection
+                .tool_decisions
+                .extend(
+                    (0..super::selection::LOGGED_NOT_SENT + 5).map(|i| ToolDecision {
+                        tool: Name::from(format!("extra_{i}").as_str()),
+                        domain: domain.clone(),
+                        included: false,
+                        stage: Stage::Ranked,
+                        score: (i % 7) as f32 / 10.0,
+                    }),
+                );
+        }
         seen_hints |= selection.tool_decisions.iter().any(|d| !d.included);
         let row = selection.decision_row(None, 1, message, MessageLogging::Plain, 0);
         let oracle = serde_json::to_string(&super::selection::LoggedReasons::new(&selection))
             .expect("serializes");
         assert_eq!(row.reasons.as_str(), oracle, "{message}");
         seen.extend(
-            ["\"inactive\"", "\"unmatched\"", "\"notes\""]
-                .into_iter()
-                .filter(|part| oracle.contains(part)),
+            [
+                "\"inactive\"",
+                "\"unmatched\"",
+                "\"near\"",
+                "\"no_tool_needed\"",
+                "\"not_sent\"",
+                "\"not_sent_left_out\"",
+                "\"notes\"",
+            ]
+            .into_iter()
+            .filter(|part| oracle.contains(part)),
         );
     }
     assert!(seen_hints, "no case had a ranked-out tool");
@@ -551,7 +574,7 @@ fn the_logged_reasons_are_the_json_serde_writes_for_them() {
     seen.dedup();
     assert_eq!(
         seen.len(),
-        3,
+        7,
         "cases left a part of the format out: {seen:?}"
     );
 }
@@ -622,6 +645,12 @@ fn decision_row_hashes_the_message_when_asked() {
     let mut logged: Vec<String> = ["domains", "inactive", "unmatched"]
         .iter()
         .flat_map(|key| names(key))
+        .chain(["near", "no_tool_needed"].iter().flat_map(|key| {
+            reasons[key]
+                .as_object()
+                .into_iter()
+                .flat_map(|scores| scores.keys().cloned())
+        }))
         .collect();
     logged.sort();
     let mut all: Vec<String> = selection
@@ -644,9 +673,9 @@ fn decision_row_hashes_the_message_when_asked() {
     );
     // Sent tools are listed by name, not again among the ranked ones.
     let sent: Vec<&str> = selection.tools.iter().map(|t| t.name.as_str()).collect();
-    for decision in reasons["tool_decisions"].as_array().into_iter().flatten() {
+    for decision in reasons["not_sent"].as_array().into_iter().flatten() {
         assert!(
-            !sent.contains(&decision["tool"].as_str().unwrap_or("")),
+            !sent.contains(&decision[0].as_str().unwrap_or("")),
             "{decision}"
         );
     }

@@ -277,10 +277,20 @@ fn logged_activity(reasons: &serde_json::Value) -> LoggedActivity {
             .filter_map(|d| d.as_str().map(str::to_owned))
             .collect()
     };
+    // Domains left out with a score (`near`, `no_tool_needed`) were active too.
+    let scored = |key: &str| -> Vec<String> {
+        reasons[key]
+            .as_object()
+            .into_iter()
+            .flat_map(|scores| scores.keys().cloned())
+            .collect()
+    };
     let mut activity = LoggedActivity {
         active: names("unmatched"),
         inactive: names("inactive"),
     };
+    activity.active.extend(scored("near"));
+    activity.active.extend(scored("no_tool_needed"));
     for domain in reasons["domains"].as_array().into_iter().flatten() {
         if let Some(name) = domain["domain"].as_str() {
             let side = if domain["stage"] == "inactive" {
@@ -365,4 +375,32 @@ fn turns_of(registry: &Registry, rows: &[MessageRow], unknown: &mut usize) -> Ve
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_logged_decision_names_active_and_inactive_domains_in_every_form() {
+        // Every place a row puts a domain: in full, by name, or by name and score.
+        let reasons = serde_json::json!({
+            "domains": [
+                {"domain": "weather", "included": true, "stage": "keyword", "score": 0.8, "reason": "a keyword matched"},
+                {"domain": "email", "included": false, "stage": "inactive", "score": 0.2, "reason": "missing settings: smtp_host"}
+            ],
+            "inactive": ["calendar"],
+            "unmatched": ["docker"],
+            "near": {"git": 0.12},
+            "no_tool_needed": {"memory": 0.0},
+            "tools": []
+        });
+        let activity = logged_activity(&reasons);
+        let names = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>();
+        assert_eq!(
+            names(&activity.active),
+            ["docker", "git", "memory", "weather"]
+        );
+        assert_eq!(names(&activity.inactive), ["calendar", "email"]);
+    }
 }
