@@ -382,53 +382,35 @@ impl Selection {
             out.push('}');
         }
         out.push(']');
-        for (key, kind) in [
-            ("inactive", LoggedAs::Inactive),
-            ("unmatched", LoggedAs::Unmatched),
+        // Left-out domains by name, the ones with some similarity with their score.
+        for (key, kind, scored) in [
+            ("inactive", LoggedAs::Inactive, false),
+            ("unmatched", LoggedAs::Unmatched, false),
+            ("near", LoggedAs::Near, true),
+            ("no_tool_needed", LoggedAs::NoToolNeeded, true),
         ] {
-            let mut names = self
+            let mut group = self
                 .domains
                 .iter()
                 .filter(|d| logged_as(d) == kind)
                 .peekable();
-            if names.peek().is_none() {
+            if group.peek().is_none() {
                 continue;
             }
             out.push_str(",\"");
             out.push_str(key);
-            out.push_str("\":[");
-            for (i, d) in names.enumerate() {
+            out.push_str(if scored { "\":{" } else { "\":[" });
+            for (i, d) in group.enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
                 push_json_str(out, &d.domain);
-            }
-            out.push(']');
-        }
-        for (key, kind) in [
-            ("near", LoggedAs::Near),
-            ("no_tool_needed", LoggedAs::NoToolNeeded),
-        ] {
-            let mut scored = self
-                .domains
-                .iter()
-                .filter(|d| logged_as(d) == kind)
-                .peekable();
-            if scored.peek().is_none() {
-                continue;
-            }
-            out.push_str(",\"");
-            out.push_str(key);
-            out.push_str("\":{");
-            for (i, d) in scored.enumerate() {
-                if i > 0 {
-                    out.push(',');
+                if scored {
+                    out.push(':');
+                    push_score(out, d.score);
                 }
-                push_json_str(out, &d.domain);
-                out.push(':');
-                push_score(out, d.score);
             }
-            out.push('}');
+            out.push(if scored { '}' } else { ']' });
         }
         out.push_str(",\"tools\":[");
         for (i, t) in self.tools.iter().enumerate() {
