@@ -786,6 +786,23 @@ async fn audit_tail_returns_newest_rows_in_order() {
     }
 }
 
+/// Waits until the store's settings listener (PostgreSQL only) is connected.
+/// Connecting moves the generation like a notification does, so a cache filled
+/// before that would be dropped at a moment the test does not choose.
+async fn until_listening(store: &Store, within: Duration) {
+    let Some(changes) = store.settings_changes() else {
+        return;
+    };
+    let started = Instant::now();
+    while !changes.borrow().listening {
+        assert!(
+            started.elapsed() < within,
+            "the settings listener did not connect within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A setting written through one store (one replica) reaches another store's
 /// settings cache within a second, without waiting for the TTL.
 #[tokio::test]
@@ -794,6 +811,7 @@ async fn settings_written_elsewhere_reach_the_cache_within_a_second() {
     for t in stores {
         let writer = t.reopen().await.expect("second store");
         let settings = Settings::with_ttl(t.store.clone(), Duration::from_secs(3600));
+        until_listening(&t.store, Duration::from_secs(5)).await;
         assert_eq!(settings.get("llm_model").await.expect("get"), None);
         assert!(settings.cached().is_some(), "{}", t.name);
 
@@ -841,11 +859,7 @@ async fn the_cache_lifetime_is_the_backstop_for_a_missed_notification() {
         // The listener is connected (connecting moves the generation too) before the
         // write, whose own notification then comes first, so that neither can be
         // what makes the cache reload below.
-        let started = Instant::now();
-        while !changes.borrow().listening {
-            assert!(started.elapsed() < Duration::from_secs(5), "no listener");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_listening(&t.store, Duration::from_secs(5)).await;
         let before = changes.borrow().generation;
         t.store.setting_set("llm_model", "old").await.expect("set");
         let started = Instant::now();
@@ -954,14 +968,7 @@ async fn postgres_outage_is_reported_and_survived() {
     );
 
     // The listener reconnected, and the outage dropped the cache.
-    let started = Instant::now();
-    while !changes.borrow().listening {
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "listener did not reconnect"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_listening(store, Duration::from_secs(15)).await;
     assert!(changes.borrow().generation > generation_before);
     assert_eq!(
         settings.get("after").await.expect("get").as_deref(),
