@@ -11,6 +11,7 @@
 
 mod postgres;
 mod priority;
+mod spare;
 mod sqlite;
 #[doc(hidden)]
 pub mod testing;
@@ -169,13 +170,19 @@ impl Reasons {
 
     /// The reasons the decision log keeps of `selection`.
     pub(crate) fn of_selection(selection: &crate::router::Selection) -> Reasons {
-        let mut text = String::with_capacity(2048);
+        let mut text = spare::SPARE_REASONS.take();
         selection.write_logged_reasons(&mut text);
         debug_assert!(
             serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(),
             "not JSON: {text}"
         );
         Reasons(text)
+    }
+
+    /// Hands the written rows' `reasons` buffers back for the next rows to fill (see
+    /// [`spare`] for why).
+    pub(crate) fn recycle(rows: Vec<DecisionRow>) {
+        spare::SPARE_REASONS.give_back(rows.into_iter().map(|row| row.reasons.0));
     }
 
     /// Reasons read back from storage; text that is not JSON reads as `null`.

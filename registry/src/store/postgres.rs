@@ -600,7 +600,9 @@ impl PostgresStore {
         rows: Vec<DecisionRow>,
         _pace: LogPace,
     ) -> Result<(), StoreError> {
-        retry_once(|| self.decisions_insert_once(&rows)).await
+        let written = retry_once(|| self.decisions_insert_once(&rows)).await;
+        Reasons::recycle(rows);
+        written
     }
 
     async fn decisions_insert_once(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {

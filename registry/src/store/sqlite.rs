@@ -619,8 +619,11 @@ impl SqliteStore {
         pace: LogPace,
     ) -> Result<(), StoreError> {
         self.call_log(pace, move |c| {
-            retry_once(c, |c| insert_decisions(c, &rows))
-            // `rows` is freed here, on the log thread, not on a request's thread.
+            let written = retry_once(c, |c| insert_decisions(c, &rows));
+            // Freed here, on the log thread, not on a request's thread; their
+            // reasons' buffers go back to be filled again.
+            Reasons::recycle(rows);
+            written
         })
         .await
     }
