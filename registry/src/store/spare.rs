@@ -8,9 +8,9 @@
 //! that only the rows' making and handing over was left: the decision log cost
 //! one-off requests 1.06x server CPU (95 % interval 1.02-1.10x) and 1.48x at p99
 //! (0.76-2.24x) with fresh buffers, 1.02x (0.98-1.05x) and 1.04x (0.88-1.22x) with
-//! buffers handed back here. With the writes, the same day: 1.12x (1.03-1.17x) CPU
-//! and 1.19x (0.89-1.76x) p99 before, 1.10x (1.05-1.12x) and 1.13x (0.91-1.63x) after;
-//! the rest is SQLite's own work on the log thread.
+//! buffers handed back here. With the writes, the gain is inside the runs' spread:
+//! CPU 1.12x (1.03-1.17x) before, 1.10x (1.05-1.12x) and 1.18x (1.05-1.22x) in two
+//! runs after, the same day; most of what is left is SQLite's work on the log thread.
 
 use std::sync::Mutex;
 
