@@ -166,6 +166,17 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             "# --both-off: the `plain` server logs nothing either; every on/off ratio below compares two servers set alike"
         );
     }
+    // On a disk, SQLite's `fsync`s at checkpoints are what session requests' p99
+    // measures (2 to 26 ms), whatever the decision log does.
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    match file_system_of(&scratch, &mounts) {
+        Some(fs) if fs == "tmpfs" => println!("# data dirs on tmpfs ({})", scratch.display()),
+        Some(fs) => println!(
+            "# data dirs on {fs}, not tmpfs ({}): p99 includes fsync; TMPDIR=/dev/shm runs on tmpfs",
+            scratch.display()
+        ),
+        None => println!("# data dirs in {}", scratch.display()),
+    }
     let mut backends: Vec<(&str, Option<&str>)> = vec![("sqlite", None)];
     if let Some(url) = &options.postgres {
         backends.push(("postgresql", Some(url.as_str())));
@@ -575,6 +586,25 @@ struct Server {
     addr: String,
 }
 
+/// The type of the file system that holds `path` (the mount point of `mounts`, in
+/// `/proc/mounts`' format, that is the longest prefix of it); `None` if no line says.
+fn file_system_of(path: &Path, mounts: &str) -> Option<String> {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let _device = fields.next()?;
+            // The kernel writes a space in a mount point as `\040`.
+            let mount_point = PathBuf::from(fields.next()?.replace("\\040", " "));
+            let fs = fields.next()?;
+            path.starts_with(&mount_point)
+                .then(|| (mount_point.components().count(), fs.to_owned()))
+        })
+        .max_by_key(|(depth, _)| *depth)
+        .map(|(_, fs)| fs)
+}
+
 /// The fixed-rate rounds' two servers, `plain` first in the result; started (and
 /// warmed up) in that order, or `off` first when `reversed`.
 fn start_pair(
@@ -940,6 +970,25 @@ mod cpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_file_system_is_the_deepest_mount_that_holds_the_path() {
+        let mounts = "/dev/vda / ext4 rw 0 0
+tmpfs /dev/shm tmpfs rw,nosuid 0 0
+proc /proc proc rw 0 0
+tmpfs /mnt/with\\040space tmpfs rw 0 0
+";
+        let fs = |p: &str| file_system_of(Path::new(p), mounts);
+        assert_eq!(
+            fs("/dev/shm/loadout-bench-route-1").as_deref(),
+            Some("tmpfs")
+        );
+        assert_eq!(fs("/tmp/loadout-bench-route-1").as_deref(), Some("ext4"));
+        assert_eq!(fs("/mnt/with space/x").as_deref(), Some("tmpfs"));
+        // A path component is not a prefix of a longer one.
+        assert_eq!(fs("/dev/shmem/x").as_deref(), Some("ext4"));
+        assert_eq!(file_system_of(Path::new("/x"), "garbage\n"), None);
+    }
 
     #[test]
     fn the_interval_holds_the_ratio_and_narrows_as_rounds_agree() {
