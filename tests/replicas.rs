@@ -161,6 +161,17 @@ impl Replica {
         crate::support::hangup(self.child.id());
     }
 
+    /// Waits until `text` is on the replica's stderr. A report printed after the
+    /// change it reports can reach stderr after the change shows in a request.
+    async fn until_stderr_has(&self, text: &str) {
+        within(
+            WAIT,
+            &format!("{text:?} on {}'s stderr", self.name),
+            || async { self.stderr_text().contains(text) },
+        )
+        .await;
+    }
+
     fn stderr_text(&self) -> String {
         self.stderr
             .lock()
@@ -888,21 +899,14 @@ async fn a_hangup_reloads_the_router_tunables_and_refuses_a_bad_file() {
         budget(replica.route("r", "list my files", &[]).await) == 2345
     })
     .await;
-    // The report is printed after the new router is in force: a route can see the
-    // new budget before the line reaches stderr (CI hit that on a loaded machine).
-    within(WAIT, "the reload's report", || async {
-        replica.stderr_text().contains("token_budget: 3210 → 2345")
-    })
-    .await;
+    // Printed after the new router is in force (CI saw the budget before the line).
+    replica.until_stderr_has("token_budget: 3210 → 2345").await;
     let log = replica.stderr_text();
     assert!(log.contains("idle_turns: 5 → 7"), "{log}");
 
     std::fs::write(&config, "[router]\ntoken_budjet = 1000\n").expect("write");
     replica.hangup();
-    within(WAIT, "the refusal", || async {
-        replica.stderr_text().contains("not reloaded")
-    })
-    .await;
+    replica.until_stderr_has("not reloaded").await;
     let log = replica.stderr_text();
     assert!(
         log.contains("token_budjet") && !log.contains("panicked"),
@@ -945,20 +949,14 @@ async fn a_hangup_connects_and_stops_the_upstream_servers_of_the_file() {
     replica.hangup();
     within(WAIT, "the added server's tool in a selection", sends_echo).await;
     // Reported once the reconciling is done, which can be after its tools route.
-    within(WAIT, "the report of the added server", || async {
-        replica
-            .stderr_text()
-            .contains("upstream MCP servers added fake")
-    })
-    .await;
+    replica
+        .until_stderr_has("upstream MCP servers added fake")
+        .await;
 
     // A bad file: refused, and the server keeps running.
     std::fs::write(&config, format!("[router]\ntoken_budjet = 1\n{fake}")).expect("write");
     replica.hangup();
-    within(WAIT, "the refusal", || async {
-        replica.stderr_text().contains("not reloaded")
-    })
-    .await;
+    replica.until_stderr_has("not reloaded").await;
     assert!(sends_echo().await);
     assert!(!sends_echo_for(parrot_message).await);
 
@@ -971,12 +969,9 @@ async fn a_hangup_connects_and_stops_the_upstream_servers_of_the_file() {
         sends_echo_for(parrot_message)
     })
     .await;
-    within(WAIT, "the report of the restarted server", || async {
-        replica
-            .stderr_text()
-            .contains("upstream MCP servers restarted fake")
-    })
-    .await;
+    replica
+        .until_stderr_has("upstream MCP servers restarted fake")
+        .await;
 
     std::fs::write(&config, "[router]\ntoken_budget = 4000\n").expect("write");
     replica.hangup();
