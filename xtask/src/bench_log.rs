@@ -1,7 +1,8 @@
 //! The decision log's writes on SQLite, as the background writer makes them: batches
 //! of 350 rows (a server logging 7,000 requests/s, one batch per 50 ms), rows from
 //! one-off requests (no session) as the baseline in the same run, then rows spread
-//! over 64 and over 1,000 sessions. Reports the time per row and the bytes the
+//! over 64 and over 1,000 sessions, and one-off rows with empty reasons (`{}`): what
+//! a row costs besides its reasons' bytes. Reports the time per row and the bytes the
 //! process wrote per row (`wchar` of `/proc/self/io`: WAL frames and checkpoints).
 //! A session's rows must cost about what one-off rows cost: what is written per
 //! batch must not grow with the number of sessions a batch touches.
@@ -25,9 +26,19 @@ pub fn run(rows: &[DecisionRow], batches: usize) -> anyhow::Result<()> {
         "\n# decision log on SQLite: {batches} batches of {BATCH} rows each, rows of the shared catalog's selections, after {PREFILL_ROWS} rows"
     );
     let n_rows = rows.len().max(1);
+    let compact = rows
+        .iter()
+        .filter_map(|r| r.reasons.compact_len())
+        .collect::<Vec<usize>>();
     println!(
-        "rows average {} bytes of reasons and {} of message",
-        rows.iter().map(|r| r.reasons.as_str().len()).sum::<usize>() / n_rows,
+        "rows average {} bytes of reasons as JSON, {} as written ({} of {} rows compact), {} of message",
+        rows.iter().map(|r| r.reasons.json().len()).sum::<usize>() / n_rows,
+        rows.iter()
+            .map(|r| r.reasons.compact_len().unwrap_or(r.reasons.json().len()))
+            .sum::<usize>()
+            / n_rows,
+        compact.len(),
+        rows.len(),
         rows.iter().map(|r| r.message.len()).sum::<usize>() / n_rows,
     );
     println!(
@@ -35,12 +46,13 @@ pub fn run(rows: &[DecisionRow], batches: usize) -> anyhow::Result<()> {
         "rows", "us per row", "bytes per row", "vs one-off"
     );
     let mut baseline: Option<(f64, f64)> = None;
-    for (label, sessions) in [
-        ("one-off", 0usize),
-        ("64 sessions", 64),
-        ("1,000 sessions", 1000),
+    for (label, sessions, empty) in [
+        ("one-off", 0usize, false),
+        ("one-off, reasons `{}`", 0usize, true),
+        ("64 sessions", 64, false),
+        ("1,000 sessions", 1000, false),
     ] {
-        let (us, bytes) = runtime.block_on(write_log(rows, batches, sessions))?;
+        let (us, bytes) = runtime.block_on(write_log(rows, batches, sessions, empty))?;
         let ratio = match baseline {
             None => {
                 baseline = Some((us, bytes));
@@ -74,6 +86,7 @@ async fn write_log(
     rows: &[DecisionRow],
     batches: usize,
     sessions: usize,
+    empty: bool,
 ) -> anyhow::Result<(f64, f64)> {
     let dir = std::env::temp_dir().join(format!(
         "loadout-bench-log-{}-{sessions}",
@@ -107,7 +120,7 @@ async fn write_log(
     let written_before = written_bytes();
     let mut elapsed = std::time::Duration::ZERO;
     for _ in 0..batches {
-        let rows = batch(false);
+        let rows = batch(empty);
         let started = Instant::now();
         store
             .decisions_insert(rows, LogPace::CatchUp)

@@ -27,6 +27,7 @@ mod chitchat;
 mod embed;
 mod keywords;
 mod lexical;
+mod logged;
 mod prerequisite;
 mod requests;
 mod selection;
@@ -40,6 +41,8 @@ use std::sync::{Arc, OnceLock};
 use serde::{Deserialize, Serialize};
 
 pub use embed::{DenseIndex, Embedder};
+pub(crate) use logged::LoggedView;
+pub use logged::{LogNames, StoredNames};
 pub use selection::{
     DomainDecision, Hint, MessageLogging, Name, SelectedTool, Selection, Stage, ToolDecision,
     thousands,
@@ -234,6 +237,8 @@ pub struct Router {
     tool_names: Vec<Name>,
     tool_hints: Vec<Name>,
     domain_names: Vec<Name>,
+    /// The same names, for the decision log's compact rows.
+    log_names: Arc<LogNames>,
     tools_by_domain: Vec<Vec<usize>>,
     domain_is_core: Vec<bool>,
     tool_tokens: Vec<usize>,
@@ -478,13 +483,19 @@ impl Router {
             dense_owners.push(DenseOwner::Domain(d));
         }
 
-        let tool_names = tools.iter().map(|t| Name::from(t.name.as_str())).collect();
+        let tool_names: Vec<Name> = tools.iter().map(|t| Name::from(t.name.as_str())).collect();
         let tool_hints = tools.iter().map(|t| Name::from(t.hint.as_str())).collect();
-        let domain_names = domains
+        let domain_names: Vec<Name> = domains
             .iter()
             .map(|d| Name::from(d.name.as_str()))
             .collect();
+        let log_names = Arc::new(LogNames::new(
+            tool_names.clone(),
+            tool_domain.clone(),
+            domain_names.clone(),
+        ));
         Router {
+            log_names,
             tool_names,
             tool_hints,
             domain_names,
@@ -1289,6 +1300,7 @@ impl Router {
                     included: included && sent.has(t),
                     stage,
                     score: tool_score(t),
+                    tool_idx: t,
                 })
             })
             .collect();
@@ -1311,6 +1323,7 @@ impl Router {
             token_budget: budget,
             n_active_tools,
             notes,
+            log_names: Some(self.log_names.clone()),
         }
     }
 

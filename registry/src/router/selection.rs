@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::logged::LogNames;
 use crate::Registry;
 use crate::store::{DecisionRow, Reasons};
 
@@ -92,6 +93,62 @@ impl Stage {
         }
     }
 
+    /// The stage's byte in a compact decision-log row. Fixed for good: rows written
+    /// by older binaries are read with it. Below 64 (the row's flags take two bits).
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Stage::AlwaysOn => 0,
+            Stage::Inactive => 1,
+            Stage::Sticky => 2,
+            Stage::Pinned => 3,
+            Stage::Warm => 4,
+            Stage::Keyword => 5,
+            Stage::Bm25 => 6,
+            Stage::Dense => 7,
+            Stage::Fused => 8,
+            Stage::Carried => 9,
+            Stage::Prerequisite => 10,
+            Stage::NextStep => 11,
+            Stage::Fallback => 12,
+            Stage::Backfill => 13,
+            Stage::Loaded => 14,
+            Stage::Unloaded => 15,
+            Stage::Ranked => 16,
+            Stage::BudgetTrimmed => 17,
+            Stage::Collision => 18,
+            Stage::NoToolNeeded => 19,
+            Stage::NotMatched => 20,
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<Stage> {
+        Stage::ALL.into_iter().find(|s| s.code() == code)
+    }
+
+    pub(crate) const ALL: [Stage; 21] = [
+        Stage::AlwaysOn,
+        Stage::Inactive,
+        Stage::Sticky,
+        Stage::Pinned,
+        Stage::Warm,
+        Stage::Keyword,
+        Stage::Bm25,
+        Stage::Dense,
+        Stage::Fused,
+        Stage::Carried,
+        Stage::Prerequisite,
+        Stage::NextStep,
+        Stage::Fallback,
+        Stage::Backfill,
+        Stage::Loaded,
+        Stage::Unloaded,
+        Stage::Ranked,
+        Stage::BudgetTrimmed,
+        Stage::Collision,
+        Stage::NoToolNeeded,
+        Stage::NotMatched,
+    ];
+
     /// Stages whose score means something to a reader of the summary line.
     fn shows_score(self) -> bool {
         matches!(
@@ -115,6 +172,11 @@ pub struct Name(Arc<str>);
 impl Name {
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The same text: the same pointer (a router's own names), or equal text.
+    pub(crate) fn same(&self, other: &Name) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
     }
 }
 
@@ -187,6 +249,8 @@ pub struct ToolDecision {
     pub included: bool,
     pub stage: Stage,
     pub score: f32,
+    #[serde(skip)]
+    pub(crate) tool_idx: usize,
 }
 
 /// A tool whose definition is sent this turn.
@@ -252,6 +316,10 @@ pub struct Selection {
     /// Notes about how the selection was made (e.g. the dense stage failing).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The names of the router that made it, which its compact decision-log row
+    /// refers to by index.
+    #[serde(skip)]
+    pub(crate) log_names: Option<Arc<LogNames>>,
 }
 
 impl Selection {
@@ -352,112 +420,14 @@ impl Selection {
 }
 
 impl Selection {
-    /// The decision log's `reasons` column (see [`LoggedReasons`] for what it keeps),
+    /// The decision log's `reasons` as JSON (see [`LoggedReasons`] for what it keeps),
     /// written by hand: through serde it took about a quarter of a lexical
     /// selection's time, half of it escaping keys and identifiers that never need it,
     /// a fifth formatting floats. Same JSON as serializing [`LoggedReasons`] (test).
+    /// Rows of a router's own selections are made compact instead (see
+    /// [`super::logged`]) and read back as this JSON.
     pub(crate) fn write_logged_reasons(&self, out: &mut String) {
-        out.push_str("{\"domains\":[");
-        for (i, d) in self
-            .domains
-            .iter()
-            .filter(|d| logged_as(d) == LoggedAs::Full)
-            .enumerate()
-        {
-            if i > 0 {
-                out.push(',');
-            }
-            out.push_str("{\"domain\":");
-            push_json_str(out, &d.domain);
-            out.push_str(if d.included {
-                ",\"included\":true,\"stage\":"
-            } else {
-                ",\"included\":false,\"stage\":"
-            });
-            push_json_str(out, d.stage.as_str());
-            out.push_str(",\"score\":");
-            push_score(out, d.score);
-            out.push_str(",\"reason\":");
-            push_json_str(out, &d.reason);
-            out.push('}');
-        }
-        out.push(']');
-        // Left-out domains by name, the ones with some similarity with their score.
-        for (key, kind, scored) in [
-            ("inactive", LoggedAs::Inactive, false),
-            ("unmatched", LoggedAs::Unmatched, false),
-            ("near", LoggedAs::Near, true),
-            ("no_tool_needed", LoggedAs::NoToolNeeded, true),
-        ] {
-            let mut group = self
-                .domains
-                .iter()
-                .filter(|d| logged_as(d) == kind)
-                .peekable();
-            if group.peek().is_none() {
-                continue;
-            }
-            out.push_str(",\"");
-            out.push_str(key);
-            out.push_str(if scored { "\":{" } else { "\":[" });
-            for (i, d) in group.enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                push_json_str(out, &d.domain);
-                if scored {
-                    out.push(':');
-                    push_score(out, d.score);
-                }
-            }
-            out.push(if scored { '}' } else { ']' });
-        }
-        out.push_str(",\"tools\":[");
-        for (i, t) in self.tools.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            push_json_str(out, &t.name);
-        }
-        out.push(']');
-        let (not_sent, left_out) = self.logged_not_sent();
-        if !not_sent.is_empty() {
-            out.push_str(",\"not_sent\":[");
-            for (i, d) in not_sent.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push('[');
-                push_json_str(out, &d.tool);
-                out.push(',');
-                push_json_str(out, &d.domain);
-                out.push(',');
-                push_json_str(out, d.stage.as_str());
-                out.push(',');
-                push_score(out, d.score);
-                out.push(']');
-            }
-            out.push(']');
-        }
-        if left_out > 0 {
-            out.push_str(",\"not_sent_left_out\":");
-            out.push_str(itoa(left_out).as_str());
-        }
-        out.push_str(",\"hint_tokens\":");
-        out.push_str(itoa(self.hint_tokens).as_str());
-        out.push_str(",\"all_tools_tokens\":");
-        out.push_str(itoa(self.all_tools_tokens).as_str());
-        if !self.notes.is_empty() {
-            out.push_str(",\"notes\":[");
-            for (i, note) in self.notes.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                push_json_str(out, note);
-            }
-            out.push(']');
-        }
-        out.push('}');
+        self.logged_view().write_json(out);
     }
 }
 
@@ -468,7 +438,7 @@ pub const LOGGED_NOT_SENT: usize = 40;
 
 /// Where a domain goes in a decision-log row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LoggedAs {
+pub(super) enum LoggedAs {
     /// An object with stage, score and reason.
     Full,
     /// Its name in `inactive`: no settings, no evidence.
@@ -483,11 +453,11 @@ enum LoggedAs {
     NoToolNeeded,
 }
 
-fn logged_as(d: &DomainDecision) -> LoggedAs {
-    match d.stage {
-        _ if d.included => LoggedAs::Full,
-        Stage::Inactive if d.score <= 0.0 => LoggedAs::Inactive,
-        Stage::NotMatched if d.score > 0.0 => LoggedAs::Near,
+pub(super) fn logged_as(included: bool, stage: Stage, score: f32) -> LoggedAs {
+    match stage {
+        _ if included => LoggedAs::Full,
+        Stage::Inactive if score <= 0.0 => LoggedAs::Inactive,
+        Stage::NotMatched if score > 0.0 => LoggedAs::Near,
         Stage::NotMatched => LoggedAs::Unmatched,
         Stage::NoToolNeeded => LoggedAs::NoToolNeeded,
         _ => LoggedAs::Full,
@@ -497,7 +467,7 @@ fn logged_as(d: &DomainDecision) -> LoggedAs {
 impl Selection {
     /// The tools a row names among those decided one by one and not sent (best
     /// score first, ties in tool order), and how many more there were.
-    fn logged_not_sent(&self) -> (Vec<&ToolDecision>, usize) {
+    pub(super) fn logged_not_sent(&self) -> (Vec<&ToolDecision>, usize) {
         let mut not_sent: Vec<(usize, &ToolDecision)> = self
             .tool_decisions
             .iter()
@@ -566,7 +536,7 @@ pub(super) fn push_score(out: &mut String, score: f32) {
 }
 
 /// A number's decimal digits without `format!`'s machinery.
-fn itoa(mut n: usize) -> ItoaBuf {
+pub(super) fn itoa(mut n: usize) -> ItoaBuf {
     let mut buf = ItoaBuf {
         bytes: [0; 20],
         start: 20,
@@ -581,13 +551,13 @@ fn itoa(mut n: usize) -> ItoaBuf {
     }
 }
 
-struct ItoaBuf {
+pub(super) struct ItoaBuf {
     bytes: [u8; 20],
     start: usize,
 }
 
 impl ItoaBuf {
-    fn as_str(&self) -> &str {
+    pub(super) fn as_str(&self) -> &str {
         std::str::from_utf8(&self.bytes[self.start..]).unwrap_or("0")
     }
 }
@@ -692,7 +662,7 @@ impl<'a> LoggedReasons<'a> {
         };
         for d in &selection.domains {
             let name = d.domain.as_str();
-            match logged_as(d) {
+            match logged_as(d.included, d.stage, d.score) {
                 LoggedAs::Inactive => logged.inactive.push(name),
                 LoggedAs::Unmatched => logged.unmatched.push(name),
                 LoggedAs::Near => {
@@ -719,7 +689,7 @@ fn three_decimals<S: serde::Serializer>(score: &f32, serializer: S) -> Result<S:
     serializer.serialize_f64((f64::from(*score) * 1000.0).round() / 1000.0)
 }
 
-fn sha256_hex(text: &str) -> String {
+pub(super) fn sha256_hex(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -747,6 +717,19 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(2140), "2,140");
         assert_eq!(thousands(1234567), "1,234,567");
+    }
+
+    #[test]
+    fn every_stage_has_its_own_code_below_64() {
+        let mut codes: Vec<u8> = Stage::ALL.iter().map(|s| s.code()).collect();
+        for stage in Stage::ALL {
+            assert!(stage.code() < 64, "{stage}");
+            assert_eq!(Stage::from_code(stage.code()), Some(stage));
+        }
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), Stage::ALL.len());
+        assert_eq!(Stage::from_code(63), None);
     }
 
     #[test]

@@ -514,6 +514,7 @@ fn the_logged_reasons_are_the_json_serde_writes_for_them() {
     ];
     let mut seen_hints = false;
     let mut seen = Vec::new();
+    let mut compact_rows = Vec::new();
     for (router, message, session, budget) in cases {
         // An odd budget also leaves the weather key unset: its domain is inactive.
         let settings = match budget {
@@ -547,6 +548,7 @@ fn the_logged_reasons_are_the_json_serde_writes_for_them() {
                         included: false,
                         stage: Stage::Ranked,
                         score: (i % 7) as f32 / 10.0,
+                        tool_idx: usize::MAX,
                     }),
                 );
         }
@@ -554,7 +556,27 @@ fn the_logged_reasons_are_the_json_serde_writes_for_them() {
         let row = selection.decision_row(None, 1, message, MessageLogging::Plain, 0);
         let oracle = serde_json::to_string(&super::selection::LoggedReasons::new(&selection))
             .expect("serializes");
-        assert_eq!(row.reasons.as_str(), oracle, "{message}");
+        assert_eq!(row.reasons.json(), oracle, "{message}");
+        // A row of the router's own selection is compact, and reads back the same
+        // through the names as a store keeps them. The one naming tools the router
+        // does not have is JSON.
+        match row.reasons.compact() {
+            Some((names, bytes)) => {
+                let stored = LogNames::from_stored(&names.stored().json).expect("names read back");
+                assert_eq!(
+                    crate::store::Reasons::from_compact(bytes, &stored).json(),
+                    oracle,
+                    "{message}"
+                );
+                assert!(
+                    bytes.len() * 2 < oracle.len(),
+                    "{message}: {} bytes",
+                    bytes.len()
+                );
+                compact_rows.push((bytes.to_vec(), names.clone()));
+            }
+            None => assert_eq!(message, "weather", "a router's selection logged as JSON"),
+        }
         seen.extend(
             [
                 "\"inactive\"",
@@ -570,6 +592,37 @@ fn the_logged_reasons_are_the_json_serde_writes_for_them() {
         );
     }
     assert!(seen_hints, "no case had a ranked-out tool");
+    assert!(
+        compact_rows.len() >= 7,
+        "{} compact rows",
+        compact_rows.len()
+    );
+    // Cut short, or with a byte changed, compact reasons are refused or read as
+    // some JSON; never a panic.
+    for (bytes, names) in &compact_rows {
+        for len in 0..bytes.len() {
+            assert!(
+                LoggedView::decode(&bytes[..len], names).is_err(),
+                "cut at {len}"
+            );
+        }
+        for at in 0..bytes.len() {
+            for flip in [0x01, 0x40, 0x80, 0xff] {
+                let mut garbled = bytes.clone();
+                garbled[at] ^= flip;
+                let json = crate::store::Reasons::from_compact(&garbled, names)
+                    .json()
+                    .into_owned();
+                assert!(
+                    serde_json::from_str::<serde_json::Value>(&json).is_ok(),
+                    "{json}"
+                );
+            }
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(LoggedView::decode(&longer, names).is_err());
+    }
     seen.sort_unstable();
     seen.dedup();
     assert_eq!(

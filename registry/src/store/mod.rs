@@ -153,64 +153,131 @@ pub enum LogPace {
     CatchUp,
 }
 
-/// A decision's reasons as JSON text, written once on the routing path with no
-/// JSON tree (see [`Selection::decision_row`](crate::router::Selection::decision_row)
-/// for why there); readers serve the text as it is. Always one JSON value: made by
-/// serde_json or the router's writer, or checked when read back from storage.
-#[derive(Clone, PartialEq)]
-pub struct Reasons(String);
+/// A decision's reasons: JSON text, or, for a row on its way to the store, the
+/// compact form that refers to names by index (see [`crate::router::LogNames`]),
+/// written once on the routing path with no JSON tree (see
+/// [`Selection::decision_row`](crate::router::Selection::decision_row) for why
+/// there). Readers get JSON: rows read back from a store hold the text. Always one
+/// JSON value: made by serde_json or the router's writer, or checked when read.
+#[derive(Clone)]
+pub struct Reasons(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Json(String),
+    Compact {
+        names: Arc<crate::router::LogNames>,
+        bytes: Vec<u8>,
+    },
+}
 
 impl Reasons {
     /// Serializes `value`; a value that cannot be serialized logs as `null`.
     pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Reasons {
         serde_json::to_string(value)
-            .map(Reasons)
+            .map(|text| Reasons(Repr::Json(text)))
             .unwrap_or_else(|_| Reasons::null())
     }
 
-    /// The reasons the decision log keeps of `selection`.
+    /// The reasons the decision log keeps of `selection`: compact when the selection
+    /// carries the names of the router that made it, JSON otherwise.
     pub(crate) fn of_selection(selection: &crate::router::Selection) -> Reasons {
-        let mut text = spare::SPARE_REASONS.take();
+        if let Some(names) = &selection.log_names {
+            let mut bytes = spare::SPARE_REASONS.take();
+            if selection.write_compact_reasons(names, &mut bytes) {
+                return Reasons(Repr::Compact {
+                    names: names.clone(),
+                    bytes,
+                });
+            }
+            bytes.clear();
+            spare::SPARE_REASONS.give_back([bytes]);
+        }
+        let mut text = String::with_capacity(2048);
         selection.write_logged_reasons(&mut text);
         debug_assert!(
             serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(),
             "not JSON: {text}"
         );
-        Reasons(text)
+        Reasons(Repr::Json(text))
     }
 
-    /// Hands the written rows' `reasons` buffers back for the next rows to fill (see
+    /// Hands the written rows' compact buffers back for the next rows to fill (see
     /// [`spare`] for why).
     pub(crate) fn recycle(rows: Vec<DecisionRow>) {
-        spare::SPARE_REASONS.give_back(rows.into_iter().map(|row| row.reasons.0));
+        spare::SPARE_REASONS.give_back(rows.into_iter().filter_map(|row| match row.reasons.0 {
+            Repr::Compact { bytes, .. } => Some(bytes),
+            Repr::Json(_) => None,
+        }));
     }
 
     /// Reasons read back from storage; text that is not JSON reads as `null`.
     pub fn from_text(text: String) -> Reasons {
         match serde_json::from_str::<serde::de::IgnoredAny>(&text) {
-            Ok(_) => Reasons(text),
+            Ok(_) => Reasons(Repr::Json(text)),
             Err(_) => Reasons::null(),
         }
     }
 
-    fn null() -> Reasons {
-        Reasons("null".to_owned())
+    /// Compact reasons read back from storage with the names they refer to, as JSON;
+    /// bytes that do not decode with those names read as `null`.
+    pub(crate) fn from_compact(bytes: &[u8], names: &crate::router::LogNames) -> Reasons {
+        match crate::router::LoggedView::decode(bytes, names) {
+            Ok(view) => {
+                let mut text = String::with_capacity(bytes.len() * 4);
+                view.write_json(&mut text);
+                Reasons(Repr::Json(text))
+            }
+            Err(e) => {
+                tracing::warn!("decision-log reasons unreadable: {e}");
+                Reasons::null()
+            }
+        }
     }
 
-    /// The JSON text.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    fn null() -> Reasons {
+        Reasons(Repr::Json("null".to_owned()))
+    }
+
+    /// The compact form and the names it refers to; `None` for JSON text.
+    pub(crate) fn compact(&self) -> Option<(&Arc<crate::router::LogNames>, &[u8])> {
+        match &self.0 {
+            Repr::Compact { names, bytes } => Some((names, bytes)),
+            Repr::Json(_) => None,
+        }
+    }
+
+    /// Bytes of the compact form; `None` for JSON text.
+    pub fn compact_len(&self) -> Option<usize> {
+        self.compact().map(|(_, bytes)| bytes.len())
+    }
+
+    /// The JSON text (written out here for compact reasons).
+    pub fn json(&self) -> std::borrow::Cow<'_, str> {
+        match &self.0 {
+            Repr::Json(text) => std::borrow::Cow::Borrowed(text),
+            Repr::Compact { names, bytes } => match Reasons::from_compact(bytes, names).0 {
+                Repr::Json(text) => std::borrow::Cow::Owned(text),
+                Repr::Compact { .. } => std::borrow::Cow::Borrowed("null"),
+            },
+        }
     }
 
     /// The reasons as a JSON tree (tests, tools that inspect the log).
     pub fn value(&self) -> serde_json::Value {
-        serde_json::from_str(self.as_str()).unwrap_or(serde_json::Value::Null)
+        serde_json::from_str(&self.json()).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl PartialEq for Reasons {
+    fn eq(&self, other: &Reasons) -> bool {
+        self.json() == other.json()
     }
 }
 
 impl std::fmt::Debug for Reasons {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(&self.json())
     }
 }
 
@@ -218,7 +285,8 @@ impl Serialize for Reasons {
     /// As the JSON it is, not as a string. Only readers of the log serialize
     /// reasons; they pay for one more scan of the text.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match serde_json::from_str::<&serde_json::value::RawValue>(self.as_str()) {
+        let json = self.json();
+        match serde_json::from_str::<&serde_json::value::RawValue>(&json) {
             Ok(raw) => raw.serialize(serializer),
             Err(_) => serializer.serialize_unit(),
         }

@@ -615,7 +615,8 @@ impl PostgresStore {
         let messages: Vec<Cow<'_, str>> = rows.iter().map(|r| without_nul(&r.message)).collect();
         let n_tools: Vec<i64> = rows.iter().map(|r| r.n_tools).collect();
         let tokens: Vec<i64> = rows.iter().map(|r| r.tokens).collect();
-        let reasons: Vec<&str> = rows.iter().map(|r| r.reasons.as_str()).collect();
+        // Compact reasons are SQLite's row format; this log stores the JSON.
+        let reasons: Vec<Cow<'_, str>> = rows.iter().map(|r| r.reasons.json()).collect();
         self.execute(
             "INSERT INTO tool_history(at_ms, session_id, turn, message, n_tools, tokens, reasons)
              SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::text[],

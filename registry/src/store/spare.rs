@@ -1,4 +1,4 @@
-//! Emptied text buffers of written decision rows, for the next rows to fill.
+//! Emptied buffers of written decision rows' reasons, for the next rows to fill.
 //!
 //! A row's `reasons` are written on the request's thread, and the row is written to
 //! the store and dropped on the log thread. A fresh buffer for every row, freed on
@@ -14,9 +14,9 @@
 
 use std::sync::Mutex;
 
-/// A bounded stack of empty `String`s with their capacity.
+/// A bounded stack of empty byte buffers with their capacity.
 pub(crate) struct SpareBuffers {
-    buffers: Mutex<Vec<String>>,
+    buffers: Mutex<Vec<Vec<u8>>>,
     /// Buffers kept at most; more are freed. Bounds what a burst leaves held.
     max_buffers: usize,
     /// A buffer grown beyond this (a row with unusually long reasons) is freed
@@ -27,8 +27,9 @@ pub(crate) struct SpareBuffers {
 }
 
 /// Buffers for decision rows' `reasons`: two full batches of the background
-/// writer's, of at most 16 KiB each (a row of the shared catalog's takes 0.5-2 KB).
-pub(crate) static SPARE_REASONS: SpareBuffers = SpareBuffers::new(2048, 16 * 1024, 2048);
+/// writer's, of at most 16 KiB each (a compact row of the shared catalog's takes
+/// 0.2-0.6 KB).
+pub(crate) static SPARE_REASONS: SpareBuffers = SpareBuffers::new(2048, 16 * 1024, 1024);
 
 impl SpareBuffers {
     pub(crate) const fn new(
@@ -45,20 +46,20 @@ impl SpareBuffers {
     }
 
     /// An empty buffer: a spare one, or a new one.
-    pub(crate) fn take(&self) -> String {
+    pub(crate) fn take(&self) -> Vec<u8> {
         let spare = self
             .buffers
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .pop();
-        spare.unwrap_or_else(|| String::with_capacity(self.fresh_capacity))
+        spare.unwrap_or_else(|| Vec::with_capacity(self.fresh_capacity))
     }
 
     /// Keeps `buffers`, emptied, for [`take`](Self::take). Those over the bounds are
     /// freed here, after the lock is released: a request's `take` never waits for a
     /// batch being freed.
-    pub(crate) fn give_back(&self, buffers: impl IntoIterator<Item = String>) {
-        let mut kept: Vec<String> = buffers
+    pub(crate) fn give_back(&self, buffers: impl IntoIterator<Item = Vec<u8>>) {
+        let mut kept: Vec<Vec<u8>> = buffers
             .into_iter()
             .filter(|b| b.capacity() <= self.max_capacity)
             .map(|mut b| {
@@ -85,12 +86,12 @@ mod tests {
     #[test]
     fn a_buffer_given_back_is_taken_again_empty_with_its_capacity() {
         let spare = SpareBuffers::new(4, 1024, 8);
-        let mut text = String::with_capacity(300);
-        text.push_str("{\"domains\":[]}");
-        let at = text.as_ptr();
-        spare.give_back([text]);
+        let mut bytes = Vec::with_capacity(300);
+        bytes.extend_from_slice(b"\x01\x02");
+        let at = bytes.as_ptr();
+        spare.give_back([bytes]);
         let again = spare.take();
-        assert_eq!(again, "");
+        assert!(again.is_empty());
         assert_eq!(again.as_ptr(), at);
         assert!(again.capacity() >= 300);
         // None left: a new one.
@@ -103,17 +104,17 @@ mod tests {
     fn buffers_beyond_the_count_or_the_capacity_are_freed() {
         let spare = SpareBuffers::new(2, 1024, 8);
         spare.give_back([
-            String::with_capacity(2048),
-            String::with_capacity(100),
-            String::with_capacity(200),
-            String::with_capacity(400),
+            Vec::<u8>::with_capacity(2048),
+            Vec::<u8>::with_capacity(100),
+            Vec::<u8>::with_capacity(200),
+            Vec::<u8>::with_capacity(400),
         ]);
         let kept: Vec<usize> = (0..2).map(|_| spare.take().capacity()).collect();
         assert!(kept.iter().all(|&c| (100..2048).contains(&c)), "{kept:?}");
         // The third is new: the 400 and the 2048 ones were freed.
         assert!(spare.take().capacity() < 100);
-        spare.give_back([String::with_capacity(50), String::with_capacity(60)]);
-        spare.give_back([String::with_capacity(70)]);
+        spare.give_back([Vec::<u8>::with_capacity(50), Vec::<u8>::with_capacity(60)]);
+        spare.give_back([Vec::<u8>::with_capacity(70)]);
         let caps: Vec<usize> = (0..3).map(|_| spare.take().capacity()).collect();
         assert!(caps[0] >= 50 && caps[1] >= 50 && caps[2] < 50, "{caps:?}");
     }

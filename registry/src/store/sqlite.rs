@@ -1,10 +1,11 @@
 //! The embedded SQLite backend: one file, WAL, a busy timeout so that the chat
 //! server and an MCP server can share it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::priority::LogPriority;
@@ -12,6 +13,7 @@ use super::{
     AuditRow, DecisionRow, LogPace, MessageRow, Reasons, SessionDomainState, SessionSnapshot,
     StoreError, called_tool, carry_json, new_session_id, now_ms, parse_carry, validate_session_id,
 };
+use crate::router::LogNames;
 
 /// Chains each session's rows of the decision log (see its migration 3); rows
 /// already chained get the same links again.
@@ -222,10 +224,29 @@ const DECISIONS_MIGRATIONS: &[(i64, &str)] = &[
             "DROP INDEX decisions.tool_history_by_session;"
         ),
     ),
+    (
+        4,
+        // Reasons in the compact form (a BLOB in `reasons`), whose tool and domain
+        // names are indices in a router's names, kept once in `catalogs` (found by
+        // their SHA-256): a row of the shared catalog takes 0.3-0.6 KB instead of
+        // 1-2 KB, and the bytes were most of what a row cost the log thread. Rows
+        // with JSON text (older ones, or ones not made by a router) have no catalog.
+        // `last_row_id` is the newest row that refers to the catalog, so that
+        // retention can delete catalogs no row refers to any more.
+        r#"
+    CREATE TABLE decisions.catalogs (
+        id INTEGER PRIMARY KEY,
+        digest TEXT NOT NULL UNIQUE,
+        names TEXT NOT NULL,
+        last_row_id INTEGER NOT NULL
+    );
+    ALTER TABLE decisions.tool_history ADD COLUMN catalog_id INTEGER;
+    "#,
+    ),
 ];
 
 /// Newest schema version of the decision log's file this binary knows.
-const DECISIONS_SCHEMA_VERSION: i64 = 3;
+const DECISIONS_SCHEMA_VERSION: i64 = 4;
 
 /// A session's decisions, oldest first: the walk back from its newest row along
 /// `prev_id`. Each step must stay in the session and go to a smaller id, so a chain
@@ -237,7 +258,8 @@ const SESSION_DECISIONS_SQL: &str = "
         SELECT t.prev_id FROM decisions.tool_history AS t JOIN chain ON t.id = chain.id
          WHERE t.session_id = ?1 AND t.prev_id < t.id
     )
-    SELECT t.at_ms, t.session_id, t.turn, t.message, t.n_tools, t.tokens, t.reasons
+    SELECT t.at_ms, t.session_id, t.turn, t.message, t.n_tools, t.tokens, t.reasons,
+           t.catalog_id
       FROM chain JOIN decisions.tool_history AS t ON t.id = chain.id
      WHERE t.session_id = ?1
      ORDER BY t.id";
@@ -633,7 +655,8 @@ impl SqliteStore {
         self.call(move |c| {
             let mut stmt = c.prepare_cached(SESSION_DECISIONS_SQL)?;
             let rows = stmt.query_map([session], decision_row)?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            let rows = rows.collect::<Result<Vec<_>, _>>()?;
+            with_reasons(c, rows)
         })
         .await
     }
@@ -643,7 +666,8 @@ impl SqliteStore {
         self.call(move |c| {
             // The walk goes back to the first row; a session has one per turn.
             let mut stmt = c.prepare_cached(&format!("{SESSION_DECISIONS_SQL} LIMIT 1"))?;
-            Ok(stmt.query_row([session], decision_row).optional()?)
+            let row = stmt.query_row([session], decision_row).optional()?;
+            Ok(with_reasons(c, row.into_iter().collect())?.pop())
         })
         .await
     }
@@ -676,6 +700,14 @@ impl SqliteStore {
             // to them.
             tx.prepare_cached(
                 "DELETE FROM decisions.session_last WHERE last_id <
+                   coalesce((SELECT min(id) FROM decisions.tool_history), 9223372036854775807)",
+            )?
+            .execute([])?;
+            // Catalogs whose newest row is gone: no row refers to them. A writer
+            // that still routes with those names stores them again with its next
+            // batch (it looks its catalog up in each batch's transaction).
+            tx.prepare_cached(
+                "DELETE FROM decisions.catalogs WHERE last_row_id <
                    coalesce((SELECT min(id) FROM decisions.tool_history), 9223372036854775807)",
             )?
             .execute([])?;
@@ -937,16 +969,63 @@ fn read_domains_used_since(c: &Connection, since_ms: i64) -> rusqlite::Result<Ve
     rows.collect()
 }
 
-fn decision_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<DecisionRow> {
-    Ok(DecisionRow {
-        at_ms: r.get(0)?,
-        session: r.get(1)?,
-        turn: r.get(2)?,
-        message: r.get(3)?,
-        n_tools: r.get(4)?,
-        tokens: r.get(5)?,
-        reasons: Reasons::from_text(r.get(6)?),
-    })
+/// A decision row as read, and its compact reasons with their catalog's id, which
+/// [`with_reasons`] decodes.
+type ReadDecision = (DecisionRow, Option<(i64, Vec<u8>)>);
+
+fn decision_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReadDecision> {
+    let (reasons, compact) = match (r.get_ref(6)?, r.get::<_, Option<i64>>(7)?) {
+        (ValueRef::Blob(bytes), Some(catalog)) => (
+            Reasons::from_text("null".into()),
+            Some((catalog, bytes.to_vec())),
+        ),
+        (ValueRef::Text(text), _) => (
+            Reasons::from_text(String::from_utf8_lossy(text).into_owned()),
+            None,
+        ),
+        _ => (Reasons::from_text("null".into()), None),
+    };
+    Ok((
+        DecisionRow {
+            at_ms: r.get(0)?,
+            session: r.get(1)?,
+            turn: r.get(2)?,
+            message: r.get(3)?,
+            n_tools: r.get(4)?,
+            tokens: r.get(5)?,
+            reasons,
+        },
+        compact,
+    ))
+}
+
+/// The rows with their compact reasons decoded to JSON, each catalog read once.
+/// Reasons whose catalog is missing or unreadable read as `null`.
+fn with_reasons(c: &Connection, rows: Vec<ReadDecision>) -> Result<Vec<DecisionRow>, StoreError> {
+    let mut catalogs: HashMap<i64, Option<LogNames>> = HashMap::new();
+    let mut read = c.prepare_cached("SELECT names FROM decisions.catalogs WHERE id = ?1")?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (mut row, compact) in rows {
+        if let Some((catalog, bytes)) = compact {
+            let names = match catalogs.entry(catalog) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let text: Option<String> =
+                        read.query_row([catalog], |r| r.get(0)).optional()?;
+                    e.insert(text.as_deref().and_then(LogNames::from_stored))
+                }
+            };
+            row.reasons = match names {
+                Some(names) => Reasons::from_compact(&bytes, names),
+                None => {
+                    tracing::warn!("decision-log catalog {catalog} missing or unreadable");
+                    Reasons::from_text("null".into())
+                }
+            };
+        }
+        out.push(row);
+    }
+    Ok(out)
 }
 
 /// Runs `write` once more after [`RETRY_AFTER`] if it fails: a database held by
@@ -996,11 +1075,14 @@ fn insert_decisions(c: &mut Connection, rows: &[DecisionRow]) -> Result<(), Stor
             tx.prepare_cached("SELECT last_id FROM decisions.session_last WHERE session_id = ?1")?;
         let mut insert = tx.prepare_cached(
             "INSERT INTO decisions.tool_history
-                 (at_ms, session_id, turn, message, n_tools, tokens, reasons, prev_id)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                 (at_ms, session_id, turn, message, n_tools, tokens, reasons, prev_id, catalog_id)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
         )?;
         // Each session's newest row so far, read once per batch.
-        let mut last: std::collections::HashMap<&str, i64> = Default::default();
+        let mut last: HashMap<&str, i64> = Default::default();
+        // The catalogs of the batch's compact rows (one, unless the router was
+        // rebuilt): the names' address, the catalog's id, the newest row using it.
+        let mut catalogs: Vec<(*const LogNames, i64, i64)> = Vec::new();
         for row in rows {
             let prev = match row.session.as_deref() {
                 None => None,
@@ -1011,6 +1093,25 @@ fn insert_decisions(c: &mut Connection, rows: &[DecisionRow]) -> Result<(), Stor
                         .optional()?,
                 },
             };
+            let json;
+            let (reasons, catalog) = match row.reasons.compact() {
+                Some((names, bytes)) => {
+                    let at = Arc::as_ptr(names);
+                    let catalog = match catalogs.iter().find(|c| c.0 == at) {
+                        Some(c) => c.1,
+                        None => {
+                            let id = catalog_id(&tx, names)?;
+                            catalogs.push((at, id, 0));
+                            id
+                        }
+                    };
+                    (ToSqlOutput::Borrowed(ValueRef::Blob(bytes)), Some(catalog))
+                }
+                None => {
+                    json = row.reasons.json();
+                    (ToSqlOutput::Borrowed(ValueRef::Text(json.as_bytes())), None)
+                }
+            };
             insert.execute(params![
                 row.at_ms,
                 row.session,
@@ -1018,12 +1119,23 @@ fn insert_decisions(c: &mut Connection, rows: &[DecisionRow]) -> Result<(), Stor
                 row.message,
                 row.n_tools,
                 row.tokens,
-                row.reasons.as_str(),
-                prev
+                reasons,
+                prev,
+                catalog
             ])?;
+            let id = tx.last_insert_rowid();
             if let Some(session) = row.session.as_deref() {
-                last.insert(session, tx.last_insert_rowid());
+                last.insert(session, id);
             }
+            if let Some(c) = catalog.and_then(|id| catalogs.iter_mut().find(|c| c.1 == id)) {
+                c.2 = id;
+            }
+        }
+        let mut used = tx.prepare_cached(
+            "UPDATE decisions.catalogs SET last_row_id = max(last_row_id, ?2) WHERE id = ?1",
+        )?;
+        for (_, catalog, newest) in &catalogs {
+            used.execute(params![catalog, newest])?;
         }
         let mut put = tx.prepare_cached(
             "INSERT INTO decisions.session_last(session_id, last_id) VALUES (?1, ?2)
@@ -1035,6 +1147,25 @@ fn insert_decisions(c: &mut Connection, rows: &[DecisionRow]) -> Result<(), Stor
     }
     tx.commit()?;
     Ok(())
+}
+
+/// The id of `names`' catalog, stored now if no row has used those names yet.
+fn catalog_id(tx: &rusqlite::Transaction<'_>, names: &LogNames) -> rusqlite::Result<i64> {
+    let stored = names.stored();
+    let found: Option<i64> = tx
+        .prepare_cached("SELECT id FROM decisions.catalogs WHERE digest = ?1")?
+        .query_row([&stored.digest], |r| r.get(0))
+        .optional()?;
+    match found {
+        Some(id) => Ok(id),
+        None => {
+            tx.prepare_cached(
+                "INSERT INTO decisions.catalogs(digest, names, last_row_id) VALUES (?1, ?2, 0)",
+            )?
+            .execute(params![stored.digest, stored.json])?;
+            Ok(tx.last_insert_rowid())
+        }
+    }
 }
 
 /// Takes the decision log file's write lock for the transaction `tx` has begun, and
@@ -1291,7 +1422,7 @@ mod tests {
         assert!(refused.contains("locked"), "{refused}");
     }
 
-    /// Versions 2 and 3 of the decision log's file keep every row and its id,
+    /// Versions 2 to 4 of the decision log's file keep every row and its id,
     /// number new rows after them, and chain each session's rows in place of the
     /// index on sessions, old rows included.
     #[tokio::test]
@@ -1303,7 +1434,8 @@ mod tests {
             .call(|c| {
                 // Back to version 1, as that version made it.
                 c.execute_batch(
-                    "DROP TABLE decisions.tool_history; DROP TABLE decisions.session_last;",
+                    "DROP TABLE decisions.tool_history; DROP TABLE decisions.session_last;
+                     DROP TABLE decisions.catalogs;",
                 )?;
                 c.execute_batch(DECISIONS_MIGRATIONS[0].1)?;
                 c.execute_batch(

@@ -636,6 +636,137 @@ async fn pruning_the_decision_log_cuts_it_at_its_old_end() {
     }
 }
 
+/// A router over `domains` (name and tool names), with every domain keyword-matched
+/// by its own name.
+fn log_test_router(domains: &[(&str, &[&str])]) -> crate::router::Router {
+    let mut builder = crate::Registry::builder();
+    for (i, (domain, tools)) in domains.iter().enumerate() {
+        let tools: Vec<serde_json::Value> = tools
+            .iter()
+            .map(|t| {
+                serde_json::json!({"name": t, "description": format!("Does {t}."),
+                                        "input_schema": {"type": "object", "properties": {}}})
+            })
+            .collect();
+        let toolkit = serde_json::json!({"domain": domain, "description": format!("The {domain} things."),
+                                         "keywords": [domain], "tools": tools});
+        let parsed = crate::toolkit::parse(&toolkit.to_string(), &format!("log{i}.json"))
+            .expect("test toolkit");
+        builder = builder.toolkit(parsed);
+    }
+    let registry = std::sync::Arc::new(builder.build().expect("test registry"));
+    crate::router::Router::new(registry, crate::router::RouterConfig::default())
+}
+
+/// Rows of routers' selections are written compact on SQLite (their names stored
+/// once per router) and as JSON on PostgreSQL; both read back as the JSON of the
+/// selection, and rows of two routers in one batch keep their own names. Pruning
+/// SQLite's log to nothing drops the stored names, and the next row stores them
+/// again.
+#[tokio::test]
+async fn routers_rows_read_back_as_the_json_of_their_selections() {
+    let (_dir, stores) = stores().await;
+    let first = log_test_router(&[
+        ("weather", &["get_forecast", "get_alerts"]),
+        ("mail", &["send_mail", "read_mail", "delete_mail"]),
+    ]);
+    // The same names in another order, and one more: indices differ.
+    let second = log_test_router(&[
+        (
+            "mail",
+            &["read_mail", "send_mail", "delete_mail", "mail-archive"],
+        ),
+        ("weather", &["get_alerts", "get_forecast"]),
+        ("calendar", &["add_event"]),
+    ]);
+    let settings = std::collections::BTreeMap::new();
+    let session = crate::router::SessionView::new(1);
+    let mut rows = Vec::new();
+    let mut expected = Vec::new();
+    for (router, message) in [
+        (&first, "weather and mail please"),
+        (&second, "mail then calendar"),
+        (&first, "nothing relevant at all"),
+        (&second, "weather"),
+    ] {
+        let selection = router.select(&crate::router::RouteInput {
+            message,
+            settings: &settings,
+            session: &session,
+            token_budget: None,
+        });
+        let row = selection.decision_row(
+            Some("s"),
+            1,
+            message,
+            crate::router::MessageLogging::Plain,
+            5,
+        );
+        assert!(row.reasons.compact().is_some(), "{message}");
+        let mut json = String::new();
+        selection.write_logged_reasons(&mut json);
+        expected.push(json);
+        rows.push(row);
+    }
+    for t in stores {
+        let store = &t.store;
+        store
+            .decisions_insert(rows.clone(), LogPace::Idle)
+            .await
+            .expect("insert");
+        let read: Vec<String> = store
+            .decisions("s")
+            .await
+            .expect("read")
+            .iter()
+            .map(|r| r.reasons.json().into_owned())
+            .collect();
+        assert_eq!(read, expected, "{}", t.name);
+        if let StoreBackend::Sqlite(s) = store.backend() {
+            let count = |s: &SqliteStore| {
+                let s = s.clone();
+                async move {
+                    s.call(|c| {
+                        Ok(
+                            c.query_row("SELECT count(*) FROM decisions.catalogs", [], |r| {
+                                r.get::<_, i64>(0)
+                            })?,
+                        )
+                    })
+                    .await
+                    .expect("count")
+                }
+            };
+            assert_eq!(count(s).await, 2);
+            store
+                .decisions_insert(rows[..1].to_vec(), LogPace::Idle)
+                .await
+                .expect("insert");
+            assert_eq!(count(s).await, 2, "names are stored once");
+            assert_eq!(
+                store.decisions_prune(now_ms(), 100).await.expect("prune"),
+                5
+            );
+            assert_eq!(count(s).await, 0, "names no row refers to are dropped");
+        } else {
+            assert_eq!(
+                store.decisions_prune(now_ms(), 100).await.expect("prune"),
+                4
+            );
+        }
+        store
+            .decisions_insert(rows[1..2].to_vec(), LogPace::Idle)
+            .await
+            .expect("insert");
+        let read = store
+            .first_decision("s")
+            .await
+            .expect("read")
+            .expect("a row");
+        assert_eq!(read.reasons.json(), expected[1], "{}", t.name);
+    }
+}
+
 #[tokio::test]
 async fn migrations_are_idempotent() {
     let (_dir, stores) = stores().await;
