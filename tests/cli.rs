@@ -577,3 +577,84 @@ async fn route_and_replay_route_the_upstream_servers_tools_as_serve_does() {
     assert_eq!(needed(&[]), serde_json::json!(["fake__echo"]));
     assert_eq!(needed(&["--no-upstream"]), serde_json::json!([]));
 }
+
+/// `loadout decisions` prints the decision log's newest rows with their reasons as
+/// JSON (SQLite stores them compact), all of them or one session's.
+#[test]
+fn decisions_prints_the_logged_rows_with_their_reasons() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (message, session) in [
+        ("list my files", Some("s1")),
+        ("what time is it", None),
+        ("read the file notes.txt", Some("s1")),
+    ] {
+        let mut route = loadout(dir.path());
+        route.args([
+            "route",
+            message,
+            "--lexical",
+            "--configured",
+            "filesystem_roots",
+        ]);
+        if let Some(session) = session {
+            route.args(["--session", session]);
+        }
+        stdout_of(route.output().expect("run loadout"));
+    }
+    let rows = |args: &[&str]| -> Vec<serde_json::Value> {
+        let out = stdout_of(
+            loadout(dir.path())
+                .args(["decisions", "--json"])
+                .args(args)
+                .output()
+                .expect("run loadout"),
+        );
+        out.lines()
+            .map(|line| serde_json::from_str(line).expect("a JSON row"))
+            .collect()
+    };
+    let all = rows(&[]);
+    let messages: Vec<&str> = all.iter().filter_map(|r| r["message"].as_str()).collect();
+    assert_eq!(
+        messages,
+        [
+            "list my files",
+            "what time is it",
+            "read the file notes.txt"
+        ]
+    );
+    for row in &all {
+        let tools = row["reasons"]["tools"].as_array().expect("reasons as JSON");
+        assert!(tools.iter().any(|t| t == "current_time"), "{row}");
+        assert_eq!(
+            tools.len() as i64,
+            row["n_tools"].as_i64().unwrap_or(-1),
+            "{row}"
+        );
+    }
+    assert!(
+        all[0]["reasons"]["domains"]
+            .as_array()
+            .expect("domains")
+            .iter()
+            .any(|d| d["domain"] == "filesystem" && d["included"] == true),
+        "{}",
+        all[0]
+    );
+    let last = rows(&["--tail", "1"]);
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0]["message"], "read the file notes.txt");
+    let session = rows(&["--session", "s1"]);
+    assert_eq!(session.len(), 2);
+    assert!(session.iter().all(|r| r["session"] == "s1"));
+    let text = stdout_of(
+        loadout(dir.path())
+            .args(["decisions", "--tail", "1"])
+            .output()
+            .expect("run loadout"),
+    );
+    assert!(
+        text.contains("\"read the file notes.txt\"") && text.contains("\"tools\":["),
+        "{text}"
+    );
+}

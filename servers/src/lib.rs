@@ -56,6 +56,8 @@ enum Command {
     Settings(cli::settings::Command),
     /// Prints the newest tool calls from the audit log.
     Audit(cli::audit::Args),
+    /// Prints the newest routing decisions from the decision log, with their reasons.
+    Decisions(cli::decisions::Args),
     /// Serves the chat API and dashboard.
     Serve(http::Args),
     /// Serves every tool over MCP (stdio by default).
@@ -77,6 +79,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Replay(args) => cli::replay::run(&app, args).await,
         Command::Settings(command) => cli::settings::run(&app, command).await,
         Command::Audit(args) => cli::audit::run(&app, args).await,
+        Command::Decisions(args) => cli::decisions::run(&app, args).await,
         Command::Mcp(args) => mcp::run(&app, args).await,
         Command::Serve(args) => http::run(app, args).await,
     }

@@ -615,6 +615,11 @@ impl Store {
     pub async fn audit_tail(&self, n: usize) -> Result<Vec<AuditRow>, StoreError> {
         dispatch!(self, s => s.audit_tail(n).await)
     }
+
+    /// The newest `n` rows of the decision log, oldest first, reasons as JSON.
+    pub async fn decisions_tail(&self, n: usize) -> Result<Vec<DecisionRow>, StoreError> {
+        dispatch!(self, s => s.decisions_tail(n).await)
+    }
 }
 
 /// 128 random bits from the OS as hex; session ids must not be guessable.

@@ -656,6 +656,21 @@ impl PostgresStore {
         .map_err(|e| self.error(e))
     }
 
+    pub async fn decisions_tail(&self, n: usize) -> Result<Vec<DecisionRow>, StoreError> {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        let rows = self
+            .query(
+                "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons FROM
+                 (SELECT * FROM tool_history ORDER BY id DESC LIMIT $1) AS newest ORDER BY id",
+                &[&n],
+            )
+            .await?;
+        rows.iter()
+            .map(decision_row)
+            .collect::<Result<_, tokio_postgres::Error>>()
+            .map_err(|e| self.error(e))
+    }
+
     pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         // The oldest row first: when it is recent, nothing is old and no scan runs.

@@ -672,6 +672,21 @@ impl SqliteStore {
         .await
     }
 
+    pub async fn decisions_tail(&self, n: usize) -> Result<Vec<DecisionRow>, StoreError> {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons, catalog_id
+                   FROM (SELECT * FROM decisions.tool_history ORDER BY id DESC LIMIT ?1)
+                  ORDER BY id",
+            )?;
+            let rows = stmt.query_map([n], decision_row)?;
+            let rows = rows.collect::<Result<Vec<_>, _>>()?;
+            with_reasons(c, rows)
+        })
+        .await
+    }
+
     pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.call_log(LogPace::Idle, move |c| {

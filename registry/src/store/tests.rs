@@ -660,7 +660,8 @@ fn log_test_router(domains: &[(&str, &[&str])]) -> crate::router::Router {
 
 /// Rows of routers' selections are written compact on SQLite (their names stored
 /// once per router) and as JSON on PostgreSQL; both read back as the JSON of the
-/// selection, and rows of two routers in one batch keep their own names. Pruning
+/// selection, by session and from the log's tail, and rows of two routers in one
+/// batch keep their own names. Pruning
 /// SQLite's log to nothing drops the stored names, and the next row stores them
 /// again.
 #[tokio::test]
@@ -722,6 +723,14 @@ async fn routers_rows_read_back_as_the_json_of_their_selections() {
             .map(|r| r.reasons.json().into_owned())
             .collect();
         assert_eq!(read, expected, "{}", t.name);
+        let tail: Vec<String> = store
+            .decisions_tail(2)
+            .await
+            .expect("tail")
+            .iter()
+            .map(|r| r.reasons.json().into_owned())
+            .collect();
+        assert_eq!(tail, expected[2..], "{}", t.name);
         if let StoreBackend::Sqlite(s) = store.backend() {
             let count = |s: &SqliteStore| {
                 let s = s.clone();

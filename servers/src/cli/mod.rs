@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod call;
+pub mod decisions;
 pub mod replay;
 pub mod route;
 pub mod settings;
