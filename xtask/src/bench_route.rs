@@ -177,6 +177,15 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         ),
         None => println!("# data dirs in {}", scratch.display()),
     }
+    // The fixed-rate load runs in this process and shares the cores with the
+    // server: built in debug, it took as many CPU samples as the server it loaded
+    // (`perf`, 2 cores), and log-off rounds' p99 spread over 0.8-4.1 ms against
+    // 0.6-2.3 ms with a release build.
+    if cfg!(debug_assertions) {
+        println!(
+            "# the fixed-rate load generator is a debug build and takes about as much CPU as the server; `cargo run --release -p xtask -- bench-route` loads with less"
+        );
+    }
     let mut backends: Vec<(&str, Option<&str>)> = vec![("sqlite", None)];
     if let Some(url) = &options.postgres {
         backends.push(("postgresql", Some(url.as_str())));
