@@ -600,12 +600,25 @@ impl PostgresStore {
         rows: Vec<DecisionRow>,
         _pace: LogPace,
     ) -> Result<(), StoreError> {
-        let written = retry_once(|| self.decisions_insert_once(&rows)).await;
+        // Compact reasons are SQLite's row format; this log stores the JSON. Written
+        // out off the runtime's workers: a batch of a thousand rows takes a few
+        // milliseconds, which requests on that worker would wait for.
+        let (rows, reasons) = tokio::task::spawn_blocking(move || {
+            let reasons: Vec<String> = rows.iter().map(|r| r.reasons.json().into_owned()).collect();
+            (rows, reasons)
+        })
+        .await
+        .map_err(|e| StoreError::Database(format!("writing reasons as JSON: {e}")))?;
+        let written = retry_once(|| self.decisions_insert_once(&rows, &reasons)).await;
         Reasons::recycle(rows);
         written
     }
 
-    async fn decisions_insert_once(&self, rows: &[DecisionRow]) -> Result<(), StoreError> {
+    async fn decisions_insert_once(
+        &self,
+        rows: &[DecisionRow],
+        reasons: &[String],
+    ) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -615,8 +628,6 @@ impl PostgresStore {
         let messages: Vec<Cow<'_, str>> = rows.iter().map(|r| without_nul(&r.message)).collect();
         let n_tools: Vec<i64> = rows.iter().map(|r| r.n_tools).collect();
         let tokens: Vec<i64> = rows.iter().map(|r| r.tokens).collect();
-        // Compact reasons are SQLite's row format; this log stores the JSON.
-        let reasons: Vec<Cow<'_, str>> = rows.iter().map(|r| r.reasons.json()).collect();
         self.execute(
             "INSERT INTO tool_history(at_ms, session_id, turn, message, n_tools, tokens, reasons)
              SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::text[],
