@@ -668,18 +668,13 @@ impl PostgresStore {
     }
 
     pub async fn decisions_tail(&self, n: usize) -> Result<Vec<DecisionRow>, StoreError> {
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
-        let rows = self
-            .query(
-                "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons FROM
-                 (SELECT * FROM tool_history ORDER BY id DESC LIMIT $1) AS newest ORDER BY id",
-                &[&n],
-            )
-            .await?;
-        rows.iter()
-            .map(decision_row)
-            .collect::<Result<_, tokio_postgres::Error>>()
-            .map_err(|e| self.error(e))
+        self.newest(
+            "SELECT at_ms, session_id, turn, message, n_tools, tokens, reasons FROM
+             (SELECT * FROM tool_history ORDER BY id DESC LIMIT $1) AS newest ORDER BY id",
+            n,
+            decision_row,
+        )
+        .await
     }
 
     pub async fn decisions_prune(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
@@ -744,16 +739,11 @@ impl PostgresStore {
     }
 
     pub async fn audit_tail(&self, n: usize) -> Result<Vec<AuditRow>, StoreError> {
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
-        let rows = self
-            .query(
-                "SELECT at_ms, client, tool, args, outcome, detail, duration_ms FROM
-                 (SELECT * FROM audit_log ORDER BY id DESC LIMIT $1) AS newest ORDER BY id",
-                &[&n],
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
+        self.newest(
+            "SELECT at_ms, client, tool, args, outcome, detail, duration_ms FROM
+             (SELECT * FROM audit_log ORDER BY id DESC LIMIT $1) AS newest ORDER BY id",
+            n,
+            |r| {
                 let args: String = r.try_get(3)?;
                 Ok(AuditRow {
                     at_ms: r.try_get(0)?,
@@ -764,7 +754,22 @@ impl PostgresStore {
                     detail: r.try_get(5)?,
                     duration_ms: r.try_get(6)?,
                 })
-            })
+            },
+        )
+        .await
+    }
+
+    /// The rows `sql` returns for the newest `n` rows (`$1`), each made by `row`.
+    async fn newest<T>(
+        &self,
+        sql: &str,
+        n: usize,
+        row: impl Fn(&tokio_postgres::Row) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<Vec<T>, StoreError> {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        let rows = self.query(sql, &[&n]).await?;
+        rows.iter()
+            .map(row)
             .collect::<Result<_, tokio_postgres::Error>>()
             .map_err(|e| self.error(e))
     }
