@@ -17,12 +17,13 @@ use super::selection::{
     LoggedAs, Name, Selection, Stage, itoa, logged_as, push_json_str, push_score,
 };
 
-/// The names a router's selections refer to: its tools (with the index of each one's
-/// domain) and its domains, in registry order.
+/// A router's names, which its selections and their decision-log rows refer to: its
+/// tools (with the index of each one's domain) and its domains, in registry order.
 pub struct LogNames {
-    tools: Vec<Name>,
-    tool_domains: Vec<usize>,
-    domains: Vec<Name>,
+    pub(super) tools: Vec<Name>,
+    /// Per tool, the index of its domain.
+    pub(super) tool_domains: Vec<usize>,
+    pub(super) domains: Vec<Name>,
     stored: OnceLock<StoredNames>,
 }
 
@@ -441,14 +442,8 @@ impl<'a> LoggedView<'a> {
             }
             out.push(if scored { '}' } else { ']' });
         }
-        out.push_str(",\"tools\":[");
-        for (i, t) in self.tools.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            push_json_str(out, t);
-        }
-        out.push(']');
+        out.push_str(",\"tools\":");
+        push_json_strs(out, &self.tools);
         if !self.not_sent.is_empty() {
             out.push_str(",\"not_sent\":[");
             for (i, d) in self.not_sent.iter().enumerate() {
@@ -476,15 +471,21 @@ impl<'a> LoggedView<'a> {
         out.push_str(",\"all_tools_tokens\":");
         out.push_str(itoa(self.all_tools_tokens).as_str());
         if !self.notes.is_empty() {
-            out.push_str(",\"notes\":[");
-            for (i, note) in self.notes.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                push_json_str(out, note);
-            }
-            out.push(']');
+            out.push_str(",\"notes\":");
+            push_json_strs(out, &self.notes);
         }
         out.push('}');
     }
+}
+
+/// `texts` as a JSON array of strings.
+fn push_json_strs(out: &mut String, texts: &[&str]) {
+    out.push('[');
+    for (i, text) in texts.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_json_str(out, text);
+    }
+    out.push(']');
 }

@@ -233,12 +233,10 @@ pub struct Router {
     /// Texts the dense stage embeds, and what each stands for.
     dense_texts: Vec<String>,
     dense_owners: Vec<DenseOwner>,
-    tool_domain: Vec<usize>,
-    tool_names: Vec<Name>,
+    /// Tool and domain names and each tool's domain, shared with selections (whose
+    /// decision-log rows refer to the names by index).
+    names: Arc<LogNames>,
     tool_hints: Vec<Name>,
-    domain_names: Vec<Name>,
-    /// The same names, for the decision log's compact rows.
-    log_names: Arc<LogNames>,
     tools_by_domain: Vec<Vec<usize>>,
     domain_is_core: Vec<bool>,
     tool_tokens: Vec<usize>,
@@ -483,22 +481,18 @@ impl Router {
             dense_owners.push(DenseOwner::Domain(d));
         }
 
-        let tool_names: Vec<Name> = tools.iter().map(|t| Name::from(t.name.as_str())).collect();
         let tool_hints = tools.iter().map(|t| Name::from(t.hint.as_str())).collect();
-        let domain_names: Vec<Name> = domains
-            .iter()
-            .map(|d| Name::from(d.name.as_str()))
-            .collect();
-        let log_names = Arc::new(LogNames::new(
-            tool_names.clone(),
-            tool_domain.clone(),
-            domain_names.clone(),
+        let names = Arc::new(LogNames::new(
+            tools.iter().map(|t| Name::from(t.name.as_str())).collect(),
+            tool_domain,
+            domains
+                .iter()
+                .map(|d| Name::from(d.name.as_str()))
+                .collect(),
         ));
         Router {
-            log_names,
-            tool_names,
+            names,
             tool_hints,
-            domain_names,
             registry,
             config,
             keywords,
@@ -508,7 +502,6 @@ impl Router {
             dense_pending: AtomicBool::new(false),
             dense_texts,
             dense_owners,
-            tool_domain,
             tools_by_domain,
             domain_is_core,
             tool_tokens,
@@ -620,7 +613,7 @@ impl Router {
             .tool_idx(tool)
             .and_then(|t| self.consumers.get(t))
             .map_or(&[][..], Vec::as_slice);
-        consumers.iter().map(|&c| self.tool_names[c].as_str())
+        consumers.iter().map(|&c| self.names.tools[c].as_str())
     }
 
     /// Required id arguments no tool is found to find, as `(tool, argument)`; see
@@ -628,7 +621,7 @@ impl Router {
     pub fn unfound_ids(&self) -> Vec<(String, String)> {
         prerequisite::unfound_ids(
             self.registry.all_tools(),
-            &self.tool_domain,
+            &self.names.tool_domains,
             &self.tools_by_domain,
             |name| self.registry.tool_idx(name),
         )
@@ -651,12 +644,12 @@ impl Router {
             .filter(|&t| {
                 evidence
                     .active
-                    .get(self.tool_domain[t])
+                    .get(self.names.tool_domains[t])
                     .copied()
                     .unwrap_or(false)
             })
             .map(|t| {
-                let d = self.tool_domain[t];
+                let d = self.names.tool_domains[t];
                 let keyword = f32::from(evidence.tool_keyword_hits[t])
                     + 0.5 * f32::from(evidence.domain_keyword_hits[d]);
                 (
@@ -676,8 +669,8 @@ impl Router {
 
     fn hint_for(&self, tool_idx: usize) -> Hint {
         Hint {
-            name: self.tool_names[tool_idx].clone(),
-            domain: self.domain_names[self.tool_domain[tool_idx]].clone(),
+            name: self.names.tools[tool_idx].clone(),
+            domain: self.names.domains[self.names.tool_domains[tool_idx]].clone(),
             hint: self.tool_hints[tool_idx].clone(),
         }
     }
@@ -692,7 +685,7 @@ impl Router {
         self.keywords.for_each_match(&lowered, |owner| {
             matched.push(match owner {
                 KeywordOwner::Domain(d) => d,
-                KeywordOwner::Tool(t) => self.tool_domain[t],
+                KeywordOwner::Tool(t) => self.names.tool_domains[t],
             })
         });
         matched
@@ -728,7 +721,7 @@ impl Router {
                         return;
                     };
                     *hits = hits.saturating_add(1);
-                    self.tool_domain[t]
+                    self.names.tool_domains[t]
                 }
             };
             if let Some(hits) = keyword_hits_in_domain.get_mut(domain) {
@@ -821,7 +814,7 @@ impl Router {
                 let t = t as usize;
                 let score = piece_tool_bm25[t];
                 tool_bm25[t] = tool_bm25[t].max(score);
-                let slot = &mut domain_bm25[self.tool_domain[t]];
+                let slot = &mut domain_bm25[self.names.tool_domains[t]];
                 *slot = slot.max(score);
             }
 
@@ -830,7 +823,7 @@ impl Router {
                 let piece_tool_dense = &cosines.tools[p];
                 for (t, &cosine) in piece_tool_dense.iter().enumerate() {
                     tool_dense[t] = tool_dense[t].max(cosine);
-                    let slot = &mut domain_dense[self.tool_domain[t]];
+                    let slot = &mut domain_dense[self.names.tool_domains[t]];
                     *slot = slot.max(cosine);
                 }
                 for (slot, &cosine) in domain_dense.iter_mut().zip(&cosines.domains[p]) {
@@ -904,8 +897,8 @@ impl Router {
                 pieces.len()
             ));
         }
-        let n_tools = self.tool_domain.len();
-        let n_domains = self.domain_names.len();
+        let n_tools = self.names.tool_domains.len();
+        let n_domains = self.names.domains.len();
         let mut cosines = DenseCosines {
             tools: Vec::with_capacity(pieces.len()),
             domains: Vec::with_capacity(pieces.len()),
@@ -1047,7 +1040,7 @@ impl Router {
         // own; computed when asked, for the few tools a selection looks at.
         let domain_scores: Vec<f32> = verdicts.iter().map(|v| v.score).collect();
         let tool_score = |t: usize| -> f32 {
-            domain_scores[self.tool_domain[t]]
+            domain_scores[self.names.tool_domains[t]]
                 + evidence.tool_similarity.get(t).copied().unwrap_or(0.0)
                 + 0.5 * f32::from(evidence.tool_keyword_hits[t].min(2))
                 + self.tool_prior[t]
@@ -1091,10 +1084,10 @@ impl Router {
         // Tools loaded by name always go.
         for name in &session.loaded_tools {
             if let Some(t) = registry.tool_idx(name)
-                && evidence.active[self.tool_domain[t]]
+                && evidence.active[self.names.tool_domains[t]]
             {
                 sent.set(t, (Stage::Loaded, tool_score(t)));
-                let d = self.tool_domain[t];
+                let d = self.names.tool_domains[t];
                 if !verdicts[d].included() {
                     verdicts[d] = DomainVerdict::ranked(
                         Stage::Loaded,
@@ -1114,7 +1107,7 @@ impl Router {
                 let Some(t) = registry.tool_idx(name) else {
                     continue;
                 };
-                let d = self.tool_domain[t];
+                let d = self.names.tool_domains[t];
                 if !evidence.active[d] || verdicts[d].stage == Stage::Unloaded || sent.has(t) {
                     continue;
                 }
@@ -1179,7 +1172,7 @@ impl Router {
             }
         }
         for (p, stage, score) in steps {
-            let d = self.tool_domain[p];
+            let d = self.names.tool_domains[p];
             if !sent.has(p) && evidence.active[d] && verdicts[d].stage != Stage::Unloaded {
                 sent.set(p, (stage, score));
                 tool_outcomes.set(p, (stage, true));
@@ -1232,7 +1225,7 @@ impl Router {
         // Domain decisions reflect what is actually sent.
         let mut n_sent_by_domain = vec![0usize; n_domains];
         for (t, _) in sent.iter() {
-            n_sent_by_domain[self.tool_domain[t]] += 1;
+            n_sent_by_domain[self.names.tool_domains[t]] += 1;
         }
         let domain_decisions: Vec<DomainDecision> = verdicts
             .into_iter()
@@ -1248,7 +1241,7 @@ impl Router {
                     (verdict.stage, verdict.reason)
                 };
                 DomainDecision {
-                    domain: self.domain_names[d].clone(),
+                    domain: self.names.domains[d].clone(),
                     included,
                     stage,
                     score: verdict.score,
@@ -1261,8 +1254,8 @@ impl Router {
         let mut selected: Vec<SelectedTool> = sent
             .iter()
             .map(|(t, (stage, score))| SelectedTool {
-                name: self.tool_names[t].clone(),
-                domain: self.domain_names[self.tool_domain[t]].clone(),
+                name: self.names.tools[t].clone(),
+                domain: self.names.domains[self.names.tool_domains[t]].clone(),
                 stage,
                 score,
                 tokens: self.tool_tokens[t],
@@ -1270,8 +1263,8 @@ impl Router {
             })
             .collect();
         selected.sort_unstable_by(|a, b| {
-            let a_core = self.domain_is_core[self.tool_domain[a.tool_idx]];
-            let b_core = self.domain_is_core[self.tool_domain[b.tool_idx]];
+            let a_core = self.domain_is_core[self.names.tool_domains[a.tool_idx]];
+            let b_core = self.domain_is_core[self.names.tool_domains[b.tool_idx]];
             b_core
                 .cmp(&a_core)
                 .then(b.score.total_cmp(&a.score))
@@ -1295,8 +1288,8 @@ impl Router {
             .into_iter()
             .filter_map(|t| {
                 tool_outcomes.get(t).map(|(stage, included)| ToolDecision {
-                    tool: self.tool_names[t].clone(),
-                    domain: self.domain_names[self.tool_domain[t]].clone(),
+                    tool: self.names.tools[t].clone(),
+                    domain: self.names.domains[self.names.tool_domains[t]].clone(),
                     included: included && sent.has(t),
                     stage,
                     score: tool_score(t),
@@ -1323,7 +1316,7 @@ impl Router {
             token_budget: budget,
             n_active_tools,
             notes,
-            log_names: Some(self.log_names.clone()),
+            log_names: Some(self.names.clone()),
         }
     }
 
@@ -1467,7 +1460,7 @@ impl Router {
             .loaded_tools
             .iter()
             .filter_map(|name| self.registry.tool_idx(name))
-            .any(|t| self.tool_domain[t] == domain_idx)
+            .any(|t| self.names.tool_domains[t] == domain_idx)
     }
 
     /// Two conflicting domains both selected: keep the better-scoring one unless the
@@ -1527,7 +1520,7 @@ impl Router {
                 }
                 let matched = |tool: usize| {
                     evidence.tool_keyword_hits[tool] > 0
-                        || verdicts[self.tool_domain[tool]].stage == Stage::Keyword
+                        || verdicts[self.names.tool_domains[tool]].stage == Stage::Keyword
                 };
                 let used = |tool: usize| {
                     session
@@ -1543,7 +1536,7 @@ impl Router {
                     (t, stage_t)
                 };
                 if is_collision_protected(loser_stage)
-                    || self.domain_is_core[self.tool_domain[loser]]
+                    || self.domain_is_core[self.names.tool_domains[loser]]
                 {
                     continue;
                 }

@@ -954,7 +954,7 @@ fn finders_of(router: &Router, name: &str) -> Vec<String> {
         .unwrap_or_else(|| panic!("no tool {name}"));
     router.prerequisites[t]
         .iter()
-        .map(|&p| router.tool_names[p].to_string())
+        .map(|&p| router.names.tools[p].to_string())
         .collect()
 }
 
