@@ -222,20 +222,10 @@ impl Reasons {
     /// Compact reasons read back from storage with the names they refer to, as JSON;
     /// bytes that do not decode with those names read as `null`.
     pub(crate) fn from_compact(bytes: &[u8], names: &crate::router::LogNames) -> Reasons {
-        match crate::router::LoggedView::decode(bytes, names) {
-            Ok(view) => {
-                let mut text = String::with_capacity(bytes.len() * 4);
-                view.write_json(&mut text);
-                Reasons(Repr::Json(text))
-            }
-            Err(e) => {
-                tracing::warn!("decision-log reasons unreadable: {e}");
-                Reasons::null()
-            }
-        }
+        decoded(bytes, names).map_or_else(Reasons::null, |text| Reasons(Repr::Json(text)))
     }
 
-    fn null() -> Reasons {
+    pub(crate) fn null() -> Reasons {
         Reasons(Repr::Json("null".to_owned()))
     }
 
@@ -256,16 +246,30 @@ impl Reasons {
     pub fn json(&self) -> std::borrow::Cow<'_, str> {
         match &self.0 {
             Repr::Json(text) => std::borrow::Cow::Borrowed(text),
-            Repr::Compact { names, bytes } => match Reasons::from_compact(bytes, names).0 {
-                Repr::Json(text) => std::borrow::Cow::Owned(text),
-                Repr::Compact { .. } => std::borrow::Cow::Borrowed("null"),
-            },
+            Repr::Compact { names, bytes } => decoded(bytes, names)
+                .map_or(std::borrow::Cow::Borrowed("null"), std::borrow::Cow::Owned),
         }
     }
 
     /// The reasons as a JSON tree (tests, tools that inspect the log).
     pub fn value(&self) -> serde_json::Value {
         serde_json::from_str(&self.json()).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// Compact reasons written out as JSON; `None` (and a warning) when the bytes do not
+/// decode with `names`.
+fn decoded(bytes: &[u8], names: &crate::router::LogNames) -> Option<String> {
+    match crate::router::LoggedView::decode(bytes, names) {
+        Ok(view) => {
+            let mut text = String::with_capacity(bytes.len() * 4);
+            view.write_json(&mut text);
+            Some(text)
+        }
+        Err(e) => {
+            tracing::warn!("decision-log reasons unreadable: {e}");
+            None
+        }
     }
 }
 

@@ -990,15 +990,15 @@ type ReadDecision = (DecisionRow, Option<(i64, Vec<u8>)>);
 
 fn decision_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ReadDecision> {
     let (reasons, compact) = match (r.get_ref(6)?, r.get::<_, Option<i64>>(7)?) {
-        (ValueRef::Blob(bytes), Some(catalog)) => (
-            Reasons::from_text("null".into()),
-            Some((catalog, bytes.to_vec())),
-        ),
+        // Decoded by `with_reasons`, which needs the catalog; `null` until then.
+        (ValueRef::Blob(bytes), Some(catalog)) => {
+            (Reasons::null(), Some((catalog, bytes.to_vec())))
+        }
         (ValueRef::Text(text), _) => (
             Reasons::from_text(String::from_utf8_lossy(text).into_owned()),
             None,
         ),
-        _ => (Reasons::from_text("null".into()), None),
+        _ => (Reasons::null(), None),
     };
     Ok((
         DecisionRow {
@@ -1027,16 +1027,16 @@ fn with_reasons(c: &Connection, rows: Vec<ReadDecision>) -> Result<Vec<DecisionR
                 std::collections::hash_map::Entry::Vacant(e) => {
                     let text: Option<String> =
                         read.query_row([catalog], |r| r.get(0)).optional()?;
-                    e.insert(text.as_deref().and_then(LogNames::from_stored))
+                    let names = text.as_deref().and_then(LogNames::from_stored);
+                    if names.is_none() {
+                        tracing::warn!("decision-log catalog {catalog} missing or unreadable");
+                    }
+                    e.insert(names)
                 }
             };
-            row.reasons = match names {
-                Some(names) => Reasons::from_compact(&bytes, names),
-                None => {
-                    tracing::warn!("decision-log catalog {catalog} missing or unreadable");
-                    Reasons::from_text("null".into())
-                }
-            };
+            if let Some(names) = names {
+                row.reasons = Reasons::from_compact(&bytes, names);
+            }
         }
         out.push(row);
     }
@@ -1109,24 +1109,26 @@ fn insert_decisions(c: &mut Connection, rows: &[DecisionRow]) -> Result<(), Stor
                 },
             };
             let json;
-            let (reasons, catalog) = match row.reasons.compact() {
+            // The row's reasons, and for compact ones the index of their catalog in
+            // `catalogs`.
+            let (reasons, slot) = match row.reasons.compact() {
                 Some((names, bytes)) => {
                     let at = Arc::as_ptr(names);
-                    let catalog = match catalogs.iter().find(|c| c.0 == at) {
-                        Some(c) => c.1,
+                    let slot = match catalogs.iter().position(|c| c.0 == at) {
+                        Some(i) => i,
                         None => {
-                            let id = catalog_id(&tx, names)?;
-                            catalogs.push((at, id, 0));
-                            id
+                            catalogs.push((at, catalog_id(&tx, names)?, 0));
+                            catalogs.len() - 1
                         }
                     };
-                    (ToSqlOutput::Borrowed(ValueRef::Blob(bytes)), Some(catalog))
+                    (ToSqlOutput::Borrowed(ValueRef::Blob(bytes)), Some(slot))
                 }
                 None => {
                     json = row.reasons.json();
                     (ToSqlOutput::Borrowed(ValueRef::Text(json.as_bytes())), None)
                 }
             };
+            let catalog = slot.map(|i| catalogs[i].1);
             insert.execute(params![
                 row.at_ms,
                 row.session,
@@ -1142,8 +1144,8 @@ fn insert_decisions(c: &mut Connection, rows: &[DecisionRow]) -> Result<(), Stor
             if let Some(session) = row.session.as_deref() {
                 last.insert(session, id);
             }
-            if let Some(c) = catalog.and_then(|id| catalogs.iter_mut().find(|c| c.1 == id)) {
-                c.2 = id;
+            if let Some(i) = slot {
+                catalogs[i].2 = id;
             }
         }
         let mut used = tx.prepare_cached(
