@@ -804,7 +804,7 @@ async fn a_model_that_never_answers_is_stopped_at_the_step_limit() {
 /// store refused, so a client knows its history is incomplete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_whose_writes_fail_says_how_many_were_not_saved() {
-    use loadout::store::testing;
+    use loadout_store::testing;
     let dir = tempfile::tempdir().expect("tempdir");
     let Some((t, outage)) = testing::postgres_outage_store(dir.path(), "unsaved-turn test").await
     else {
@@ -823,7 +823,7 @@ async fn a_turn_whose_writes_fail_says_how_many_were_not_saved() {
     }))
     .await;
     let registry = Arc::new(loadout_domains::registry().expect("registry"));
-    let app = App::with_registry(registry, loadout::Settings::new(t.store.clone()));
+    let app = App::with_registry(registry, t.store.clone());
     app.settings
         .set("llm_base_url", &model.base_url())
         .await

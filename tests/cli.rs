@@ -173,7 +173,7 @@ fn serving_beyond_loopback_requires_a_bearer_token() {
 /// too (its vectors cached in the data dir), unless `--lexical`.
 #[test]
 fn route_uses_the_dense_stage_unless_asked_not_to() {
-    if !loadout::embed::builtin_available() {
+    if !loadout_embed::builtin_available() {
         eprintln!("note: built without the dense feature; skipped");
         return;
     }
@@ -370,7 +370,9 @@ async fn replay_measures_stored_sessions_against_the_tools_their_model_called() 
     drop(app);
     // A call of a tool the registry no longer has (or an upstream server's) is left
     // out, and said so.
-    let store = loadout::Store::open_dir(dir.path()).await.expect("store");
+    let store = loadout_store::Store::open_dir(dir.path())
+        .await
+        .expect("store");
     store
         .message_append("s1", "tool", &json!({"name": "gone_tool", "ok": true}))
         .await
@@ -524,7 +526,9 @@ async fn route_and_replay_route_the_upstream_servers_tools_as_serve_does() {
     assert!(!sends_echo(&alone), "{alone}");
 
     // A stored session whose model called the upstream tool.
-    let store = loadout::Store::open_dir(dir.path()).await.expect("store");
+    let store = loadout_store::Store::open_dir(dir.path())
+        .await
+        .expect("store");
     store
         .message_append("u1", "user", &Value::from("echo this back to me"))
         .await

@@ -421,13 +421,12 @@ async fn a_session_id_the_client_chose_starts_a_session() {
 async fn a_database_outage_answers_503_and_service_resumes_without_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let Some((t, mut outage)) =
-        loadout::store::testing::postgres_outage_store(dir.path(), "HTTP outage test").await
+        loadout_store::testing::postgres_outage_store(dir.path(), "HTTP outage test").await
     else {
         return;
     };
     let registry = std::sync::Arc::new(loadout_domains::registry().expect("registry"));
-    let app_state =
-        loadout_server::app::App::with_registry(registry, loadout::Settings::new(t.store.clone()));
+    let app_state = loadout_server::app::App::with_registry(registry, t.store.clone());
     let app = loadout_server::http::app(loadout_server::http::HttpState::new(app_state, None));
     let route = || {
         send(
@@ -479,7 +478,7 @@ async fn a_failing_decision_log_never_fails_a_routing_request() {
         .expect("open app");
     let state = loadout_server::http::HttpState::new(app_state, None);
     let app = loadout_server::http::app(state.clone());
-    let loadout::store::StoreBackend::Sqlite(sqlite) = state.app.store().backend() else {
+    let loadout_store::StoreBackend::Sqlite(sqlite) = state.app.store().backend() else {
         unreachable!("the default store is SQLite");
     };
     sqlite

@@ -381,7 +381,7 @@ async fn dynamic_mode_lists_core_and_loads_on_request() {
     assert!(found.contains("read_file"), "{found}");
     // The first search also starts the dense stage of the ranking, in the
     // background; its vectors land in the data dir's cache.
-    if loadout::embed::builtin_available() {
+    if loadout_embed::builtin_available() {
         let started = std::time::Instant::now();
         while !data.path().join("vectors").is_dir() {
             assert!(started.elapsed() < WAIT, "no vector cache after a search");

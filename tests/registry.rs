@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use loadout::{Registry, Settings, Store, ToolContext, ToolError};
+use loadout::{Registry, Settings, ToolContext, ToolError};
+use loadout_store::Store;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
@@ -178,7 +179,7 @@ fn tools_are_sorted_and_carry_their_schema_and_hint() {
 
 #[test]
 fn definitions_export_in_three_formats_with_real_token_counts() {
-    let registry = loadout_domains::registry().expect("registry");
+    let registry = Arc::new(loadout_domains::registry().expect("registry"));
     let probe = registry.tool("probe").expect("probe");
     let openai = loadout::export::openai(probe);
     assert_eq!(openai["type"], "function");
@@ -188,11 +189,11 @@ fn definitions_export_in_three_formats_with_real_token_counts() {
     assert_eq!(anthropic["input_schema"]["type"], "object");
     let mcp = loadout::export::mcp(probe);
     assert_eq!(mcp["inputSchema"]["type"], "object");
-    let idx = registry.tool_idx("probe").expect("idx");
-    let tokens = registry.token_cost(idx);
-    assert_eq!(tokens, loadout::tokens::count_json(&openai));
+    let tokens = loadout_router::tokens::tool_cost(probe);
+    assert_eq!(tokens, loadout_router::tokens::count_json(&openai));
     assert!(tokens > 20 && tokens < 200, "{tokens}");
-    assert!(registry.all_tools_tokens() > tokens);
+    let router = loadout_router::Router::new(registry.clone(), Default::default());
+    assert!(router.all_tools_tokens() > tokens);
 }
 
 #[test]
@@ -208,4 +209,24 @@ fn a_tool_naming_an_undeclared_domain_fails_the_build_of_the_registry() {
         message.contains("`nowhere`") && message.contains("not declared"),
         "{message}"
     );
+}
+
+/// The definitions every client gets of the linked domains' tools, in each export
+/// format, against the golden files in `tests/snapshots/`: a schema change shows in
+/// review. `cargo insta review` (or `INSTA_UPDATE=always cargo test`) accepts one.
+#[test]
+fn exported_definitions_match_the_golden_files() {
+    let registry = loadout_domains::registry().expect("registry");
+    let linked: Vec<&loadout::Tool> = registry
+        .all_tools()
+        .iter()
+        .filter(|t| t.origin.starts_with("domains/"))
+        .collect();
+    assert!(linked.len() > 20, "{} linked tools", linked.len());
+    let export = |format: fn(&loadout::Tool) -> serde_json::Value| -> Vec<serde_json::Value> {
+        linked.iter().map(|t| format(t)).collect()
+    };
+    insta::assert_json_snapshot!("definitions_mcp", export(loadout::export::mcp));
+    insta::assert_json_snapshot!("definitions_openai", export(loadout::export::openai));
+    insta::assert_json_snapshot!("definitions_anthropic", export(loadout::export::anthropic));
 }

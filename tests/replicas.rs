@@ -13,8 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use loadout::store::testing::{self, TestStore};
-use loadout::store::{StoreBackend, StoreError};
+use loadout_store::testing::{self, TestStore};
+use loadout_store::{StoreBackend, StoreError};
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
@@ -706,7 +706,7 @@ async fn a_newer_schema_stops_the_binary_and_is_left_untouched() {
                 &stderr,
                 &format!(
                     "database schema version 999 is newer than this binary knows ({})",
-                    loadout::store::SCHEMA_VERSION
+                    loadout_store::SCHEMA_VERSION
                 ),
             );
         }
@@ -727,7 +727,7 @@ async fn a_newer_schema_stops_the_binary_and_is_left_untouched() {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        let expected: Vec<i64> = (1..=loadout::store::SCHEMA_VERSION)
+        let expected: Vec<i64> = (1..=loadout_store::SCHEMA_VERSION)
             .chain(std::iter::once(999))
             .collect();
         assert_eq!(versions, expected);
@@ -789,7 +789,7 @@ async fn a_stopped_server_writes_every_queued_log_row_first() {
     for url in backends {
         let data_dir = tempfile::tempdir().expect("tempdir");
         if url.is_none() {
-            let store = loadout::Store::connect(None, data_dir.path())
+            let store = loadout_store::Store::connect(None, data_dir.path())
                 .await
                 .expect("open SQLite");
             store
@@ -815,7 +815,7 @@ async fn a_stopped_server_writes_every_queued_log_row_first() {
         // At once: the writers batch rows for 50 ms, so the last ones are queued.
         let (status, data_dir) = replica.terminate();
         assert!(status.success(), "exit status {status}");
-        let store = loadout::Store::connect(url, data_dir.path())
+        let store = loadout_store::Store::connect(url, data_dir.path())
             .await
             .expect("reopen the store");
         let decisions = store.decisions(session).await.expect("decisions");

@@ -89,6 +89,7 @@ fn registration(spec: &ToolSpec, function: &ItemFn) -> TokenStream {
     let destructive = option_bool(spec.destructive);
     let idempotent = option_bool(spec.idempotent);
     let open_world = option_bool(spec.open_world);
+    let pins_domain = spec.pins_domain;
 
     quote! {
         #[doc(hidden)]
@@ -130,6 +131,7 @@ fn registration(spec: &ToolSpec, function: &ItemFn) -> TokenStream {
                         idempotent: #idempotent,
                         open_world: #open_world,
                     },
+                    pins_domain: #pins_domain,
                     input_schema: #schema_ident,
                     call: #call_ident,
                     file: ::core::file!(),

@@ -48,9 +48,10 @@ pub struct ToolAttr {
     pub destructive: Option<LitBool>,
     pub idempotent: Option<LitBool>,
     pub open_world: Option<LitBool>,
+    pub pins_domain: Option<LitBool>,
 }
 
-pub const KNOWN_KEYS: &str = "domain, keywords, name, title, tier, examples, conflicts, read_only, destructive, idempotent, open_world";
+pub const KNOWN_KEYS: &str = "domain, keywords, name, title, tier, examples, conflicts, read_only, destructive, idempotent, open_world, pins_domain";
 
 impl ToolAttr {
     /// Assigns each pair to its field; unknown keys, duplicate keys and values of
@@ -80,6 +81,7 @@ impl ToolAttr {
                 "destructive" => attr.destructive = lit_bool(&value, &key_name, errors),
                 "idempotent" => attr.idempotent = lit_bool(&value, &key_name, errors),
                 "open_world" => attr.open_world = lit_bool(&value, &key_name, errors),
+                "pins_domain" => attr.pins_domain = lit_bool(&value, &key_name, errors),
                 _ => errors.push(syn::Error::new(
                     key.span(),
                     format!("unknown key `{key_name}`; expected one of: {KNOWN_KEYS}"),

@@ -27,6 +27,7 @@ pub struct ToolSpec {
     pub destructive: Option<bool>,
     pub idempotent: Option<bool>,
     pub open_world: Option<bool>,
+    pub pins_domain: bool,
     pub description: String,
     pub params: Vec<Param>,
 }
@@ -186,6 +187,7 @@ pub fn validate(
             destructive: attr.destructive.as_ref().map(|b| b.value),
             idempotent: attr.idempotent.as_ref().map(|b| b.value),
             open_world: attr.open_world.as_ref().map(|b| b.value),
+            pins_domain: attr.pins_domain.as_ref().is_some_and(|b| b.value),
             description,
             params,
         })

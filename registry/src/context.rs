@@ -6,7 +6,22 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::{Registry, Settings, Store};
+use crate::{Registry, Settings, Storage};
+
+/// The meta-tools' names: the core tools that change a conversation's tool selection
+/// through its [`SessionControl`]. Defined here once, for core and the servers.
+pub mod meta {
+    pub const SEARCH_TOOLS: &str = "search_tools";
+    pub const LOAD_TOOLS: &str = "load_tools";
+    pub const UNLOAD_TOOLS: &str = "unload_tools";
+    pub const LOAD_ALL_FOR_THIS_TURN: &str = "load_all_for_this_turn";
+    pub const ALL: [&str; 4] = [
+        SEARCH_TOOLS,
+        LOAD_TOOLS,
+        UNLOAD_TOOLS,
+        LOAD_ALL_FOR_THIS_TURN,
+    ];
+}
 
 /// What a [`SessionControl`] method answers: a JSON result for the model, or a
 /// message saying why the request was refused.
@@ -93,8 +108,10 @@ impl ToolContext {
         &self.settings
     }
 
-    pub fn store(&self) -> &Store {
-        self.settings.store()
+    /// The storage the server opened: a domain with data of its own downcasts
+    /// [`Storage::as_any`] to the backend its engine runs on.
+    pub fn storage(&self) -> &dyn Storage {
+        &**self.settings.storage()
     }
 
     pub fn registry(&self) -> &Arc<Registry> {

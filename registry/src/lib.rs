@@ -1,35 +1,31 @@
-//! `loadout`: the tool registry, its storage and its router.
+//! `loadout`: the contract between tools and the servers that expose them.
 //!
-//! This crate owns the contract between tools and the servers that expose them:
 //! [`Tool`] and [`Domain`] (what a tool is, wherever it was declared), the link-time
 //! collection that `#[tool]` and [`domain!`] submit to, the [`Registry`] that validates
-//! arguments and calls tools, the [`Store`] that keeps every piece of state a user
-//! expects to survive, and the [`router`] that picks the tools a message needs.
+//! arguments, checks settings and calls tools, the [`ToolContext`] a tool body sees,
+//! schema helpers, export formats and errors.
 //!
-//! It must not depend on any domain crate, on axum or on rmcp: domains depend on this
-//! crate, servers depend on both, and nothing calls back up.
+//! It must not depend on a domain crate, a storage driver, an encoder, a tokenizer,
+//! axum or rmcp: every domain compiles it, so it stays small. Storage reaches it only
+//! through the [`Storage`] trait.
 
 mod context;
 mod domain;
-pub mod embed;
 mod error;
 pub mod export;
 mod registry;
-pub mod replay;
-pub mod router;
 pub mod schema;
 pub mod settings;
-pub mod store;
-pub mod tokens;
+mod storage;
 mod tool;
 pub mod toolkit;
 
-pub use context::{ControlFuture, SessionControl, ToolContext};
+pub use context::{ControlFuture, SessionControl, ToolContext, meta};
 pub use domain::{Domain, DomainEntry};
 pub use error::{RegistryError, ToolError};
-pub use registry::Registry;
-pub use settings::{Settings, is_secret_key, mask_secret};
-pub use store::{Store, StoreError};
+pub use registry::{Registry, RegistryBuilder};
+pub use settings::{Settings, is_secret_key, mask_secret, validate_setting_key};
+pub use storage::{BoxFuture, SettingsChange, Storage, StoreError};
 pub use tool::{Annotations, Backend, CallFuture, ExternalCall, Tier, Tool, ToolEntry};
 
 /// Declares `fn` items as tools; see the crate README for the keys it takes.

@@ -19,8 +19,6 @@ pub struct Registry {
     tool_index: HashMap<String, usize>,
     /// Compiled input schemas, built on first call of each tool.
     validators: Vec<OnceLock<Result<ArgsValidator, String>>>,
-    /// Token cost of each tool's OpenAI definition, counted on first use.
-    token_costs: Vec<OnceLock<usize>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -151,7 +149,6 @@ impl Registry {
             tools,
             tool_index,
             validators: (0..n_tools).map(|_| OnceLock::new()).collect(),
-            token_costs: (0..n_tools).map(|_| OnceLock::new()).collect(),
         })
     }
 
@@ -193,21 +190,6 @@ impl Registry {
     /// The tools of a domain, in name order.
     pub fn tools_of<'a>(&'a self, domain: &'a Domain) -> impl Iterator<Item = &'a Tool> + 'a {
         domain.tools.iter().filter_map(|name| self.tool(name))
-    }
-
-    /// Tokens the tool's definition costs when sent (OpenAI format, o200k_base).
-    pub fn token_cost(&self, tool_idx: usize) -> usize {
-        match (self.token_costs.get(tool_idx), self.tools.get(tool_idx)) {
-            (Some(cell), Some(tool)) => {
-                *cell.get_or_init(|| crate::tokens::count_json(&crate::export::openai(tool)))
-            }
-            _ => 0,
-        }
-    }
-
-    /// Tokens of every tool's definition together.
-    pub fn all_tools_tokens(&self) -> usize {
-        (0..self.tools.len()).map(|i| self.token_cost(i)).sum()
     }
 
     /// Settings keys a domain still needs, given the current settings.

@@ -1,18 +1,18 @@
-//! Settings: key/value strings in the [`Store`], read through a cache.
+//! Settings: key/value strings in the [`Storage`], read through a cache.
 //!
 //! Reads are served from memory; the cache is dropped by every write made through
 //! this handle and reloaded when the store reports a write by anyone else, with a
 //! TTL (default 10 s) as the backstop.
 //!
 //! How "a write by anyone else" is noticed depends on the backend. SQLite: the
-//! store's [`settings_version`](Store::settings_version) (a pragma, in process) is
+//! store's [`settings_version`](Storage::settings_version) (a pragma, in process) is
 //! asked on every [`snapshot`](Settings::snapshot), so a tool call sees a setting
 //! another process (`loadout mcp`, the CLI) just wrote; the routing hot path uses
 //! [`snapshot_recent`](Settings::snapshot_recent), which asks at most once per
 //! [`RECHECK`], from one request at a time, so a busy server does not queue one
 //! storage call per request.
 //! PostgreSQL: the store's
-//! listener ([`Store::settings_changes`]) reports every write by any replica at once
+//! listener ([`Storage::settings_changes`]) reports every write by any replica at once
 //! (`LISTEN/NOTIFY`), so a snapshot asks the database nothing while the listener is
 //! connected; a notification, a reconnect or a lost listener drops the cache, and
 //! while the listener is down the epoch is asked on every read, as on SQLite.
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::store::{SettingsChange, Store, StoreError};
+use crate::storage::{SettingsChange, Storage, StoreError};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
@@ -36,7 +36,7 @@ pub const RECHECK: Duration = Duration::from_millis(50);
 /// Cached view of the settings table; cheap to clone, clones share the cache.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    store: Store,
+    store: Arc<dyn Storage>,
     ttl: Duration,
     cache: Arc<Mutex<Option<Cached>>>,
     /// The store's change notifications, where it has them.
@@ -73,11 +73,12 @@ struct Cached {
 }
 
 impl Settings {
-    pub fn new(store: Store) -> Settings {
+    pub fn new(store: impl Storage) -> Settings {
         Settings::with_ttl(store, DEFAULT_TTL)
     }
 
-    pub fn with_ttl(store: Store, ttl: Duration) -> Settings {
+    pub fn with_ttl(store: impl Storage, ttl: Duration) -> Settings {
+        let store: Arc<dyn Storage> = Arc::new(store);
         let changes = store.settings_changes();
         Settings {
             store,
@@ -88,7 +89,7 @@ impl Settings {
         }
     }
 
-    pub fn store(&self) -> &Store {
+    pub fn storage(&self) -> &Arc<dyn Storage> {
         &self.store
     }
 
@@ -226,6 +227,23 @@ impl Settings {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Cached>> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Setting keys are lowercase identifiers: they appear in error messages and URLs.
+pub fn validate_setting_key(key: &str) -> Result<(), StoreError> {
+    let ok = !key.is_empty()
+        && key.len() <= 128
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "setting key `{}` must be 1-128 characters of a-z, 0-9, `_` or `.`",
+            key.chars().take(80).collect::<String>()
+        )))
     }
 }
 

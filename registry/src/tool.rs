@@ -56,6 +56,9 @@ pub struct ToolEntry {
     pub title: Option<&'static str>,
     pub tier: Option<Tier>,
     pub annotations: Annotations,
+    /// A call starts state the rest of the session works on (a scratchpad table):
+    /// the tool's domain stays loaded for the session.
+    pub pins_domain: bool,
     pub input_schema: fn() -> serde_json::Value,
     pub call: CallFn,
     /// Where the tool was written, for error messages naming both duplicates.
@@ -109,6 +112,8 @@ pub struct Tool {
     pub conflicts: Vec<String>,
     pub tier: Tier,
     pub annotations: Annotations,
+    /// A call pins the tool's domain for the rest of the session.
+    pub pins_domain: bool,
     pub input_schema: Arc<serde_json::Value>,
     pub backend: Backend,
     /// `file:line` of a macro tool, or the toolkit file path.
@@ -129,6 +134,7 @@ impl Tool {
             conflicts: entry.conflicts.iter().map(|k| k.to_string()).collect(),
             tier: entry.tier.unwrap_or(domain_tier),
             annotations: entry.annotations,
+            pins_domain: entry.pins_domain,
             input_schema: Arc::new((entry.input_schema)()),
             backend: Backend::Native(entry.call),
             origin: format!("{}:{}", entry.file, entry.line),

@@ -87,6 +87,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Toolkit, RegistryError> {
                 conflicts: t.conflicts,
                 tier: file.tier,
                 annotations: t.annotations.unwrap_or_default(),
+                pins_domain: false,
                 input_schema: Arc::new(schema),
                 backend: Backend::None,
                 origin: origin.to_owned(),

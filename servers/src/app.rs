@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context as _;
-use loadout::router::Router;
-use loadout::{Registry, Settings, Store, ToolContext};
+use loadout::{Registry, Settings, ToolContext};
+use loadout_router::Router;
+use loadout_store::Store;
 
 use crate::config::{CONFIG_FILE, ConfigFile, Reloaded};
 use crate::routing::Routing;
@@ -42,6 +43,8 @@ pub fn default_data_dir() -> PathBuf {
 #[derive(Clone, Debug)]
 pub struct App {
     pub registry: Arc<Registry>,
+    pub store: Store,
+    /// The settings of `store`, through one cache.
     pub settings: Settings,
     /// `loadout.toml`: the router's tunables and the upstream MCP servers, as
     /// read at start or at the last reload; shared by the app's copies, and
@@ -56,8 +59,8 @@ pub struct App {
     replacing: Arc<tokio::sync::Mutex<()>>,
 }
 
-/// The background build of the dense stage (see [`loadout::embed::spawn_dense_stage`]).
-pub type DenseStageBuild = std::thread::JoinHandle<Result<loadout::embed::DenseBuildStats, String>>;
+/// The background build of the dense stage (see [`loadout_embed::spawn_dense_stage`]).
+pub type DenseStageBuild = std::thread::JoinHandle<Result<loadout_embed::DenseBuildStats, String>>;
 
 impl App {
     pub async fn open(config: &Config) -> anyhow::Result<App> {
@@ -69,16 +72,17 @@ impl App {
         let registry = loadout_domains::registry().context("building the tool registry")?;
         warn_unknown_pins(&file, &registry);
         let store = open_store(config.database_url.as_deref(), &config.data_dir).await?;
-        Ok(App::with_registry(Arc::new(registry), Settings::new(store)).with_config(file))
+        Ok(App::with_registry(Arc::new(registry), store).with_config(file))
     }
 
     /// An app over a given registry (toolkits added, upstream domains, tests), with
     /// the defaults of an absent config file.
-    pub fn with_registry(registry: Arc<Registry>, settings: Settings) -> App {
-        let config = ConfigFile::defaults(settings.store().data_dir().join(CONFIG_FILE));
+    pub fn with_registry(registry: Arc<Registry>, store: Store) -> App {
+        let config = ConfigFile::defaults(store.data_dir().join(CONFIG_FILE));
         App {
             registry,
-            settings,
+            settings: Settings::new(store.clone()),
+            store,
             config: Arc::new(tokio::sync::watch::Sender::new(Arc::new(config))),
             routing: Arc::new(OnceLock::new()),
             replacing: Arc::new(tokio::sync::Mutex::new(())),
@@ -90,6 +94,7 @@ impl App {
     pub fn with_other_registry(&self, registry: Arc<Registry>) -> App {
         App {
             registry,
+            store: self.store.clone(),
             settings: self.settings.clone(),
             config: self.config.clone(),
             routing: Arc::new(OnceLock::new()),
@@ -173,7 +178,7 @@ impl App {
     pub fn routing(&self) -> &Routing {
         self.routing.get_or_init(|| {
             let router = Arc::new(self.new_router(self.registry.clone()));
-            Routing::new(router, self.settings.store().clone())
+            Routing::new(router, self.store.clone())
         })
     }
 
@@ -185,7 +190,7 @@ impl App {
     }
 
     pub fn store(&self) -> &Store {
-        self.settings.store()
+        &self.store
     }
 
     /// Starts the dense (semantic) stage in the background: an OpenAI-compatible
@@ -213,14 +218,14 @@ impl App {
             tracing::info!("[router] dense stage off (router_dense = off)");
             return None;
         }
-        let http = crate::embeddings::HttpEmbedder::from_settings(&settings);
+        let http = loadout_embed::http::HttpEmbedder::from_settings(&settings);
         let cache_dir = self.store().data_dir().join("vectors");
-        let build = loadout::embed::spawn_dense_stage(
+        let build = loadout_embed::spawn_dense_stage(
             router,
             move || match http {
-                Some(Ok(embedder)) => Ok(Arc::new(embedder) as Arc<dyn loadout::router::Embedder>),
+                Some(Ok(embedder)) => Ok(Arc::new(embedder) as Arc<dyn loadout_router::Embedder>),
                 Some(Err(e)) => Err(e),
-                None => loadout::embed::builtin(),
+                None => loadout_embed::builtin(),
             },
             Some(cache_dir),
         );
@@ -244,7 +249,7 @@ impl App {
 /// Indexes and token counts take a tenth of a second or more: built off the runtime.
 async fn build_router(
     registry: Arc<Registry>,
-    config: loadout::router::RouterConfig,
+    config: loadout_router::RouterConfig,
 ) -> anyhow::Result<Arc<Router>> {
     let router = tokio::task::spawn_blocking(move || Router::new(registry, config))
         .await

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use loadout::router::RouterConfig;
+use loadout_router::RouterConfig;
 use serde::Deserialize;
 
 use crate::mcp::upstream::{self, ServerConfig};
@@ -270,7 +270,7 @@ mod tests {
         assert_eq!(
             changes,
             [
-                "pin_on_tools: [\"create_table\"] → [\"remember\"]",
+                "pin_on_tools: [] → [\"remember\"]",
                 "token_budget: 3000 → 2500"
             ],
             "{changes:?}"

@@ -7,7 +7,6 @@
 pub mod app;
 pub mod cli;
 pub mod config;
-pub mod embeddings;
 pub mod http;
 pub mod log_writer;
 pub mod mcp;

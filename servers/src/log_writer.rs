@@ -1,19 +1,19 @@
-//! Background writers for the logs that must stay off the hot path: tool calls
-//! (`audit_log`) and routing decisions (`tool_history`). Rows are queued without
-//! waiting and written to the store in batches.
+//! The writers of the two logs. Routing decisions (`tool_history`) are queued without
+//! waiting and written to the store in batches by one background task, so that a
+//! request never waits for them. Tool calls (`audit_log`) are written before the
+//! call's answer goes out, so that an acknowledged call is never missing.
 //!
-//! A full queue or a database error never blocks or fails a call or a routing
-//! request: the row is counted as dropped and a warning is logged.
-//! [`LogWriter::shutdown`] writes every row still queued before it returns, so a
-//! graceful exit loses none.
+//! A full queue or a database error never blocks or fails a routing request: the
+//! row is counted as dropped and a warning is logged. [`DecisionWriter::shutdown`]
+//! writes every row still queued before it returns, so a graceful exit loses none;
+//! a crash (`kill -9`) loses the rows still queued in the process: those of the last
+//! [`LINGER`] window, at most [`QUEUE_CAPACITY`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use loadout::Store;
-use loadout::StoreError;
-use loadout::store::{AuditRow, DecisionRow, LogPace};
+use loadout_store::{AuditRow, DecisionRow, Store};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -26,15 +26,10 @@ pub const MAX_BATCH: usize = 1024;
 /// it touched, a cost per transaction, not per row). A row after a quiet spell is
 /// written at once.
 pub const LINGER: Duration = Duration::from_millis(50);
-/// Rows still queued behind a batch from which the writer counts as behind: the
-/// batch is written at normal priority ([`LogPace::CatchUp`]) instead of on idle CPU
-/// time. A quarter of the queue leaves three quarters of headroom before rows drop.
-pub const BEHIND_ROWS: usize = QUEUE_CAPACITY / 4;
-
-/// Handle to the writer task; cheap to clone, clones share the queue.
+/// Handle to the decision writer's task; cheap to clone, clones share the queue.
 #[derive(Clone)]
-pub struct LogWriter<R: LogRow> {
-    queue: mpsc::Sender<R>,
+pub struct DecisionWriter {
+    queue: mpsc::Sender<DecisionRow>,
     n_dropped: Arc<AtomicU64>,
     task: Arc<Mutex<Option<WriterTask>>>,
 }
@@ -44,23 +39,25 @@ struct WriterTask {
     handle: JoinHandle<()>,
 }
 
-impl<R: LogRow> std::fmt::Debug for LogWriter<R> {
+const LOG: &str = "decision log";
+
+impl std::fmt::Debug for DecisionWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct(R::LOG)
+        f.debug_struct("DecisionWriter")
             .field("queued", &(QUEUE_CAPACITY - self.queue.capacity()))
             .field("dropped", &self.n_dropped())
             .finish()
     }
 }
 
-impl<R: LogRow> LogWriter<R> {
+impl DecisionWriter {
     /// Starts the writer task on the current tokio runtime.
-    pub fn start(store: Store) -> LogWriter<R> {
+    pub fn start(store: Store) -> DecisionWriter {
         let (queue, rows) = mpsc::channel(QUEUE_CAPACITY);
         let (stop, stopped) = oneshot::channel();
         let n_dropped = Arc::new(AtomicU64::new(0));
         let handle = tokio::spawn(write_rows(store, rows, stopped, n_dropped.clone()));
-        LogWriter {
+        DecisionWriter {
             queue,
             n_dropped,
             task: Arc::new(Mutex::new(Some(WriterTask { stop, handle }))),
@@ -68,7 +65,7 @@ impl<R: LogRow> LogWriter<R> {
     }
 
     /// Queues a row; never waits. A full queue or a stopped writer drops the row.
-    pub fn record(&self, row: R) {
+    pub fn record(&self, row: DecisionRow) {
         if let Err(e) = self.queue.try_send(row) {
             let n = self.n_dropped.fetch_add(1, Ordering::Relaxed) + 1;
             // One warning per power of two keeps a flood from flooding the log too.
@@ -77,7 +74,7 @@ impl<R: LogRow> LogWriter<R> {
                     mpsc::error::TrySendError::Full(_) => "queue full",
                     mpsc::error::TrySendError::Closed(_) => "writer stopped",
                 };
-                tracing::warn!("{}: row dropped ({why}); {n} dropped so far", R::LOG);
+                tracing::warn!("{LOG}: row dropped ({why}); {n} dropped so far");
             }
         }
     }
@@ -100,14 +97,14 @@ impl<R: LogRow> LogWriter<R> {
         // nothing left to flush.
         let _ = task.stop.send(());
         if let Err(e) = task.handle.await {
-            tracing::warn!("{}: writer task failed: {e}", R::LOG);
+            tracing::warn!("{LOG}: writer task failed: {e}");
         }
     }
 }
 
-async fn write_rows<R: LogRow>(
+async fn write_rows(
     store: Store,
-    mut rows: mpsc::Receiver<R>,
+    mut rows: mpsc::Receiver<DecisionRow>,
     mut stopped: oneshot::Receiver<()>,
     n_dropped: Arc<AtomicU64>,
 ) {
@@ -139,94 +136,62 @@ async fn write_rows<R: LogRow>(
                         batch.push(row);
                     }
                 }
-                let pace = if rows.len() >= BEHIND_ROWS {
-                    LogPace::CatchUp
-                } else {
-                    LogPace::Idle
-                };
-                insert(&store, &mut batch, pace, &n_dropped).await;
+                insert(&store, &mut batch, &n_dropped).await;
                 last_write = Some(Instant::now());
             }
         }
     }
     // No new rows from now on; what is already queued is still written.
     rows.close();
-    // Shutting down: nothing is served any more, and nobody should wait for idle time.
     while rows.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        insert(&store, &mut batch, LogPace::CatchUp, &n_dropped).await;
+        insert(&store, &mut batch, &n_dropped).await;
     }
 }
 
-async fn insert<R: LogRow>(
-    store: &Store,
-    batch: &mut Vec<R>,
-    pace: LogPace,
-    n_dropped: &AtomicU64,
-) {
-    // The store takes the batch and frees it where it writes it (on SQLite, its log
-    // thread): a request's thread never copies or frees a thousand rows at once.
+async fn insert(store: &Store, batch: &mut Vec<DecisionRow>, n_dropped: &AtomicU64) {
     let rows = std::mem::replace(batch, Vec::with_capacity(MAX_BATCH));
     let n = rows.len();
-    if let Err(e) = R::insert(store, rows, pace).await {
+    if let Err(e) = store.decisions_insert(rows).await {
         n_dropped.fetch_add(n as u64, Ordering::Relaxed);
-        tracing::warn!("{}: {n} rows lost: {e}", R::LOG);
+        tracing::warn!("{LOG}: {n} rows lost: {e}");
     }
 }
 
-/// A row kind the background writer can store in batches.
-pub trait LogRow: Send + 'static {
-    /// Names the log in messages.
-    const LOG: &'static str;
-    /// Writes the batch (the store retries a failed write once).
-    fn insert(
-        store: &Store,
-        rows: Vec<Self>,
-        pace: LogPace,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_
-    where
-        Self: Sized;
+/// Writes each tool call's audit row before the call's answer goes out.
+#[derive(Clone, Debug)]
+pub struct AuditWriter {
+    store: Store,
 }
 
-impl LogRow for AuditRow {
-    const LOG: &'static str = "audit log";
-    fn insert(
-        store: &Store,
-        rows: Vec<Self>,
-        pace: LogPace,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_ {
-        store.audit_insert(rows, pace)
+impl AuditWriter {
+    pub fn new(store: Store) -> AuditWriter {
+        AuditWriter { store }
+    }
+
+    /// Writes the row; a failure is logged, never returned: the call itself has
+    /// happened, and its answer goes out either way.
+    pub async fn record(&self, row: AuditRow) {
+        if let Err(e) = self.store.audit_insert(vec![row]).await {
+            tracing::warn!("audit log: a row was not written: {e}");
+        }
     }
 }
-
-impl LogRow for DecisionRow {
-    const LOG: &'static str = "decision log";
-    fn insert(
-        store: &Store,
-        rows: Vec<Self>,
-        pace: LogPace,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + '_ {
-        store.decisions_insert(rows, pace)
-    }
-}
-
-/// Tool calls, for `loadout audit`.
-pub type AuditWriter = LogWriter<AuditRow>;
-/// Routing decisions (`tool_history`), kept off the routing hot path.
-pub type DecisionWriter = LogWriter<DecisionRow>;
 
 #[cfg(test)]
 mod tests {
+    use loadout_store::Reasons;
+
     use super::*;
 
-    fn row(i: usize) -> AuditRow {
-        AuditRow {
+    fn row(i: usize) -> DecisionRow {
+        DecisionRow {
             at_ms: i as i64,
-            client: "test".into(),
-            tool: format!("tool_{i}"),
-            args: serde_json::json!({"i": i}),
-            outcome: "ok".into(),
-            detail: None,
-            duration_ms: 0.5,
+            session: None,
+            turn: 1,
+            message: format!("message {i}"),
+            n_tools: 1,
+            tokens: 1,
+            reasons: Reasons::default(),
         }
     }
 
@@ -234,16 +199,16 @@ mod tests {
     async fn shutdown_writes_every_queued_row() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open_dir(dir.path()).await.expect("store");
-        let writer = AuditWriter::start(store.clone());
+        let writer = DecisionWriter::start(store.clone());
         let n = 1000;
         for i in 0..n {
             writer.record(row(i));
         }
         writer.shutdown().await;
         assert_eq!(writer.n_dropped(), 0);
-        let rows = store.audit_tail(2 * n).await.expect("tail");
+        let rows = store.decisions_tail(2 * n).await.expect("tail");
         assert_eq!(rows.len(), n);
-        assert_eq!(rows.last().map(|r| r.tool.as_str()), Some("tool_999"));
+        assert_eq!(rows.last().map(|r| r.message.as_str()), Some("message 999"));
         // After shutdown, rows are refused without blocking, and counted.
         writer.record(row(n));
         assert_eq!(writer.n_dropped(), 1);
@@ -254,7 +219,7 @@ mod tests {
     async fn a_full_queue_drops_instead_of_blocking() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open_dir(dir.path()).await.expect("store");
-        let writer = AuditWriter::start(store.clone());
+        let writer = DecisionWriter::start(store.clone());
         let started = std::time::Instant::now();
         for i in 0..(QUEUE_CAPACITY * 4) {
             writer.record(row(i));
@@ -262,7 +227,7 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
         writer.shutdown().await;
         let written = store
-            .audit_tail(QUEUE_CAPACITY * 8)
+            .decisions_tail(QUEUE_CAPACITY * 8)
             .await
             .expect("tail")
             .len() as u64;

@@ -1,12 +1,13 @@
 //! How long the decision log (`tool_history`) keeps its rows. Every routed message
-//! adds a row of one to several kilobytes (8 KB with the 262-tool shared catalog), so
-//! a busy server's log would otherwise grow without bound. The audit log is not pruned: it is the record of what tools did.
+//! adds a row of a few kilobytes, so a busy server's log would otherwise grow without
+//! bound. The audit log is not pruned: it is the record of what tools did.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use loadout::store::now_ms;
-use loadout::{Settings, Store, StoreError};
+use loadout::{Settings, StoreError};
+use loadout_store::Store;
+use loadout_store::now_ms;
 
 /// The setting: days a decision row is kept; `0` or `forever` keeps every row.
 pub const DECISION_LOG_DAYS_SETTING: &str = "decision_log_days";
@@ -67,7 +68,7 @@ pub async fn prune_decisions(
 
 /// Prunes the decision log a minute after start and every hour after, while the
 /// process runs. Every replica may do it: deleting rows already gone is a no-op.
-pub fn spawn(settings: Settings) {
+pub fn spawn(store: Store, settings: Settings) {
     tokio::spawn(async move {
         tokio::time::sleep(FIRST_PRUNE_AFTER).await;
         let mut every = tokio::time::interval(PRUNE_EVERY);
@@ -75,7 +76,7 @@ pub fn spawn(settings: Settings) {
         loop {
             every.tick().await;
             let result = match settings.snapshot().await {
-                Ok(snapshot) => prune_decisions(settings.store(), &snapshot, now_ms()).await,
+                Ok(snapshot) => prune_decisions(&store, &snapshot, now_ms()).await,
                 Err(e) => Err(e),
             };
             match result {
@@ -90,7 +91,7 @@ pub fn spawn(settings: Settings) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loadout::store::{DecisionRow, Reasons};
+    use loadout_store::{DecisionRow, Reasons};
 
     fn row(at_ms: i64) -> DecisionRow {
         DecisionRow {
@@ -100,7 +101,7 @@ mod tests {
             message: "m".into(),
             n_tools: 1,
             tokens: 1,
-            reasons: Reasons::to_json(&serde_json::json!([])),
+            reasons: Reasons::default(),
         }
     }
 
@@ -118,10 +119,7 @@ mod tests {
             .iter()
             .map(|age| row(now - age * DAY_MS - 1))
             .collect();
-        store
-            .decisions_insert(rows.clone(), loadout::store::LogPace::Idle)
-            .await
-            .expect("insert");
+        store.decisions_insert(rows.clone()).await.expect("insert");
         prune_decisions(&store, &days(setting), now)
             .await
             .expect("prune");

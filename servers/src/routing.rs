@@ -8,11 +8,22 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
-use loadout::router::{MessageLogging, RouteInput, Router, Selection, SessionView, carry_over};
-use loadout::store::{SessionDomainState, now_ms};
-use loadout::{Store, StoreError};
+use loadout::StoreError;
+use loadout_router::{DomainState, RouteInput, Router, Selection, SessionView, carry_over};
+use loadout_store::Store;
+use loadout_store::{DecisionRow, MessageLogging, SessionDomainState, now_ms};
 
 use crate::log_writer::DecisionWriter;
+
+/// The router's memory of a domain, as the store keeps it.
+fn domain_state(row: SessionDomainState) -> DomainState {
+    DomainState {
+        domain: row.domain,
+        last_used_turn: row.last_used_turn,
+        pinned: row.pinned,
+        unloaded: row.unloaded,
+    }
+}
 
 /// Longest message the router accepts, in bytes; longer ones are refused, not cut.
 pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
@@ -184,7 +195,8 @@ impl Routing {
         let snapshot = store
             .session_snapshot(session, now_ms() - WARM_WINDOW_MS)
             .await?;
-        let mut view = SessionView::from_store(snapshot.turn, snapshot.domains, snapshot.warm);
+        let domains = snapshot.domains.into_iter().map(domain_state).collect();
+        let mut view = SessionView::from_store(snapshot.turn, domains, snapshot.warm);
         view.recent_calls = snapshot.recent_calls;
         if !request.called.is_empty() {
             let changed = view.record_calls(&router, request.called);
@@ -262,12 +274,18 @@ impl Routing {
         &self,
         store: &Store,
         session: &str,
-        changed: &[SessionDomainState],
+        changed: &[DomainState],
         carry: Option<(i64, &[String])>,
     ) -> Result<(), StoreError> {
         let now = now_ms();
         for state in changed {
-            store.session_domain_put(session, state).await?;
+            let row = SessionDomainState {
+                domain: state.domain.clone(),
+                last_used_turn: state.last_used_turn,
+                pinned: state.pinned,
+                unloaded: state.unloaded,
+            };
+            store.session_domain_put(session, &row).await?;
             if !state.unloaded {
                 store.domain_used(&state.domain, now).await?;
             }
@@ -280,10 +298,9 @@ impl Routing {
 
     /// [`select`], on a blocking thread when the dense stage is attached.
     /// The encoder's forward pass takes milliseconds; run on a runtime worker it
-    /// would hold up every other request that worker serves (on 2 cores, under 8
-    /// routed messages at once, `GET /api/domains` took 21 ms instead of 0.6). At
-    /// most one dense selection per core runs at once; the others wait here without
-    /// holding a thread. Lexical selections take microseconds and stay inline.
+    /// would hold up every other request that worker serves. At most one dense
+    /// selection per core runs at once; the others wait here without holding a
+    /// thread. Lexical selections take microseconds and stay inline.
     async fn select_off_runtime(
         &self,
         router: &Arc<Router>,
@@ -325,7 +342,8 @@ impl Routing {
     ) {
         tracing::info!("{}", selection.summary_line());
         if let Some(logging) = decision_logging(settings) {
-            self.decisions.record(selection.decision_row(
+            self.decisions.record(DecisionRow::new(
+                selection,
                 session,
                 turn,
                 message,
@@ -408,7 +426,7 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    use loadout::router::{DenseIndex, Embedder, RouterConfig};
+    use loadout_router::{DenseIndex, Embedder, RouterConfig};
 
     use super::*;
 

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use loadout::Registry;
-use loadout::router::{MessageLogging, RouteInput, Router, RouterConfig, Selection, SessionView};
-use loadout::store::DecisionRow;
+use loadout_router::{RouteInput, Router, RouterConfig, Selection, SessionView};
+use loadout_store::{DecisionRow, MessageLogging};
 
 use crate::eval::{EmbedderChoice, attach_embedder};
 
@@ -197,7 +197,14 @@ fn bench_one(
         messages.iter().map(|m| (m.as_str(), route(m))).collect();
     let row_times = time_per_message(messages, rounds, |m| {
         if let Some(selection) = selections.get(m) {
-            black_box(selection.decision_row(Some("bench"), 1, m, MessageLogging::Plain, 0));
+            black_box(DecisionRow::new(
+                selection,
+                Some("bench"),
+                1,
+                m,
+                MessageLogging::Plain,
+                0,
+            ));
         }
     });
     let (router_p50, router_p95) = (
@@ -233,7 +240,14 @@ fn bench_one(
         .iter()
         .filter_map(|m| {
             let selection = selections.get(m.as_str())?;
-            Some(selection.decision_row(None, 1, m, MessageLogging::Plain, 0))
+            Some(DecisionRow::new(
+                selection,
+                None,
+                1,
+                m,
+                MessageLogging::Plain,
+                0,
+            ))
         })
         .collect())
 }

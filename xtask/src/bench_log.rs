@@ -1,7 +1,7 @@
 //! The decision log's writes on SQLite, as the background writer makes them: batches
 //! of 350 rows (a server logging 7,000 requests/s, one batch per 50 ms), rows from
 //! one-off requests (no session) as the baseline in the same run, then rows spread
-//! over 64 and over 1,000 sessions, and one-off rows with empty reasons (`{}`): what
+//! over 64 and over 1,000 sessions, and one-off rows with empty reasons: what
 //! a row costs besides its reasons' bytes. Reports the time per row and the bytes the
 //! process wrote per row (`wchar` of `/proc/self/io`: WAL frames and checkpoints).
 //! A session's rows must cost about what one-off rows cost: what is written per
@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use loadout::Store;
-use loadout::store::{DecisionRow, LogPace, Reasons};
+use loadout_store::Store;
+use loadout_store::{DecisionRow, Reasons};
 
 const BATCH: usize = 350;
 /// Rows already in the log when the measured batches start.
@@ -26,19 +26,12 @@ pub fn run(rows: &[DecisionRow], batches: usize) -> anyhow::Result<()> {
         "\n# decision log on SQLite: {batches} batches of {BATCH} rows each, rows of the shared catalog's selections, after {PREFILL_ROWS} rows"
     );
     let n_rows = rows.len().max(1);
-    let compact = rows
-        .iter()
-        .filter_map(|r| r.reasons.compact_len())
-        .collect::<Vec<usize>>();
     println!(
-        "rows average {} bytes of reasons as JSON, {} as written ({} of {} rows compact), {} of message",
-        rows.iter().map(|r| r.reasons.json().len()).sum::<usize>() / n_rows,
+        "rows average {} bytes of reasons, {} of message",
         rows.iter()
-            .map(|r| r.reasons.compact_len().unwrap_or(r.reasons.json().len()))
+            .map(|r| r.reasons.to_json().len())
             .sum::<usize>()
             / n_rows,
-        compact.len(),
-        rows.len(),
         rows.iter().map(|r| r.message.len()).sum::<usize>() / n_rows,
     );
     println!(
@@ -103,7 +96,7 @@ async fn write_log(
             .map(|_| {
                 let mut row = rows[next % rows.len()].clone();
                 if small {
-                    row.reasons = Reasons::from_text("{}".into());
+                    row.reasons = Reasons::default();
                 }
                 row.session = (!session_ids.is_empty())
                     .then(|| session_ids[(next * 7919) % session_ids.len()].clone());
@@ -113,9 +106,7 @@ async fn write_log(
             .collect()
     };
     for _ in 0..PREFILL_ROWS / BATCH {
-        store
-            .decisions_insert(batch(true), LogPace::CatchUp)
-            .await?;
+        store.decisions_insert(batch(true)).await?;
     }
     let written_before = written_bytes();
     let mut elapsed = std::time::Duration::ZERO;
@@ -123,7 +114,7 @@ async fn write_log(
         let rows = batch(empty);
         let started = Instant::now();
         store
-            .decisions_insert(rows, LogPace::CatchUp)
+            .decisions_insert(rows)
             .await
             .context("writing a batch")?;
         elapsed += started.elapsed();

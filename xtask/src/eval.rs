@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use loadout::Registry;
-use loadout::replay::{Comparison, cases_from_json_lines, replay};
-use loadout::router::{Router, RouterConfig};
+use loadout_router::replay::{Comparison, cases_from_json_lines, replay};
+use loadout_router::{Router, RouterConfig};
 
 const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json] [--verbose]
        [--min-turn-recall X] [--config ROUTER_CONFIG.json] [--budget TOKENS]
@@ -58,7 +58,7 @@ pub enum EmbedderChoice {
 
 impl EmbedderChoice {
     pub fn default_for_build() -> EmbedderChoice {
-        if loadout::embed::builtin_available() {
+        if loadout_embed::builtin_available() {
             EmbedderChoice::Builtin
         } else {
             EmbedderChoice::None
@@ -112,21 +112,21 @@ pub fn attach_embedder(
     vector_cache: Option<&std::path::Path>,
 ) -> anyhow::Result<String> {
     let started = Instant::now();
-    let embedder: Arc<dyn loadout::router::Embedder> = match choice {
+    let embedder: Arc<dyn loadout_router::Embedder> = match choice {
         EmbedderChoice::None => return Ok("embedder none (lexical only)".to_owned()),
-        EmbedderChoice::Builtin => loadout::embed::builtin().map_err(anyhow::Error::msg)?,
+        EmbedderChoice::Builtin => loadout_embed::builtin().map_err(anyhow::Error::msg)?,
         EmbedderChoice::Endpoint { base_url, model } => {
             let api_key = std::env::var("LOADOUT_EMBEDDINGS_API_KEY").ok();
             Arc::new(
-                loadout_server::embeddings::HttpEmbedder::new(base_url, model, api_key)
+                loadout_embed::http::HttpEmbedder::new(base_url, model, api_key)
                     .map_err(anyhow::Error::msg)?,
             )
         }
     };
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut cache =
-        vector_cache.map(|dir| loadout::embed::VectorCache::open(dir, embedder.model_id()));
-    let (index, stats) = loadout::embed::build_dense_index(router, embedder, cache.as_mut())
+        vector_cache.map(|dir| loadout_embed::VectorCache::open(dir, embedder.model_id()));
+    let (index, stats) = loadout_embed::build_dense_index(router, embedder, cache.as_mut())
         .map_err(anyhow::Error::msg)?;
     if let Some(cache) = &mut cache {
         cache
@@ -153,7 +153,13 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut verbose = false;
     let mut tool_ranks = false;
     let mut min_turn_recall = None;
-    let mut config = RouterConfig::default();
+    // The shared catalog's scratchpad stands for the linked domain, whose
+    // `create_table` pins it (`#[tool(pins_domain = true)]`); a toolkit file cannot say
+    // so. Other catalogs have no such tool, and nothing changes for them.
+    let mut config = RouterConfig {
+        pin_on_tools: vec!["create_table".into()],
+        ..RouterConfig::default()
+    };
     let mut compare = None;
     let mut budget = None;
     let mut embedder = EmbedderChoice::default_for_build();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use loadout::Registry;
-use loadout::router::{Router, RouterConfig};
+use loadout_router::{Router, RouterConfig};
 
 /// One problem, with enough context to fix it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -108,13 +108,11 @@ pub const NEAR_IDENTICAL_COSINE: f32 = 0.92;
 /// near-identical (see [`NEAR_IDENTICAL_COSINE`]), naming both. Empty when the build
 /// has no built-in encoder.
 fn similar_across_domains(router: &Router) -> Vec<String> {
-    let Ok(embedder) = loadout::embed::builtin() else {
+    let Ok(embedder) = loadout_embed::builtin() else {
         return Vec::new();
     };
-    let mut cache = loadout::embed::VectorCache::open(
-        &crate::eval::default_vector_cache(),
-        embedder.model_id(),
-    );
+    let mut cache =
+        loadout_embed::VectorCache::open(&crate::eval::default_vector_cache(), embedder.model_id());
     let texts = router.dense_texts();
     let mut vectors: Vec<(usize, Vec<f32>)> = Vec::new();
     let mut missing: Vec<usize> = Vec::new();
@@ -127,7 +125,7 @@ fn similar_across_domains(router: &Router) -> Vec<String> {
             None => missing.push(i),
         }
     }
-    for batch in missing.chunks(loadout::embed::INDEX_BATCH) {
+    for batch in missing.chunks(loadout_embed::INDEX_BATCH) {
         let batch_texts: Vec<&str> = batch.iter().map(|&i| texts[i].as_str()).collect();
         let Ok(embedded) = embedder.embed(&batch_texts) else {
             return vec!["similarity check skipped: the encoder failed".to_owned()];
@@ -300,6 +298,7 @@ mod tests {
             conflicts: vec![],
             tier: Tier::Free,
             annotations: Annotations::default(),
+            pins_domain: false,
             input_schema: Arc::new(schema),
             backend: Backend::None,
             origin: "test".into(),

@@ -138,14 +138,6 @@ pub fn list_tools(args: ListToolsArgs, ctx: &ToolContext) -> Result<Vec<ToolSumm
 // ---------------------------------------------------------------------------
 // Meta-tools: reaching tools that were not sent
 
-/// Names of the meta-tools, which change the conversation's tool selection.
-pub const META_TOOLS: [&str; 4] = [
-    "search_tools",
-    "load_tools",
-    "unload_tools",
-    "load_all_for_this_turn",
-];
-
 /// Default and largest number of `search_tools` results.
 pub const DEFAULT_SEARCH_LIMIT: u32 = 10;
 pub const MAX_SEARCH_LIMIT: u32 = 50;
@@ -434,7 +426,7 @@ pub async fn list_settings(ctx: &ToolContext) -> Result<SettingsList, ToolError>
 }
 
 fn check_key(key: &str) -> Result<(), ToolError> {
-    loadout::store::validate_setting_key(key).map_err(|_| {
+    loadout::validate_setting_key(key).map_err(|_| {
         ToolError::execution(format!(
             "invalid setting key `{}`: use 1-128 lowercase letters, digits and `_`, e.g. `filesystem_roots`",
             key.chars().take(128).collect::<String>()

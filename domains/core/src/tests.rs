@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use loadout::{Registry, Settings, Store, ToolContext, ToolError};
+use loadout::{Registry, Settings, ToolContext, ToolError};
+use loadout_store::Store;
 use serde_json::{Value, json};
 
 struct Harness {

@@ -1,16 +1,16 @@
 //! The `memory` domain: long-term notes the model keeps for the user across
 //! sessions, found again by ranked full-text search.
 //!
-//! Tool signatures are engine-neutral; each tool dispatches on the store's backend
-//! to the engine's module (`sqlite`: FTS5 with `bm25()`; `postgres`: a `tsvector`
+//! Tools are engine-neutral: each asks [`engine`] for the [`MemoryEngine`] of the
+//! storage it runs on (`sqlite`: FTS5 with `bm25()`; `postgres`: a `tsvector`
 //! column with a GIN index and `ts_rank`), with the same behaviour and the same
-//! tests. Depends on `loadout` only, never on another domain crate.
+//! tests. Depends on `loadout` and `loadout-store`, never on another domain crate.
 
 mod postgres;
 mod sqlite;
 
-use loadout::store::StoreBackend;
-use loadout::{ToolContext, ToolError};
+use loadout::{BoxFuture, ToolContext, ToolError};
+use loadout_store::{Store, StoreBackend};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -134,6 +134,46 @@ pub struct MemoryPage {
     pub offset: u32,
 }
 
+/// Where memories are kept: one implementation per storage backend.
+pub trait MemoryEngine: Send + Sync {
+    fn remember(
+        &self,
+        content: String,
+        tags: Vec<String>,
+    ) -> BoxFuture<'_, Result<Remembered, ToolError>>;
+    /// `query` has at least one word ([`query_terms`]).
+    fn recall<'a>(
+        &'a self,
+        query: &'a str,
+        tag: Option<String>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<RecalledMemory>, ToolError>>;
+    fn update(
+        &self,
+        id: i64,
+        content: Option<String>,
+        tags: Option<Vec<String>>,
+    ) -> BoxFuture<'_, Result<Memory, ToolError>>;
+    fn forget(&self, id: i64) -> BoxFuture<'_, Result<Forgotten, ToolError>>;
+    fn list(
+        &self,
+        tag: Option<String>,
+        limit: u32,
+        offset: u32,
+    ) -> BoxFuture<'_, Result<MemoryPage, ToolError>>;
+}
+
+/// The engine of the storage `ctx` runs on.
+pub fn engine(ctx: &ToolContext) -> Result<&dyn MemoryEngine, ToolError> {
+    match Store::of(ctx)?.backend() {
+        StoreBackend::Sqlite(store) => Ok(store),
+        StoreBackend::Postgres(store) => Ok(store),
+        _ => Err(ToolError::execution(
+            "memory is not supported on this storage backend yet",
+        )),
+    }
+}
+
 /// Stores a fact, preference or note about the user in long-term memory, kept across conversations.
 ///
 /// Write one self-contained sentence per memory; storing the same text twice returns
@@ -149,11 +189,7 @@ pub struct MemoryPage {
 pub async fn remember(args: RememberArgs, ctx: &ToolContext) -> Result<Remembered, ToolError> {
     let content = check_content(&args.content)?;
     let tags = normalize_tags(&args.tags)?;
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(store) => sqlite::remember(store, content, tags).await,
-        StoreBackend::Postgres(store) => postgres::remember(store, content, tags).await,
-        _ => Err(unsupported_backend()),
-    }
+    engine(ctx)?.remember(content, tags).await
 }
 
 /// Searches long-term memory by words and returns the best-matching memories, most relevant first.
@@ -168,20 +204,14 @@ pub async fn remember(args: RememberArgs, ctx: &ToolContext) -> Result<Remembere
     open_world = false
 )]
 pub async fn recall(args: RecallArgs, ctx: &ToolContext) -> Result<Vec<RecalledMemory>, ToolError> {
-    let Some(match_expr) = fts_query(&args.query) else {
+    if query_terms(&args.query).is_empty() {
         return Err(ToolError::execution(
             "the query has no searchable words; give a few words such as \"birthday gift\"",
         ));
-    };
+    }
     let limit = bounded_limit(args.limit, 10, 100)?;
     let tag = args.tag.as_deref().map(normalize_tag).transpose()?;
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(store) => sqlite::recall(store, match_expr, tag, limit).await,
-        StoreBackend::Postgres(store) => {
-            postgres::recall(store, query_terms(&args.query), tag, limit).await
-        }
-        _ => Err(unsupported_backend()),
-    }
+    engine(ctx)?.recall(&args.query, tag, limit).await
 }
 
 /// Changes the text or tags of a stored memory, by id.
@@ -201,11 +231,7 @@ pub async fn update_memory(args: UpdateMemoryArgs, ctx: &ToolContext) -> Result<
     }
     let content = args.content.as_deref().map(check_content).transpose()?;
     let tags = args.tags.as_deref().map(normalize_tags).transpose()?;
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(store) => sqlite::update(store, args.id, content, tags).await,
-        StoreBackend::Postgres(store) => postgres::update(store, args.id, content, tags).await,
-        _ => Err(unsupported_backend()),
-    }
+    engine(ctx)?.update(args.id, content, tags).await
 }
 
 /// Deletes a memory for good, by id.
@@ -218,11 +244,7 @@ pub async fn update_memory(args: UpdateMemoryArgs, ctx: &ToolContext) -> Result<
     open_world = false
 )]
 pub async fn forget(args: ForgetArgs, ctx: &ToolContext) -> Result<Forgotten, ToolError> {
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(store) => sqlite::forget(store, args.id).await,
-        StoreBackend::Postgres(store) => postgres::forget(store, args.id).await,
-        _ => Err(unsupported_backend()),
-    }
+    engine(ctx)?.forget(args.id).await
 }
 
 /// Lists stored memories, newest first, optionally only those with a tag.
@@ -240,15 +262,7 @@ pub async fn list_memories(
     let limit = bounded_limit(args.limit, 20, 200)?;
     let offset = args.offset.unwrap_or(0);
     let tag = args.tag.as_deref().map(normalize_tag).transpose()?;
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(store) => sqlite::list(store, tag, limit, offset).await,
-        StoreBackend::Postgres(store) => postgres::list(store, tag, limit, offset).await,
-        _ => Err(unsupported_backend()),
-    }
-}
-
-fn unsupported_backend() -> ToolError {
-    ToolError::execution("memory is not supported on this storage backend yet")
+    engine(ctx)?.list(tag, limit, offset).await
 }
 
 fn check_content(content: &str) -> Result<String, ToolError> {

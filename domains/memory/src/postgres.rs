@@ -8,10 +8,12 @@
 //! database must use the UTF8 encoding (`normalize()` needs it).
 
 use loadout::ToolError;
-use loadout::store::tokio_postgres::Row;
-use loadout::store::{PostgresStore, StoreError};
+use loadout_store::tokio_postgres::Row;
+use loadout_store::{PostgresStore, StoreError};
 
-use crate::{Forgotten, Memory, MemoryPage, RecalledMemory, Remembered};
+use loadout::BoxFuture;
+
+use crate::{Forgotten, Memory, MemoryEngine, MemoryPage, RecalledMemory, Remembered};
 
 /// Run once per store (under an advisory lock); every statement is idempotent.
 const SCHEMA: &str = r#"
@@ -60,7 +62,7 @@ async fn ensure_schema(store: &PostgresStore) -> Result<(), StoreError> {
     store.ensure_schema("memory/1", SCHEMA).await
 }
 
-fn memory_from_row(row: &Row) -> Result<Memory, loadout::store::tokio_postgres::Error> {
+fn memory_from_row(row: &Row) -> Result<Memory, loadout_store::tokio_postgres::Error> {
     Ok(Memory {
         id: row.try_get(0)?,
         content: row.try_get(1)?,
@@ -78,14 +80,14 @@ fn not_found(id: i64) -> ToolError {
 
 /// A statement error the user can act on (e.g. a NUL character), or the store's
 /// own error (unavailable database) as a storage error.
-fn pg_error(store: &PostgresStore, e: loadout::store::tokio_postgres::Error) -> ToolError {
+fn pg_error(store: &PostgresStore, e: loadout_store::tokio_postgres::Error) -> ToolError {
     match store.error(e) {
         StoreError::Database(message) => ToolError::execution(message),
         other => other.into(),
     }
 }
 
-pub async fn remember(
+async fn remember(
     store: &PostgresStore,
     content: String,
     tags: Vec<String>,
@@ -113,7 +115,7 @@ pub async fn remember(
     let (row, duplicate) = match existing {
         Some(row) => (row, true),
         None => {
-            let now = loadout::store::now_ms();
+            let now = loadout_store::now_ms();
             let row = tx
                 .query_one(
                     &format!(
@@ -132,7 +134,7 @@ pub async fn remember(
     Ok(Remembered { memory, duplicate })
 }
 
-pub async fn recall(
+async fn recall(
     store: &PostgresStore,
     terms: Vec<String>,
     tag: Option<String>,
@@ -165,11 +167,11 @@ pub async fn recall(
                 score: row.try_get(5)?,
             })
         })
-        .collect::<Result<_, loadout::store::tokio_postgres::Error>>()
+        .collect::<Result<_, loadout_store::tokio_postgres::Error>>()
         .map_err(|e| pg_error(store, e))
 }
 
-pub async fn update(
+async fn update(
     store: &PostgresStore,
     id: i64,
     content: Option<String>,
@@ -186,7 +188,7 @@ pub async fn update(
                     updated_ms = $4
                  WHERE m.id = $1 RETURNING {COLUMNS}"
             ),
-            &[&id, &content, &tags, &loadout::store::now_ms()],
+            &[&id, &content, &tags, &loadout_store::now_ms()],
         )
         .await
         .map_err(|e| pg_error(store, e))?;
@@ -196,7 +198,7 @@ pub async fn update(
     }
 }
 
-pub async fn forget(store: &PostgresStore, id: i64) -> Result<Forgotten, ToolError> {
+async fn forget(store: &PostgresStore, id: i64) -> Result<Forgotten, ToolError> {
     ensure_schema(store).await?;
     let client = store.client().await?;
     let row = client
@@ -215,7 +217,7 @@ pub async fn forget(store: &PostgresStore, id: i64) -> Result<Forgotten, ToolErr
     }
 }
 
-pub async fn list(
+async fn list(
     store: &PostgresStore,
     tag: Option<String>,
     limit: u32,
@@ -252,4 +254,45 @@ pub async fn list(
         total,
         offset,
     })
+}
+
+impl MemoryEngine for PostgresStore {
+    fn remember(
+        &self,
+        content: String,
+        tags: Vec<String>,
+    ) -> BoxFuture<'_, Result<Remembered, ToolError>> {
+        Box::pin(remember(self, content, tags))
+    }
+
+    fn recall<'a>(
+        &'a self,
+        query: &'a str,
+        tag: Option<String>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<RecalledMemory>, ToolError>> {
+        Box::pin(recall(self, crate::query_terms(query), tag, limit))
+    }
+
+    fn update(
+        &self,
+        id: i64,
+        content: Option<String>,
+        tags: Option<Vec<String>>,
+    ) -> BoxFuture<'_, Result<Memory, ToolError>> {
+        Box::pin(update(self, id, content, tags))
+    }
+
+    fn forget(&self, id: i64) -> BoxFuture<'_, Result<Forgotten, ToolError>> {
+        Box::pin(forget(self, id))
+    }
+
+    fn list(
+        &self,
+        tag: Option<String>,
+        limit: u32,
+        offset: u32,
+    ) -> BoxFuture<'_, Result<MemoryPage, ToolError>> {
+        Box::pin(list(self, tag, limit, offset))
+    }
 }

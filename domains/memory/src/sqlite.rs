@@ -2,10 +2,13 @@
 //! index kept in step by triggers; `recall` ranks with `bm25()`.
 
 use loadout::ToolError;
-use loadout::store::{SqliteStore, StoreError};
+use loadout_store::SqliteStore;
+use loadout_store::sqlite::Error;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::{Forgotten, Memory, MemoryPage, RecalledMemory, Remembered};
+use loadout::BoxFuture;
+
+use crate::{Forgotten, Memory, MemoryEngine, MemoryPage, RecalledMemory, Remembered};
 
 /// Created on first use; every statement is idempotent.
 const SCHEMA: &str = r#"
@@ -48,7 +51,7 @@ fn tag_filter(n: usize) -> String {
     TAG_FILTER.replace("{n}", &n.to_string())
 }
 
-fn ensure_schema(conn: &Connection) -> Result<(), StoreError> {
+fn ensure_schema(conn: &Connection) -> Result<(), Error> {
     conn.execute_batch(SCHEMA)?;
     Ok(())
 }
@@ -64,7 +67,7 @@ fn memory_from_row(row: &Row<'_>) -> rusqlite::Result<Memory> {
     })
 }
 
-fn fetch(conn: &Connection, id: i64) -> Result<Option<Memory>, StoreError> {
+fn fetch(conn: &Connection, id: i64) -> Result<Option<Memory>, Error> {
     Ok(conn
         .query_row(
             &format!("SELECT {COLUMNS} FROM memory_items m WHERE m.id = ?1"),
@@ -84,7 +87,7 @@ fn not_found(id: i64) -> ToolError {
     ))
 }
 
-pub async fn remember(
+async fn remember(
     store: &SqliteStore,
     content: String,
     tags: Vec<String>,
@@ -103,7 +106,7 @@ pub async fn remember(
             let (id, duplicate) = match existing {
                 Some(id) => (id, true),
                 None => {
-                    let now = loadout::store::now_ms();
+                    let now = loadout_store::now_ms();
                     tx.execute(
                         "INSERT INTO memory_items(content, tags, created_ms, updated_ms)
                          VALUES (?1, ?2, ?3, ?3)",
@@ -120,7 +123,7 @@ pub async fn remember(
     remembered.ok_or_else(|| ToolError::execution("the memory vanished while it was written"))
 }
 
-pub async fn recall(
+async fn recall(
     store: &SqliteStore,
     match_expr: String,
     tag: Option<String>,
@@ -151,7 +154,7 @@ pub async fn recall(
         .await?)
 }
 
-pub async fn update(
+async fn update(
     store: &SqliteStore,
     id: i64,
     content: Option<String>,
@@ -171,7 +174,7 @@ pub async fn update(
                     id,
                     content,
                     tags.as_deref().map(tags_json),
-                    loadout::store::now_ms()
+                    loadout_store::now_ms()
                 ],
             )?;
             let memory = if n_changed == 0 {
@@ -186,7 +189,7 @@ pub async fn update(
     updated.ok_or_else(|| not_found(id))
 }
 
-pub async fn forget(store: &SqliteStore, id: i64) -> Result<Forgotten, ToolError> {
+async fn forget(store: &SqliteStore, id: i64) -> Result<Forgotten, ToolError> {
     let deleted = store
         .call(move |conn| {
             ensure_schema(conn)?;
@@ -204,7 +207,7 @@ pub async fn forget(store: &SqliteStore, id: i64) -> Result<Forgotten, ToolError
         .ok_or_else(|| not_found(id))
 }
 
-pub async fn list(
+async fn list(
     store: &SqliteStore,
     tag: Option<String>,
     limit: u32,
@@ -237,4 +240,50 @@ pub async fn list(
             })
         })
         .await?)
+}
+
+impl MemoryEngine for SqliteStore {
+    fn remember(
+        &self,
+        content: String,
+        tags: Vec<String>,
+    ) -> BoxFuture<'_, Result<Remembered, ToolError>> {
+        Box::pin(remember(self, content, tags))
+    }
+
+    fn recall<'a>(
+        &'a self,
+        query: &'a str,
+        tag: Option<String>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<RecalledMemory>, ToolError>> {
+        Box::pin(recall(
+            self,
+            crate::fts_query(query).unwrap_or_default(),
+            tag,
+            limit,
+        ))
+    }
+
+    fn update(
+        &self,
+        id: i64,
+        content: Option<String>,
+        tags: Option<Vec<String>>,
+    ) -> BoxFuture<'_, Result<Memory, ToolError>> {
+        Box::pin(update(self, id, content, tags))
+    }
+
+    fn forget(&self, id: i64) -> BoxFuture<'_, Result<Forgotten, ToolError>> {
+        Box::pin(forget(self, id))
+    }
+
+    fn list(
+        &self,
+        tag: Option<String>,
+        limit: u32,
+        offset: u32,
+    ) -> BoxFuture<'_, Result<MemoryPage, ToolError>> {
+        Box::pin(list(self, tag, limit, offset))
+    }
 }

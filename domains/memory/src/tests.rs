@@ -1,11 +1,11 @@
 //! Calls each tool through the registry, as a server would, on every backend
-//! [`loadout::store::testing::test_stores`] yields (SQLite always, PostgreSQL when
+//! [`loadout_store::testing::test_stores`] yields (SQLite always, PostgreSQL when
 //! `LOADOUT_TEST_POSTGRES_URL` is set).
 
 use std::sync::Arc;
 
-use loadout::store::testing::{TestStore, test_stores};
 use loadout::{Registry, Settings, ToolContext, ToolError};
+use loadout_store::testing::{TestStore, test_stores};
 use serde_json::{Value, json};
 
 struct Harness {

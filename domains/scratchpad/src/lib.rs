@@ -1,20 +1,18 @@
 //! The `scratchpad` domain: small SQL tables a model creates, fills and queries
 //! during a session, one database per session namespace.
 //!
-//! Tool signatures are engine-neutral; each tool dispatches on the store's backend
-//! to the engine's module (`sqlite`: one database file per namespace; `postgres`: one
-//! schema per namespace). `query_data` is read-only because the database engine
+//! Tools are engine-neutral: each asks [`engine`] for the [`ScratchpadEngine`] of
+//! its session on the storage it runs on (`sqlite`: one database file per namespace;
+//! `postgres`: one schema per namespace). `query_data` is read-only because the database engine
 //! refuses writes (a read-only connection, a `READ ONLY` transaction), not because
-//! the SQL text was inspected. Depends on `loadout` only, never on another domain
-//! crate.
+//! the SQL text was inspected. Depends on `loadout` and `loadout-store`, never on
+//! another domain crate.
 
 mod postgres;
 mod sqlite;
 
-use std::path::PathBuf;
-
-use loadout::store::StoreBackend;
-use loadout::{ToolContext, ToolError};
+use loadout::{BoxFuture, ToolContext, ToolError};
+use loadout_store::{Store, StoreBackend};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -187,6 +185,39 @@ pub struct TableDropped {
 // ---------------------------------------------------------------------------
 // Tools
 
+/// A session's scratch database on one storage backend.
+pub trait ScratchpadEngine: Send + Sync {
+    fn create_table(&self, args: CreateTableArgs)
+    -> BoxFuture<'_, Result<TableCreated, ToolError>>;
+    fn insert_data(&self, args: InsertDataArgs) -> BoxFuture<'_, Result<RowsInserted, ToolError>>;
+    fn query_data(
+        &self,
+        sql: String,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<QueryResult, ToolError>>;
+    fn list_tables(&self) -> BoxFuture<'_, Result<Vec<TableSummary>, ToolError>>;
+    fn describe_table(&self, table: String) -> BoxFuture<'_, Result<TableDescription, ToolError>>;
+    fn drop_table(&self, table: String) -> BoxFuture<'_, Result<TableDropped, ToolError>>;
+}
+
+/// The scratch database of `ctx`'s session, on the storage it runs on.
+pub fn engine(ctx: &ToolContext) -> Result<Box<dyn ScratchpadEngine + '_>, ToolError> {
+    let namespace = namespace(ctx)?;
+    match Store::of(ctx)?.backend() {
+        StoreBackend::Sqlite(_) => Ok(Box::new(sqlite::Scratchpad {
+            path: ctx
+                .storage()
+                .data_dir()
+                .join("scratchpad")
+                .join(format!("{namespace}.db")),
+        })),
+        StoreBackend::Postgres(store) => Ok(Box::new(postgres::Scratchpad { store, namespace })),
+        _ => Err(ToolError::execution(
+            "the scratchpad is not supported on this storage backend yet",
+        )),
+    }
+}
+
 /// Creates a table in this session's scratch database, with typed columns.
 ///
 /// Column types: TEXT, INTEGER, REAL, BOOLEAN, DATE (`YYYY-MM-DD`). Then fill it with
@@ -194,6 +225,7 @@ pub struct TableDropped {
 #[loadout::tool(
     domain = "scratchpad",
     keywords = ["create table", "new table", "schema", "columns", "테이블 생성"],
+    pins_domain = true,
     read_only = false,
     destructive = false,
     idempotent = false,
@@ -203,11 +235,7 @@ pub async fn create_table(
     args: CreateTableArgs,
     ctx: &ToolContext,
 ) -> Result<TableCreated, ToolError> {
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(_) => sqlite::create_table(sqlite_path(ctx)?, args).await,
-        StoreBackend::Postgres(store) => postgres::create_table(store, namespace(ctx)?, args).await,
-        _ => Err(unsupported_backend()),
-    }
+    engine(ctx)?.create_table(args).await
 }
 
 /// Inserts rows (JSON objects keyed by column name) into a scratchpad table, all or none.
@@ -236,11 +264,7 @@ pub async fn insert_data(
             args.rows.len()
         )));
     }
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(_) => sqlite::insert_data(sqlite_path(ctx)?, args).await,
-        StoreBackend::Postgres(store) => postgres::insert_data(store, namespace(ctx)?, args).await,
-        _ => Err(unsupported_backend()),
-    }
+    engine(ctx)?.insert_data(args).await
 }
 
 /// Runs one read-only SQL query (SELECT) on this session's scratch tables and returns the rows.
@@ -261,22 +285,7 @@ pub async fn query_data(args: QueryDataArgs, ctx: &ToolContext) -> Result<QueryR
         Some(0) => return Err(ToolError::execution("`limit` must be at least 1")),
         Some(n) => (n as usize).min(MAX_ROW_LIMIT),
     };
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(_) => {
-            sqlite::query_data(sqlite_path(ctx)?, args.sql, limit, sqlite::QUERY_TIMEOUT).await
-        }
-        StoreBackend::Postgres(store) => {
-            postgres::query_data(
-                store,
-                namespace(ctx)?,
-                args.sql,
-                limit,
-                postgres::QUERY_TIMEOUT,
-            )
-            .await
-        }
-        _ => Err(unsupported_backend()),
-    }
+    engine(ctx)?.query_data(args.sql, limit).await
 }
 
 /// Lists the tables of this session's scratch database with their columns and row counts.
@@ -288,11 +297,7 @@ pub async fn query_data(args: QueryDataArgs, ctx: &ToolContext) -> Result<QueryR
     open_world = false
 )]
 pub async fn list_tables(ctx: &ToolContext) -> Result<Vec<TableSummary>, ToolError> {
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(_) => sqlite::list_tables(sqlite_path(ctx)?).await,
-        StoreBackend::Postgres(store) => postgres::list_tables(store, namespace(ctx)?).await,
-        _ => Err(unsupported_backend()),
-    }
+    engine(ctx)?.list_tables().await
 }
 
 /// Describes one scratchpad table: columns with types and constraints, row count, and its CREATE statement.
@@ -307,13 +312,7 @@ pub async fn describe_table(
     args: TableArgs,
     ctx: &ToolContext,
 ) -> Result<TableDescription, ToolError> {
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(_) => sqlite::describe_table(sqlite_path(ctx)?, args.table).await,
-        StoreBackend::Postgres(store) => {
-            postgres::describe_table(store, namespace(ctx)?, args.table).await
-        }
-        _ => Err(unsupported_backend()),
-    }
+    engine(ctx)?.describe_table(args.table).await
 }
 
 /// Deletes a scratchpad table and all its rows; this cannot be undone.
@@ -326,21 +325,11 @@ pub async fn describe_table(
     open_world = false
 )]
 pub async fn drop_table(args: TableArgs, ctx: &ToolContext) -> Result<TableDropped, ToolError> {
-    match ctx.store().backend() {
-        StoreBackend::Sqlite(_) => sqlite::drop_table(sqlite_path(ctx)?, args.table).await,
-        StoreBackend::Postgres(store) => {
-            postgres::drop_table(store, namespace(ctx)?, args.table).await
-        }
-        _ => Err(unsupported_backend()),
-    }
+    engine(ctx)?.drop_table(args.table).await
 }
 
 // ---------------------------------------------------------------------------
 // Shared checks
-
-fn unsupported_backend() -> ToolError {
-    ToolError::execution("the scratchpad is not supported on this storage backend yet")
-}
 
 /// The session's namespace, checked: it names a file (SQLite) or a schema
 /// (PostgreSQL).
@@ -357,16 +346,6 @@ fn namespace(ctx: &ToolContext) -> Result<&str, ToolError> {
         ));
     }
     Ok(namespace)
-}
-
-/// The session's database file: `<data dir>/scratchpad/<namespace>.db`.
-fn sqlite_path(ctx: &ToolContext) -> Result<PathBuf, ToolError> {
-    let namespace = namespace(ctx)?;
-    Ok(ctx
-        .store()
-        .data_dir()
-        .join("scratchpad")
-        .join(format!("{namespace}.db")))
 }
 
 /// Checks a table or column name: `[A-Za-z_][A-Za-z0-9_]{0,62}`, not reserved by SQLite.

@@ -28,19 +28,66 @@ use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use loadout::ToolError;
-use loadout::store::deadpool_postgres::Object;
-use loadout::store::tokio_postgres::types::{FromSql, Type};
-use loadout::store::tokio_postgres::{self, Row};
-use loadout::store::{PostgresStore, StoreError};
+use loadout_store::deadpool_postgres::Object;
+use loadout_store::tokio_postgres::types::{FromSql, Type};
+use loadout_store::tokio_postgres::{self, Row};
+use loadout_store::{PostgresStore, StoreError};
 use serde_json::Value;
+
+use loadout::BoxFuture;
 
 use crate::{
     ColumnInfo, ColumnType, CreateTableArgs, InsertDataArgs, MAX_COLUMNS, QueryResult,
-    RowsInserted, TableCreated, TableDescription, TableDropped, TableSummary, check_identifier,
-    quoted,
+    RowsInserted, ScratchpadEngine, TableCreated, TableDescription, TableDropped, TableSummary,
+    check_identifier, quoted,
 };
 
 /// How long one `query_data` statement may run.
+/// A session's scratch schema in the shared database.
+pub struct Scratchpad<'a> {
+    pub store: &'a PostgresStore,
+    pub namespace: &'a str,
+}
+
+impl ScratchpadEngine for Scratchpad<'_> {
+    fn create_table(
+        &self,
+        args: CreateTableArgs,
+    ) -> BoxFuture<'_, Result<TableCreated, ToolError>> {
+        Box::pin(create_table(self.store, self.namespace, args))
+    }
+
+    fn insert_data(&self, args: InsertDataArgs) -> BoxFuture<'_, Result<RowsInserted, ToolError>> {
+        Box::pin(insert_data(self.store, self.namespace, args))
+    }
+
+    fn query_data(
+        &self,
+        sql: String,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<QueryResult, ToolError>> {
+        Box::pin(query_data(
+            self.store,
+            self.namespace,
+            sql,
+            limit,
+            QUERY_TIMEOUT,
+        ))
+    }
+
+    fn list_tables(&self) -> BoxFuture<'_, Result<Vec<TableSummary>, ToolError>> {
+        Box::pin(list_tables(self.store, self.namespace))
+    }
+
+    fn describe_table(&self, table: String) -> BoxFuture<'_, Result<TableDescription, ToolError>> {
+        Box::pin(describe_table(self.store, self.namespace, table))
+    }
+
+    fn drop_table(&self, table: String) -> BoxFuture<'_, Result<TableDropped, ToolError>> {
+        Box::pin(drop_table(self.store, self.namespace, table))
+    }
+}
+
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest text returned in one cell of a query result, in characters.
 const MAX_CELL_CHARS: usize = 10_000;
@@ -848,7 +895,7 @@ fn civil_from_days(days: i64) -> String {
 fn query_error(store: &PostgresStore, e: tokio_postgres::Error, timeout: Duration) -> ToolError {
     if let Some(db) = e.as_db_error() {
         let code = db.code().code();
-        let message = loadout::store::describe_pg_error(&e);
+        let message = loadout_store::describe_pg_error(&e);
         return match code {
             // read_only_sql_transaction
             "25006" => ToolError::execution(format!(

@@ -16,13 +16,53 @@ use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params_from_iter};
 use serde_json::Value;
 
+use loadout::BoxFuture;
+
 use crate::{
     ColumnInfo, ColumnType, CreateTableArgs, InsertDataArgs, MAX_COLUMNS, QueryResult,
-    RowsInserted, TableCreated, TableDescription, TableDropped, TableSummary, check_identifier,
-    quoted,
+    RowsInserted, ScratchpadEngine, TableCreated, TableDescription, TableDropped, TableSummary,
+    check_identifier, quoted,
 };
 
 /// How long one `query_data` statement may run.
+/// A session's scratch database file: `<data dir>/scratchpad/<namespace>.db`.
+pub struct Scratchpad {
+    pub path: PathBuf,
+}
+
+impl ScratchpadEngine for Scratchpad {
+    fn create_table(
+        &self,
+        args: CreateTableArgs,
+    ) -> BoxFuture<'_, Result<TableCreated, ToolError>> {
+        Box::pin(create_table(self.path.clone(), args))
+    }
+
+    fn insert_data(&self, args: InsertDataArgs) -> BoxFuture<'_, Result<RowsInserted, ToolError>> {
+        Box::pin(insert_data(self.path.clone(), args))
+    }
+
+    fn query_data(
+        &self,
+        sql: String,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<QueryResult, ToolError>> {
+        Box::pin(query_data(self.path.clone(), sql, limit, QUERY_TIMEOUT))
+    }
+
+    fn list_tables(&self) -> BoxFuture<'_, Result<Vec<TableSummary>, ToolError>> {
+        Box::pin(list_tables(self.path.clone()))
+    }
+
+    fn describe_table(&self, table: String) -> BoxFuture<'_, Result<TableDescription, ToolError>> {
+        Box::pin(describe_table(self.path.clone(), table))
+    }
+
+    fn drop_table(&self, table: String) -> BoxFuture<'_, Result<TableDropped, ToolError>> {
+        Box::pin(drop_table(self.path.clone(), table))
+    }
+}
+
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest scratch database: 64 MiB of 4 KiB pages.
 const MAX_PAGE_COUNT: i64 = 16_384;

@@ -1,13 +1,13 @@
 //! Calls each tool through the registry, as a server would, on every backend
-//! [`loadout::store::testing::test_stores`] yields (SQLite always, PostgreSQL when
+//! [`loadout_store::testing::test_stores`] yields (SQLite always, PostgreSQL when
 //! `LOADOUT_TEST_POSTGRES_URL` is set).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loadout::store::StoreBackend;
-use loadout::store::testing::{TestStore, test_stores};
 use loadout::{Registry, Settings, ToolContext, ToolError};
+use loadout_store::StoreBackend;
+use loadout_store::testing::{TestStore, test_stores};
 use serde_json::{Value, json};
 
 struct Harness {
@@ -676,10 +676,10 @@ async fn query_data_refuses_a_query_role_that_can_read_other_tables() {
 /// says what to run instead of failing obscurely; nothing else is affected.
 #[tokio::test]
 async fn query_data_without_createrole_is_a_clear_error() {
-    let Some(admin_url) = loadout::store::testing::postgres_url() else {
+    let Some(admin_url) = loadout_store::testing::postgres_url() else {
         eprintln!(
             "note: {} unset; PostgreSQL CREATEROLE test skipped",
-            loadout::store::testing::POSTGRES_URL_VAR
+            loadout_store::testing::POSTGRES_URL_VAR
         );
         return;
     };
@@ -708,7 +708,7 @@ async fn query_data_without_createrole_is_a_clear_error() {
         .expect("a postgres://user:password@host/database URL");
     let dir = tempfile::tempdir().expect("tempdir");
     let result = async {
-        let store = loadout::Store::connect(Some(&url), dir.path())
+        let store = loadout_store::Store::connect(Some(&url), dir.path())
             .await
             .map_err(|e| format!("connect: {e}"))?;
         let registry = Arc::new(Registry::from_inventory().expect("registry"));
@@ -751,9 +751,9 @@ async fn query_data_without_createrole_is_a_clear_error() {
     drop(dir);
 }
 
-async fn connect(url: &str) -> loadout::store::tokio_postgres::Client {
+async fn connect(url: &str) -> loadout_store::tokio_postgres::Client {
     let (client, connection) =
-        loadout::store::tokio_postgres::connect(url, loadout::store::tokio_postgres::NoTls)
+        loadout_store::tokio_postgres::connect(url, loadout_store::tokio_postgres::NoTls)
             .await
             .expect("connect to the test server");
     tokio::spawn(async move {
@@ -763,7 +763,7 @@ async fn connect(url: &str) -> loadout::store::tokio_postgres::Client {
 }
 
 /// Roles of this test left behind by killed runs (their process is gone).
-async fn drop_stale_nocr_roles(admin: &loadout::store::tokio_postgres::Client) {
+async fn drop_stale_nocr_roles(admin: &loadout_store::tokio_postgres::Client) {
     let Ok(rows) = admin
         .query(
             "SELECT rolname::text FROM pg_roles WHERE starts_with(rolname, 'loadout_t_nocr_')",

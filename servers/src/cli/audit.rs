@@ -15,7 +15,7 @@ pub struct Args {
 }
 
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
-    let rows = app.settings.store().audit_tail(args.tail).await?;
+    let rows = app.store().audit_tail(args.tail).await?;
     for row in rows {
         if args.json {
             println!("{}", serde_json::to_string(&row)?);

@@ -23,7 +23,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("--args is not valid JSON: {}", truncate(&args.args, 200)))?;
     let mut ctx = app.context().with_client("cli");
     if let Some(session) = args.session {
-        app.settings.store().session_ensure(&session).await?;
+        app.store().session_ensure(&session).await?;
         ctx = ctx.with_session(session);
     }
     match app.registry.call(&args.tool, arguments, ctx).await {

@@ -20,7 +20,7 @@ pub struct Args {
 }
 
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
-    let store = app.settings.store();
+    let store = app.store();
     let rows = match &args.session {
         Some(session) => {
             let mut rows = store.decisions(session).await?;
@@ -42,7 +42,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
                 row.n_tools,
                 row.tokens,
                 row.message,
-                row.reasons.json()
+                row.reasons.to_json()
             );
         }
     }

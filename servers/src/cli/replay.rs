@@ -17,9 +17,11 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use loadout::Registry;
-use loadout::replay::{Case, CaseTurn, Comparison, Configured, cases_from_json_lines, replay};
-use loadout::router::Router;
-use loadout::store::{MessageRow, called_tool};
+use loadout_router::Router;
+use loadout_router::replay::{
+    Case, CaseTurn, Comparison, Configured, cases_from_json_lines, replay,
+};
+use loadout_store::{MessageRow, Reasons, called_tool};
 
 use crate::app::App;
 use crate::config::ConfigFile;
@@ -129,7 +131,7 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
         args.budget.unwrap_or(router.config().token_budget),
     );
     let verbose = args.verbose;
-    let on_turn = |routed: &loadout::replay::Routed<'_>| {
+    let on_turn = |routed: &loadout_router::replay::Routed<'_>| {
         if verbose {
             println!(
                 "{} #{} {:?}\n    {}",
@@ -224,7 +226,7 @@ async fn stored_cases(app: &App, args: &Args) -> anyhow::Result<Vec<Case>> {
             vec![id.clone()]
         }
         None => {
-            let since = loadout::store::now_ms() - i64::from(args.since_days) * 86_400_000;
+            let since = loadout_store::now_ms() - i64::from(args.since_days) * 86_400_000;
             store.sessions_active_since(since, args.sessions).await?
         }
     };
@@ -240,7 +242,7 @@ async fn stored_cases(app: &App, args: &Args) -> anyhow::Result<Vec<Case>> {
         let activity = store
             .first_decision(&id)
             .await?
-            .map(|row| logged_activity(&row.reasons.value()));
+            .map(|row| logged_activity(&row.reasons));
         cases.push(Case {
             id,
             configured: Configured::Keys(configured_keys(
@@ -268,38 +270,23 @@ struct LoggedActivity {
     inactive: BTreeSet<String>,
 }
 
-fn logged_activity(reasons: &serde_json::Value) -> LoggedActivity {
-    let names = |key: &str| -> BTreeSet<String> {
-        reasons[key]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|d| d.as_str().map(str::to_owned))
-            .collect()
+fn logged_activity(reasons: &Reasons) -> LoggedActivity {
+    let mut activity = LoggedActivity {
+        active: reasons.unmatched.iter().cloned().collect(),
+        inactive: reasons.inactive.iter().cloned().collect(),
     };
     // Domains left out with a score (`near`, `no_tool_needed`) were active too.
-    let scored = |key: &str| -> Vec<String> {
-        reasons[key]
-            .as_object()
-            .into_iter()
-            .flat_map(|scores| scores.keys().cloned())
-            .collect()
-    };
-    let mut activity = LoggedActivity {
-        active: names("unmatched"),
-        inactive: names("inactive"),
-    };
-    activity.active.extend(scored("near"));
-    activity.active.extend(scored("no_tool_needed"));
-    for domain in reasons["domains"].as_array().into_iter().flatten() {
-        if let Some(name) = domain["domain"].as_str() {
-            let side = if domain["stage"] == "inactive" {
-                &mut activity.inactive
-            } else {
-                &mut activity.active
-            };
-            side.insert(name.to_owned());
-        }
+    activity.active.extend(reasons.near.keys().cloned());
+    activity
+        .active
+        .extend(reasons.no_tool_needed.keys().cloned());
+    for domain in &reasons.domains {
+        let side = if domain.stage == "inactive" {
+            &mut activity.inactive
+        } else {
+            &mut activity.active
+        };
+        side.insert(domain.domain.clone());
     }
     activity
 }
@@ -395,6 +382,7 @@ mod tests {
             "no_tool_needed": {"memory": 0.0},
             "tools": []
         });
+        let reasons: Reasons = serde_json::from_value(reasons).expect("reasons");
         let activity = logged_activity(&reasons);
         let names = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>();
         assert_eq!(

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use loadout::export::Format;
-use loadout::router::thousands;
+use loadout_router::thousands;
 use serde_json::json;
 
 use crate::app::App;
@@ -45,9 +45,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         let mut tools_json = Vec::new();
         let mut domain_tokens = 0;
         for tool in registry.tools_of(domain) {
-            let tokens = registry
-                .tool_idx(&tool.name)
-                .map_or(0, |i| registry.token_cost(i));
+            let tokens = loadout_router::tokens::tool_cost(tool);
             domain_tokens += tokens;
             let mut entry = json!({"name": tool.name, "hint": tool.hint, "tokens": tokens});
             if let Some(format) = format {
@@ -70,7 +68,11 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         }));
     }
     let n_tools = registry.all_tools().len();
-    let all_tokens = registry.all_tools_tokens();
+    let all_tokens: usize = registry
+        .all_tools()
+        .iter()
+        .map(loadout_router::tokens::tool_cost)
+        .sum();
 
     if args.json {
         let out = json!({

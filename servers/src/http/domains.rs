@@ -21,7 +21,7 @@ pub async fn list(State(state): State<HttpState>) -> Result<Json<Value>, ApiErro
                 .map(|tool| {
                     let tokens = registry
                         .tool_idx(&tool.name)
-                        .map_or(0, |i| registry.token_cost(i));
+                        .map_or(0, |i| router.tool_tokens(i));
                     json!({"name": tool.name, "hint": tool.hint, "tokens": tokens})
                 })
                 .collect();
@@ -41,6 +41,6 @@ pub async fn list(State(state): State<HttpState>) -> Result<Json<Value>, ApiErro
         .collect();
     Ok(Json(json!({
         "domains": domains,
-        "all_tools_tokens": registry.all_tools_tokens(),
+        "all_tools_tokens": router.all_tools_tokens(),
     })))
 }

@@ -71,7 +71,7 @@ pub struct HttpState {
 impl HttpState {
     /// State without the MCP endpoint; starts the audit writer on the current runtime.
     pub fn new(app: App, token: Option<Arc<str>>) -> HttpState {
-        let audit = AuditWriter::start(app.store().clone());
+        let audit = AuditWriter::new(app.store().clone());
         let openai_definitions = Arc::new(route::OpenAiDefinitions::new(&app.registry));
         HttpState {
             openai_definitions,
@@ -122,7 +122,6 @@ impl HttpState {
         if let Some(mcp) = &self.mcp {
             mcp.shutdown().await;
         }
-        self.audit.shutdown().await;
         self.app.shutdown_routing().await;
     }
 }
@@ -228,7 +227,7 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
         Some(dir) => app.with_other_registry(crate::app::with_toolkits(&app.registry, dir)?),
         None => app,
     };
-    crate::retention::spawn(app.settings.clone());
+    crate::retention::spawn(app.store.clone(), app.settings.clone());
     let state = HttpState::new(app, token)
         .with_mcp()
         .await?

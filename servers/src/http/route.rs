@@ -31,7 +31,7 @@ pub async fn route(
     ApiJson(body): ApiJson<RouteBody>,
 ) -> Result<Response, ApiError> {
     if let Some(session) = &body.session {
-        loadout::store::validate_session_id(session)?;
+        loadout_store::validate_session_id(session)?;
     }
     let settings = state.app.settings.snapshot_recent().await?;
     let _turn = match &body.session {

@@ -3,13 +3,13 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use loadout::store::MessageRow;
+use loadout_store::MessageRow;
 use serde_json::{Value, json};
 
 use super::{ApiError, HttpState};
 
 pub async fn create(State(state): State<HttpState>) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let id = state.app.settings.store().session_create().await?;
+    let id = state.app.store().session_create().await?;
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
@@ -17,8 +17,8 @@ pub async fn show(
     State(state): State<HttpState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    loadout::store::validate_session_id(&id)?;
-    let store = state.app.settings.store();
+    loadout_store::validate_session_id(&id)?;
+    let store = state.app.store();
     if !store.session_exists(&id).await? {
         return Err(ApiError::NotFound(format!("no session `{id}`")));
     }

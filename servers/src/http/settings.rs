@@ -31,7 +31,7 @@ pub async fn show(
     State(state): State<HttpState>,
     Path(key): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    loadout::store::validate_setting_key(&key)?;
+    loadout_store::validate_setting_key(&key)?;
     match state.app.settings.get(&key).await? {
         Some(value) => Ok(Json(
             json!({"key": key, "value": shown(&key, &value), "masked": is_secret_key(&key)}),
@@ -59,7 +59,7 @@ pub async fn delete(
     State(state): State<HttpState>,
     Path(key): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    loadout::store::validate_setting_key(&key)?;
+    loadout_store::validate_setting_key(&key)?;
     if state.app.settings.unset(&key).await? {
         Ok(Json(json!({"key": key, "deleted": true})))
     } else {

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use loadout::router::{Hint, Router, RouterConfig};
 use loadout::{Registry, Tool};
+use loadout_router::{Hint, Router, RouterConfig};
 use rmcp::model::Tool as McpTool;
 
 /// One consistent view: the registry calls go to, and the definitions clients see.

@@ -16,13 +16,7 @@ use loadout::Registry;
 use rmcp::ErrorData as McpError;
 use serde_json::{Value, json};
 
-pub const SEARCH_TOOLS: &str = "search_tools";
-pub const LOAD_TOOLS: &str = "load_tools";
-pub const UNLOAD_TOOLS: &str = "unload_tools";
-/// The meta-tools this module answers in dynamic mode.
-pub const META_TOOLS: [&str; 3] = [SEARCH_TOOLS, LOAD_TOOLS, UNLOAD_TOOLS];
-/// Core's meta-tool for routed chat turns only; never listed over MCP.
-pub const LOAD_ALL_FOR_THIS_TURN: &str = "load_all_for_this_turn";
+pub use loadout::meta::{LOAD_ALL_FOR_THIS_TURN, LOAD_TOOLS, SEARCH_TOOLS, UNLOAD_TOOLS};
 
 /// The domain whose tools are always listed in dynamic mode.
 pub const CORE_DOMAIN: &str = "core";
@@ -31,7 +25,7 @@ const DEFAULT_SEARCH_LIMIT: usize = 10;
 const MAX_SEARCH_LIMIT: usize = 50;
 
 pub fn is_meta_tool(name: &str) -> bool {
-    META_TOOLS.contains(&name)
+    name != LOAD_ALL_FOR_THIS_TURN && loadout::meta::ALL.contains(&name)
 }
 
 /// Whether a tool is listed in this mode: without `--dynamic` every tool is listed
@@ -164,7 +158,7 @@ mod tests {
     #[test]
     fn core_defines_the_meta_tools_this_module_answers() {
         let registry = registry();
-        for name in META_TOOLS.into_iter().chain([LOAD_ALL_FOR_THIS_TURN]) {
+        for name in loadout::meta::ALL {
             let tool = registry.tool(name).expect("core meta-tool");
             assert_eq!(tool.domain, CORE_DOMAIN);
         }
@@ -186,7 +180,7 @@ mod tests {
     #[test]
     fn search_finds_every_tool_by_words_of_its_purpose() {
         let catalog = super::super::catalog::Catalog::new(std::sync::Arc::new(registry()));
-        let config = loadout::router::RouterConfig::default();
+        let config = loadout_router::RouterConfig::default();
         let hits = catalog.search("read a file", 5, &config, |_| {});
         assert_eq!(hits.first().map(|h| h.name.as_str()), Some("read_file"));
         let hits = catalog.search("파일 읽기", 5, &config, |_| {});

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use loadout::settings::mask_json_secrets;
-use loadout::store::{AuditRow, now_ms};
 use loadout::{ToolContext, ToolError};
+use loadout_store::{AuditRow, now_ms};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
@@ -181,7 +181,7 @@ impl McpHandler {
                 // The first search builds the ranking; its dense stage follows in the
                 // background (lexical until then), from the data dir's vector cache.
                 let app = &self.shared.app;
-                let attach = |router: &Arc<loadout::router::Router>| {
+                let attach = |router: &Arc<loadout_router::Router>| {
                     let (app, router) = (app.clone(), router.clone());
                     tokio::spawn(async move { app.attach_dense_stage_to(router).await });
                 };
@@ -290,16 +290,26 @@ impl McpHandler {
             .collect()
     }
 
-    fn audit(&self, client: &str, tool: &str, args: &Value, call: &CallRecord, started: Instant) {
-        self.shared.audit.record(AuditRow {
-            at_ms: now_ms(),
-            client: client.to_owned(),
-            tool: tool.chars().take(128).collect(),
-            args: audit_args(args),
-            outcome: call.outcome.clone(),
-            detail: call.detail.clone(),
-            duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-        });
+    async fn audit(
+        &self,
+        client: &str,
+        tool: &str,
+        args: &Value,
+        call: &CallRecord,
+        started: Instant,
+    ) {
+        self.shared
+            .audit
+            .record(AuditRow {
+                at_ms: now_ms(),
+                client: client.to_owned(),
+                tool: tool.chars().take(128).collect(),
+                args: audit_args(args),
+                outcome: call.outcome.clone(),
+                detail: call.detail.clone(),
+                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+            })
+            .await;
     }
 }
 
@@ -417,7 +427,7 @@ impl ServerHandler for McpHandler {
             let result = catalog.registry.call(&name, args.clone(), ctx).await;
             map_result(&name, result, self.shared.dynamic)
         };
-        self.audit(&client, &name, &args, &record, started);
+        self.audit(&client, &name, &args, &record, started).await;
         response.map(CallToolResponse::from)
     }
 }

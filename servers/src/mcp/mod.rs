@@ -2,7 +2,7 @@
 //!
 //! The tool list is built once from the registry (plus the tools of upstream MCP
 //! servers from `loadout.toml`), calls go through `Registry::call`, and every call is
-//! written to the audit log by a background writer. [`http_router`] is the same
+//! written to the audit log before its answer goes out. [`http_router`] is the same
 //! server as an axum router, for the chat server to mount at `/mcp`.
 
 mod auth;
@@ -144,8 +144,7 @@ impl McpServer {
         McpHandler::new(self.shared.clone(), false)
     }
 
-    /// Stops the upstream servers and closes open HTTP streams. The audit writer
-    /// belongs to the caller, which flushes it after this.
+    /// Stops the upstream servers and closes open HTTP streams.
     pub async fn shutdown(&self) {
         let callbacks = std::mem::take(
             &mut *self
@@ -309,19 +308,18 @@ pub fn http_router(server: &McpServer, token: Option<BearerToken>) -> axum::Rout
 }
 
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
-    let audit = AuditWriter::start(app.settings.store().clone());
+    let audit = AuditWriter::new(app.store().clone());
     let options = Options {
         dynamic: args.dynamic,
         catalog: args.catalog,
     };
-    let server = McpServer::start(app.clone(), audit.clone(), options).await?;
+    let server = McpServer::start(app.clone(), audit, options).await?;
     tokio::spawn(crate::config::reload_on_hangup(app.clone()));
     let served = match args.http {
         None => serve_stdio(&server).await,
         Some(addr) => serve_http(&server, addr).await,
     };
     server.shutdown().await;
-    audit.shutdown().await;
     served.map(|()| ExitCode::SUCCESS)
 }
 

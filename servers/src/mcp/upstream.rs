@@ -487,6 +487,7 @@ impl Upstream {
                 conflicts: Vec::new(),
                 tier: Tier::Free,
                 annotations,
+                pins_domain: false,
                 input_schema: Arc::new(schema),
                 backend: Backend::External(Arc::new(ForwardedTool {
                     upstream: Arc::downgrade(self),

@@ -8,9 +8,9 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use loadout::router::{Selection, SessionError};
-use loadout::store::SessionDomainState;
-use loadout::{ControlFuture, SessionControl, Store};
+use loadout::{ControlFuture, SessionControl};
+use loadout_router::{DomainState, Selection, SessionError};
+use loadout_store::Store;
 use serde_json::{Value, json};
 
 use crate::routing::{RoutedTurn, Routing, encoder_work};
@@ -62,7 +62,7 @@ impl TurnControl {
     /// Applies a change to the session view, re-routes, and persists the changed rows.
     async fn change<F>(&self, apply: F) -> Result<Arc<Selection>, String>
     where
-        F: FnOnce(&mut RoutedTurn) -> Result<Vec<SessionDomainState>, SessionError>,
+        F: FnOnce(&mut RoutedTurn) -> Result<Vec<DomainState>, SessionError>,
     {
         let (changed_rows, selection, turn, carry) = {
             let mut state = self.lock();

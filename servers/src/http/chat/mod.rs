@@ -88,7 +88,7 @@ pub async fn chat(
 /// before this succeeds, so its failures keep their HTTP status.
 async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
     if let Some(session) = &body.session {
-        loadout::store::validate_session_id(session)?;
+        loadout_store::validate_session_id(session)?;
     }
     let settings = state.app.settings.snapshot().await?;
     let config = LlmConfig::from_settings(&settings).map_err(ApiError::NotConfigured)?;

@@ -13,10 +13,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use loadout::router::{Selection, Stage};
+use loadout::ToolError;
 use loadout::settings::mask_json_secrets;
-use loadout::store::{AuditRow, now_ms};
-use loadout::{Store, ToolError};
+use loadout_router::{Selection, Stage};
+use loadout_store::Store;
+use loadout_store::{AuditRow, now_ms};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -273,15 +274,18 @@ impl Turn {
                 },
             }
         };
-        self.state.audit.record(AuditRow {
-            at_ms: now_ms(),
-            client: "chat".into(),
-            tool: cut(&call.name, 128),
-            args: audit_args(&call.arguments),
-            outcome: outcome.0,
-            detail: outcome.1,
-            duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-        });
+        self.state
+            .audit
+            .record(AuditRow {
+                at_ms: now_ms(),
+                client: "chat".into(),
+                tool: cut(&call.name, 128),
+                args: audit_args(&call.arguments),
+                outcome: outcome.0,
+                detail: outcome.1,
+                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+            })
+            .await;
         result
     }
 
@@ -385,7 +389,7 @@ pub fn system_prompt(selection: &Selection, registry: &loadout::Registry) -> Str
     let mut prompt = String::from(
         "You are a helpful assistant. Use the tools in your tool list when they help; answer directly when none is needed.\n",
     );
-    let other_domains: Vec<&loadout::router::DomainDecision> = selection
+    let other_domains: Vec<&loadout_router::DomainDecision> = selection
         .domains
         .iter()
         .filter(|d| !d.included && d.stage != Stage::Inactive)
@@ -479,7 +483,7 @@ fn assistant_for_model(stored: &Value) -> Value {
 /// [`MAX_HISTORY_MESSAGES`], starting at a user message; tool calls without a stored
 /// result (a turn cut short) and results without their call are left out, since
 /// chat-completion servers refuse both.
-pub fn history(rows: &[loadout::store::MessageRow]) -> Vec<Value> {
+pub fn history(rows: &[loadout_store::MessageRow]) -> Vec<Value> {
     let start = rows.len().saturating_sub(MAX_HISTORY_MESSAGES);
     let start = rows[start..]
         .iter()
@@ -566,7 +570,7 @@ fn audit_args(arguments: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loadout::store::MessageRow;
+    use loadout_store::MessageRow;
 
     fn row(role: &str, content: Value) -> MessageRow {
         MessageRow {

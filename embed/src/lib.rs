@@ -1,6 +1,7 @@
-//! Everything the dense stage needs outside the pure router: the built-in encoder
-//! (cargo feature `dense`), the vector cache in the data dir, and the background task
-//! that fills the router's dense index without delaying start-up.
+//! `loadout-embed`: everything the dense stage needs outside the pure router: the
+//! built-in encoder (cargo feature `dense`), an OpenAI-compatible endpoint
+//! ([`http::HttpEmbedder`]), the vector cache in the data dir, and the background
+//! task that fills the router's dense index without delaying start-up.
 //!
 //! Flow: the server builds its [`Router`] (lexical-only, ready at once) and calls
 //! [`spawn_dense_stage`]. On a worker thread, that loads the encoder, reads the cache,
@@ -23,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use crate::router::{DenseIndex, Embedder, Router};
+use loadout_router::{DenseIndex, Embedder, Router};
+
+pub mod http;
 
 const MAGIC: &[u8; 8] = b"LOVEC001";
 
@@ -368,8 +371,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::Registry;
-    use crate::router::{RouteInput, RouterConfig, SessionView, Stage};
+    use loadout::Registry;
+    use loadout_router::{RouteInput, RouterConfig, SessionView, Stage};
 
     /// A deterministic fake: a vector from the text's bytes; counts the texts embedded.
     struct Counting(AtomicUsize);
@@ -415,7 +418,7 @@ mod tests {
         ];
         let mut builder = Registry::builder();
         for (i, value) in domains.into_iter().enumerate() {
-            let parsed = crate::toolkit::parse(&value.to_string(), &format!("t{i}.json"));
+            let parsed = loadout::toolkit::parse(&value.to_string(), &format!("t{i}.json"));
             builder = builder.toolkit(parsed.unwrap_or_else(|e| panic!("{e}")));
         }
         Arc::new(builder.build().unwrap_or_else(|e| panic!("{e}")))
@@ -567,7 +570,7 @@ mod tests {
             .args([
                 "--ignored",
                 "--exact",
-                "embed::tests::builtin_encoder_offline_child",
+                "tests::builtin_encoder_offline_child",
             ])
             .env_clear()
             .env("HOME", empty.path())

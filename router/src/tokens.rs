@@ -21,6 +21,11 @@ pub fn count_json(value: &serde_json::Value) -> usize {
     count(&value.to_string())
 }
 
+/// Tokens a tool's definition costs when sent (OpenAI format).
+pub fn tool_cost(tool: &loadout::Tool) -> usize {
+    count_json(&loadout::export::openai(tool))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

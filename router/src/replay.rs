@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::Registry;
-use crate::router::{RouteInput, Router, Selection, SessionView, Stage, ToolDecision};
+use loadout::Registry;
+
+use crate::{RouteInput, Router, Selection, SessionView, Stage, ToolDecision};
 
 /// One conversation to replay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -438,10 +439,10 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::router::RouterConfig;
+    use crate::RouterConfig;
 
     fn router() -> Router {
-        let toolkit = crate::toolkit::parse(
+        let toolkit = loadout::toolkit::parse(
             &serde_json::json!({
                 "domain": "weather", "description": "Weather forecasts.",
                 "keywords": ["weather"], "settings_keys": ["weather_key"],
@@ -452,7 +453,7 @@ mod tests {
             "weather.json",
         )
         .expect("toolkit");
-        let registry = crate::Registry::builder()
+        let registry = loadout::Registry::builder()
             .toolkit(toolkit)
             .build()
             .expect("registry");

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::testing::{self, TestStore};
 use super::*;
-use crate::Settings;
+use loadout::Settings;
 
 async fn stores() -> (tempfile::TempDir, Vec<TestStore>) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -104,18 +104,15 @@ async fn settings_version_ignores_other_writes() {
         store.setting_set("a", "1").await.expect("set");
         let before = store.settings_version().await.expect("version");
         store
-            .decisions_insert(
-                vec![DecisionRow {
-                    at_ms: 1,
-                    session: None,
-                    turn: 1,
-                    message: "hello".into(),
-                    n_tools: 0,
-                    tokens: 0,
-                    reasons: Reasons::to_json(&serde_json::json!({})),
-                }],
-                LogPace::Idle,
-            )
+            .decisions_insert(vec![DecisionRow {
+                at_ms: 1,
+                session: None,
+                turn: 1,
+                message: "hello".into(),
+                n_tools: 0,
+                tokens: 0,
+                reasons: Reasons::default(),
+            }])
             .await
             .expect("log");
         store
@@ -133,86 +130,6 @@ async fn settings_version_ignores_other_writes() {
             "{}",
             t.name
         );
-    }
-}
-
-#[tokio::test]
-async fn a_version_1_sqlite_database_upgrades_in_place() {
-    let (_dir, stores) = stores().await;
-    for t in stores {
-        let StoreBackend::Sqlite(sqlite) = t.store.backend() else {
-            continue;
-        };
-        t.store.setting_set("kept", "yes").await.expect("set");
-        // Back to what a version-1 binary left behind.
-        sqlite
-            .call(|c| {
-                c.execute_batch(
-                    "ALTER TABLE sessions DROP COLUMN carry;
-                     ALTER TABLE messages DROP COLUMN called;
-                     INSERT INTO sessions(id, created_ms, n_turns) VALUES ('s-called', 0, 1);
-                     INSERT INTO messages(session_id, turn, role, content, at_ms) VALUES
-                         ('s-called', 1, 'user', '\"hi\"', 0),
-                         ('s-called', 1, 'tool', '{\"name\":\"recall\",\"ok\":true}', 0),
-                         ('s-called', 1, 'tool', '{\"name\":\"forget\",\"ok\":false}', 0);
-                     DROP TRIGGER settings_version_on_insert;
-                     DROP TRIGGER settings_version_on_update;
-                     DROP TRIGGER settings_version_on_delete;
-                     DROP TABLE settings_version;
-                     DROP INDEX messages_by_turn;
-                     CREATE TABLE main.tool_history (
-                         id INTEGER PRIMARY KEY AUTOINCREMENT,
-                         at_ms INTEGER NOT NULL,
-                         session_id TEXT,
-                         turn INTEGER NOT NULL,
-                         message TEXT NOT NULL,
-                         n_tools INTEGER NOT NULL,
-                         tokens INTEGER NOT NULL,
-                         reasons TEXT NOT NULL
-                     );
-                     CREATE INDEX main.tool_history_by_session ON tool_history(session_id, id);
-                     INSERT INTO main.tool_history(at_ms, session_id, turn, message, n_tools, tokens, reasons)
-                         VALUES (7, 's-old', 1, 'logged by version 1', 3, 120, '{}');
-                     DELETE FROM schema_version WHERE version > 1;",
-                )?;
-                Ok(())
-            })
-            .await
-            .expect("downgrade");
-        let upgraded = t.reopen().await.expect("upgrade");
-        assert_eq!(schema_versions(&t).await, all_versions());
-        assert_eq!(upgraded.settings_all().await.expect("all")["kept"], "yes");
-        // Version 5 names the tool of each successful call stored before it.
-        let snapshot = upgraded
-            .session_snapshot("s-called", 0)
-            .await
-            .expect("snapshot");
-        assert_eq!(snapshot.recent_calls, [(1, "recall".to_owned())]);
-        assert!(snapshot.carry.is_empty());
-        // Version 4 moved the decision log into its own file, rows included.
-        let old = upgraded.decisions("s-old").await.expect("decisions");
-        assert_eq!(old.len(), 1);
-        assert_eq!(
-            (old[0].at_ms, old[0].message.as_str()),
-            (7, "logged by version 1")
-        );
-        let StoreBackend::Sqlite(reopened) = upgraded.backend() else {
-            unreachable!("reopened the SQLite store");
-        };
-        let left_in_main: i64 = reopened
-            .call(|c| {
-                Ok(c.query_row(
-                    "SELECT count(*) FROM main.sqlite_master WHERE name = 'tool_history'",
-                    [],
-                    |r| r.get(0),
-                )?)
-            })
-            .await
-            .expect("main schema");
-        assert_eq!(left_in_main, 0);
-        let before = upgraded.settings_version().await.expect("version");
-        upgraded.setting_set("kept", "still").await.expect("set");
-        assert_ne!(upgraded.settings_version().await.expect("version"), before);
     }
 }
 
@@ -501,9 +418,11 @@ async fn sessions_router_state_and_decisions() {
                 message: format!("message {turn} with 'quotes' and ünïcödé"),
                 n_tools: turn,
                 tokens: 100 * turn,
-                reasons: Reasons::to_json(
-                    &serde_json::json!({"weather": {"stage": "keyword", "score": 0.5}}),
-                ),
+                reasons: Reasons {
+                    tools: vec!["get_forecast".into()],
+                    near: [("weather".to_owned(), 0.5)].into(),
+                    ..Reasons::default()
+                },
             })
             .chain(std::iter::once(DecisionRow {
                 at_ms: 1,
@@ -512,15 +431,12 @@ async fn sessions_router_state_and_decisions() {
                 message: String::new(),
                 n_tools: 0,
                 tokens: 0,
-                reasons: Reasons::to_json(&serde_json::json!([])),
+                reasons: Reasons::default(),
             }))
             .collect();
+        store.decisions_insert(rows.clone()).await.expect("insert");
         store
-            .decisions_insert(rows.clone(), LogPace::Idle)
-            .await
-            .expect("insert");
-        store
-            .decisions_insert(Vec::new(), LogPace::Idle)
+            .decisions_insert(Vec::new())
             .await
             .expect("empty batch");
         // PostgreSQL text holds no NUL: the row is still written.
@@ -530,7 +446,7 @@ async fn sessions_router_state_and_decisions() {
             ..rows[0].clone()
         };
         store
-            .decisions_insert(vec![nul], LogPace::Idle)
+            .decisions_insert(vec![nul])
             .await
             .expect("NUL in a message");
         let stored = &store.decisions("nul").await.expect("decisions")[0].message;
@@ -551,7 +467,7 @@ async fn sessions_router_state_and_decisions() {
 #[tokio::test]
 async fn pruning_the_decision_log_cuts_it_at_its_old_end() {
     let (_dir, stores) = stores().await;
-    let future = now_ms() + 2 * crate::store::FUTURE_SLACK_MS;
+    let future = now_ms() + 2 * crate::FUTURE_SLACK_MS;
     for t in stores {
         let store = &t.store;
         let row = |session: &str, at_ms: i64| DecisionRow {
@@ -561,7 +477,7 @@ async fn pruning_the_decision_log_cuts_it_at_its_old_end() {
             message: format!("at {at_ms}"),
             n_tools: 1,
             tokens: 10,
-            reasons: Reasons::to_json(&serde_json::json!([])),
+            reasons: Reasons::default(),
         };
         assert_eq!(store.decisions_prune(100, 10).await.expect("empty log"), 0);
         // Old rows, one stamped far in the future among them, then recent rows with
@@ -575,10 +491,7 @@ async fn pruning_the_decision_log_cuts_it_at_its_old_end() {
             .map(|(s, at)| row(s, at))
             .collect();
         for batch in [first, second] {
-            store
-                .decisions_insert(batch, LogPace::Idle)
-                .await
-                .expect("insert");
+            store.decisions_insert(batch).await.expect("insert");
         }
         let at_of = |rows: Vec<DecisionRow>| rows.iter().map(|r| r.at_ms).collect::<Vec<_>>();
         assert_eq!(
@@ -619,7 +532,7 @@ async fn pruning_the_decision_log_cuts_it_at_its_old_end() {
             t.name
         );
         store
-            .decisions_insert(vec![row("t", 70)], LogPace::Idle)
+            .decisions_insert(vec![row("t", 70)])
             .await
             .expect("insert");
         assert_eq!(
@@ -638,8 +551,9 @@ async fn pruning_the_decision_log_cuts_it_at_its_old_end() {
 
 /// A router over `domains` (name and tool names), with every domain keyword-matched
 /// by its own name.
-fn log_test_router(domains: &[(&str, &[&str])]) -> crate::router::Router {
-    let mut builder = crate::Registry::builder();
+#[cfg(feature = "router")]
+fn log_test_router(domains: &[(&str, &[&str])]) -> loadout_router::Router {
+    let mut builder = loadout::Registry::builder();
     for (i, (domain, tools)) in domains.iter().enumerate() {
         let tools: Vec<serde_json::Value> = tools
             .iter()
@@ -650,129 +564,98 @@ fn log_test_router(domains: &[(&str, &[&str])]) -> crate::router::Router {
             .collect();
         let toolkit = serde_json::json!({"domain": domain, "description": format!("The {domain} things."),
                                          "keywords": [domain], "tools": tools});
-        let parsed = crate::toolkit::parse(&toolkit.to_string(), &format!("log{i}.json"))
+        let parsed = loadout::toolkit::parse(&toolkit.to_string(), &format!("log{i}.json"))
             .expect("test toolkit");
         builder = builder.toolkit(parsed);
     }
     let registry = std::sync::Arc::new(builder.build().expect("test registry"));
-    crate::router::Router::new(registry, crate::router::RouterConfig::default())
+    loadout_router::Router::new(registry, loadout_router::RouterConfig::default())
 }
 
-/// Rows of routers' selections are written compact on SQLite (their names stored
-/// once per router) and as JSON on PostgreSQL; both read back as the JSON of the
-/// selection, by session and from the log's tail, and rows of two routers in one
-/// batch keep their own names. Pruning
-/// SQLite's log to nothing drops the stored names, and the next row stores them
-/// again.
+/// Rows of selections read back as they were written, by session and from the log's
+/// tail, on every backend; every domain of a selection is in its row once.
+#[cfg(feature = "router")]
 #[tokio::test]
-async fn routers_rows_read_back_as_the_json_of_their_selections() {
+async fn rows_of_selections_read_back_as_written() {
     let (_dir, stores) = stores().await;
-    let first = log_test_router(&[
+    let router = log_test_router(&[
         ("weather", &["get_forecast", "get_alerts"]),
         ("mail", &["send_mail", "read_mail", "delete_mail"]),
-    ]);
-    // The same names in another order, and one more: indices differ.
-    let second = log_test_router(&[
-        (
-            "mail",
-            &["read_mail", "send_mail", "delete_mail", "mail-archive"],
-        ),
-        ("weather", &["get_alerts", "get_forecast"]),
         ("calendar", &["add_event"]),
     ]);
     let settings = std::collections::BTreeMap::new();
-    let session = crate::router::SessionView::new(1);
+    let session = loadout_router::SessionView::new(1);
     let mut rows = Vec::new();
-    let mut expected = Vec::new();
-    for (router, message) in [
-        (&first, "weather and mail please"),
-        (&second, "mail then calendar"),
-        (&first, "nothing relevant at all"),
-        (&second, "weather"),
+    for message in [
+        "weather and mail please",
+        "mail then calendar",
+        "nothing relevant at all",
+        "weather",
     ] {
-        let selection = router.select(&crate::router::RouteInput {
+        let selection = router.select(&loadout_router::RouteInput {
             message,
             settings: &settings,
             session: &session,
             token_budget: None,
         });
-        let row = selection.decision_row(
-            Some("s"),
-            1,
-            message,
-            crate::router::MessageLogging::Plain,
-            5,
-        );
-        assert!(row.reasons.compact().is_some(), "{message}");
-        let mut json = String::new();
-        selection.write_logged_reasons(&mut json);
-        expected.push(json);
+        let row = DecisionRow::new(&selection, Some("s"), 1, message, MessageLogging::Plain, 5);
+        let reasons = &row.reasons;
+        let mut logged: Vec<&str> = reasons
+            .domains
+            .iter()
+            .map(|d| d.domain.as_str())
+            .chain(reasons.inactive.iter().map(String::as_str))
+            .chain(reasons.unmatched.iter().map(String::as_str))
+            .chain(reasons.near.keys().map(String::as_str))
+            .chain(reasons.no_tool_needed.keys().map(String::as_str))
+            .collect();
+        logged.sort_unstable();
+        let mut all: Vec<&str> = selection
+            .domains
+            .iter()
+            .map(|d| d.domain.as_str())
+            .collect();
+        all.sort_unstable();
+        assert_eq!(logged, all, "{message}: {reasons:?}");
+        let sent: Vec<&str> = selection.tool_names().collect();
+        assert_eq!(reasons.tools, sent, "{message}");
         rows.push(row);
     }
+    let hashed = DecisionRow::new(
+        &router.select(&loadout_router::RouteInput {
+            message: "weather",
+            settings: &settings,
+            session: &session,
+            token_budget: None,
+        }),
+        None,
+        3,
+        "weather",
+        MessageLogging::Sha256,
+        42,
+    );
+    assert!(hashed.message.starts_with("sha256:") && !hashed.message.contains("weather"));
     for t in stores {
         let store = &t.store;
-        store
-            .decisions_insert(rows.clone(), LogPace::Idle)
-            .await
-            .expect("insert");
-        let read: Vec<String> = store
-            .decisions("s")
-            .await
-            .expect("read")
-            .iter()
-            .map(|r| r.reasons.json().into_owned())
-            .collect();
-        assert_eq!(read, expected, "{}", t.name);
-        let tail: Vec<String> = store
-            .decisions_tail(2)
-            .await
-            .expect("tail")
-            .iter()
-            .map(|r| r.reasons.json().into_owned())
-            .collect();
-        assert_eq!(tail, expected[2..], "{}", t.name);
-        if let StoreBackend::Sqlite(s) = store.backend() {
-            let count = |s: &SqliteStore| {
-                let s = s.clone();
-                async move {
-                    s.call(|c| {
-                        Ok(
-                            c.query_row("SELECT count(*) FROM decisions.catalogs", [], |r| {
-                                r.get::<_, i64>(0)
-                            })?,
-                        )
-                    })
-                    .await
-                    .expect("count")
-                }
-            };
-            assert_eq!(count(s).await, 2);
-            store
-                .decisions_insert(rows[..1].to_vec(), LogPace::Idle)
-                .await
-                .expect("insert");
-            assert_eq!(count(s).await, 2, "names are stored once");
-            assert_eq!(
-                store.decisions_prune(now_ms(), 100).await.expect("prune"),
-                5
-            );
-            assert_eq!(count(s).await, 0, "names no row refers to are dropped");
-        } else {
-            assert_eq!(
-                store.decisions_prune(now_ms(), 100).await.expect("prune"),
-                4
-            );
-        }
-        store
-            .decisions_insert(rows[1..2].to_vec(), LogPace::Idle)
-            .await
-            .expect("insert");
-        let read = store
-            .first_decision("s")
-            .await
-            .expect("read")
-            .expect("a row");
-        assert_eq!(read.reasons.json(), expected[1], "{}", t.name);
+        store.decisions_insert(rows.clone()).await.expect("insert");
+        assert_eq!(
+            store.decisions("s").await.expect("read"),
+            rows,
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            store.decisions_tail(2).await.expect("tail"),
+            rows[2..],
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            store.first_decision("s").await.expect("first").as_ref(),
+            rows.first(),
+            "{}",
+            t.name
+        );
     }
 }
 
@@ -908,11 +791,11 @@ async fn audit_tail_returns_newest_rows_in_order() {
             })
             .collect();
         t.store
-            .audit_insert(rows[..2].to_vec(), LogPace::Idle)
+            .audit_insert(rows[..2].to_vec())
             .await
             .expect("insert");
         t.store
-            .audit_insert(rows[2..].to_vec(), LogPace::Idle)
+            .audit_insert(rows[2..].to_vec())
             .await
             .expect("insert");
         let tail = t.store.audit_tail(2).await.expect("tail");
@@ -1149,7 +1032,7 @@ fn decision(session: &str, message: &str) -> DecisionRow {
         message: message.into(),
         n_tools: 1,
         tokens: 10,
-        reasons: Reasons::to_json(&serde_json::json!({})),
+        reasons: Reasons::default(),
     }
 }
 
@@ -1170,7 +1053,7 @@ async fn a_new_sqlite_decision_log_has_large_pages_and_an_old_one_keeps_its_own(
         "the main file keeps SQLite's default"
     );
     t.store
-        .decisions_insert(vec![decision("s-1", "logged")], LogPace::Idle)
+        .decisions_insert(vec![decision("s-1", "logged")])
         .await
         .expect("log");
     // A log file made with 4 KB pages by an older binary stays as it is.
@@ -1182,7 +1065,7 @@ async fn a_new_sqlite_decision_log_has_large_pages_and_an_old_one_keeps_its_own(
         .expect("old log");
     let store = Store::connect(None, old.path()).await.expect("open");
     store
-        .decisions_insert(vec![decision("s-1", "logged")], LogPace::Idle)
+        .decisions_insert(vec![decision("s-1", "logged")])
         .await
         .expect("log");
     assert_eq!(store.decisions("s-1").await.expect("read").len(), 1);
@@ -1195,7 +1078,7 @@ async fn an_unreadable_sqlite_decision_log_is_moved_aside_and_started_anew() {
     let (t, main) = sqlite_of(&stores);
     t.store.setting_set("kept", "yes").await.expect("set");
     t.store
-        .decisions_insert(vec![decision("s-1", "before the power cut")], LogPace::Idle)
+        .decisions_insert(vec![decision("s-1", "before the power cut")])
         .await
         .expect("log");
     let log = sqlite::decisions_path(&main);
@@ -1210,7 +1093,7 @@ async fn an_unreadable_sqlite_decision_log_is_moved_aside_and_started_anew() {
     assert_eq!(reopened.settings_all().await.expect("all")["kept"], "yes");
     assert_eq!(reopened.decisions("s-1").await.expect("read"), vec![]);
     reopened
-        .decisions_insert(vec![decision("s-2", "after")], LogPace::Idle)
+        .decisions_insert(vec![decision("s-2", "after")])
         .await
         .expect("log again");
     assert_eq!(reopened.decisions("s-2").await.expect("read").len(), 1);

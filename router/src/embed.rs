@@ -1,7 +1,7 @@
 //! The seam for the dense (embedding) similarity stage.
 //!
 //! The router itself never loads a model, opens a file or a connection: whoever owns
-//! the embedder (the server, with the built-in encoder of [`crate::embed`] or an
+//! the embedder (the server, with the built-in encoder of `loadout-embed` or an
 //! OpenAI-compatible `/v1/embeddings` endpoint) embeds [`Router::dense_texts`]
 //! (possibly in the background, through a vector cache) and attaches the result with
 //! [`Router::attach_dense`]. Until then the router runs lexical-only and its notes say

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
-use crate::toolkit;
+use loadout::toolkit;
 
 fn tool(name: &str, description: &str) -> serde_json::Value {
     json!({"name": name, "description": description, "input_schema": {"type": "object", "properties": {}}})
@@ -68,6 +68,14 @@ fn router_with(config: RouterConfig) -> Router {
 
 fn router() -> Router {
     router_with(RouterConfig::default())
+}
+
+/// `create_table` pins its domain, as the linked scratchpad's does.
+fn pinning(config: RouterConfig) -> RouterConfig {
+    RouterConfig {
+        pin_on_tools: vec!["create_table".into()],
+        ..config
+    }
 }
 
 fn all_settings() -> BTreeMap<String, String> {
@@ -181,10 +189,10 @@ fn used_domains_stick_until_idle_longer_than_idle_turns() {
 
 #[test]
 fn workflow_tools_pin_their_domain_for_the_session() {
-    let router = router_with(RouterConfig {
+    let router = router_with(pinning(RouterConfig {
         idle_turns: 1,
         ..RouterConfig::default()
-    });
+    }));
     let mut view = SessionView::new(1);
     let changed = view.record_calls(&router, &["create_table"]);
     assert_eq!(changed.len(), 1);
@@ -466,7 +474,7 @@ fn search_returns_matching_active_tools() {
 
 #[test]
 fn summary_line_lists_included_domains_with_stage_and_score() {
-    let router = router();
+    let router = router_with(pinning(RouterConfig::default()));
     let mut view = SessionView::new(1);
     view.record_calls(&router, &["create_table"]);
     view.begin_turn(2, None);
@@ -486,254 +494,9 @@ fn summary_line_lists_included_domains_with_stage_and_score() {
 }
 
 #[test]
-fn the_logged_reasons_are_the_json_serde_writes_for_them() {
+fn a_selection_lists_the_sent_tools_as_openai_definitions() {
     let router = router();
-    let mail = mail_router();
-    // Every other text a little like the message: evidence below the gates.
-    let mut dense = router_with(RouterConfig::default());
-    let rows = weather_rows(&dense, [0.2, 1.0]);
-    dense.set_dense(Some(DenseIndex::new(Arc::new(OutsideIsWeather), rows)));
-    let mut sticky = SessionView::new(4);
-    sticky.record_calls(&router, &["get_current_weather".to_owned()]);
-    let fresh = SessionView::new(1);
-    let cases: Vec<(&Router, &str, &SessionView, Option<usize>)> = vec![
-        (&router, "weather", &fresh, None),
-        (
-            &router,
-            "weather forecast for the week and the latest stories",
-            &fresh,
-            None,
-        ),
-        (&dense, "what's it like outside", &fresh, None),
-        (&router, "is it going to rain \"tomorrow\"?", &sticky, None),
-        (&router, "hello there", &fresh, None),
-        (&router, "날씨 어때", &fresh, None),
-        (&router, "zzqx unknown words", &fresh, Some(300)),
-        (&router, "make a table of my expenses", &sticky, Some(1)),
-        (&mail, "forward the invoice to my accountant", &fresh, None),
-    ];
-    let mut seen_hints = false;
-    let mut seen = Vec::new();
-    let mut compact_rows = Vec::new();
-    for (router, message, session, budget) in cases {
-        // An odd budget also leaves the weather key unset: its domain is inactive.
-        let settings = match budget {
-            Some(1) => BTreeMap::new(),
-            _ => all_settings(),
-        };
-        let mut selection = router.select(&RouteInput {
-            message,
-            settings: &settings,
-            session,
-            token_budget: budget,
-        });
-        // A domain left out with some evidence is logged in full, not by name.
-        if let Some(d) = selection
-            .domains
-            .iter_mut()
-            .filter(|d| d.stage == Stage::NotMatched)
-            .nth(1)
-        {
-            d.score = 0.125;
-        }
-        // More tools ranked out than a row names: the best are named, the rest counted.
-        if message == "weather" {
-            let domain = selection.domains[0].domain.clone();
-            selection
-                .tool_decisions
-                .extend(
-                    (0..super::selection::LOGGED_NOT_SENT + 5).map(|i| ToolDecision {
-                        tool: Name::from(format!("extra_{i}").as_str()),
-                        domain: domain.clone(),
-                        included: false,
-                        stage: Stage::Ranked,
-                        score: (i % 7) as f32 / 10.0,
-                        tool_idx: usize::MAX,
-                    }),
-                );
-        }
-        seen_hints |= selection.tool_decisions.iter().any(|d| !d.included);
-        let row = selection.decision_row(None, 1, message, MessageLogging::Plain, 0);
-        let oracle = serde_json::to_string(&super::selection::LoggedReasons::new(&selection))
-            .expect("serializes");
-        assert_eq!(row.reasons.json(), oracle, "{message}");
-        // A row of the router's own selection is compact, and reads back the same
-        // through the names as a store keeps them. The one naming tools the router
-        // does not have is JSON.
-        match row.reasons.compact() {
-            Some((names, bytes)) => {
-                let stored = LogNames::from_stored(&names.stored().json).expect("names read back");
-                assert_eq!(
-                    crate::store::Reasons::from_compact(bytes, &stored).json(),
-                    oracle,
-                    "{message}"
-                );
-                assert!(
-                    bytes.len() * 2 < oracle.len(),
-                    "{message}: {} bytes",
-                    bytes.len()
-                );
-                compact_rows.push((bytes.to_vec(), names.clone()));
-            }
-            None => assert_eq!(message, "weather", "a router's selection logged as JSON"),
-        }
-        seen.extend(
-            [
-                "\"inactive\"",
-                "\"unmatched\"",
-                "\"near\"",
-                "\"no_tool_needed\"",
-                "\"not_sent\"",
-                "\"not_sent_left_out\"",
-                "\"notes\"",
-            ]
-            .into_iter()
-            .filter(|part| oracle.contains(part)),
-        );
-    }
-    assert!(seen_hints, "no case had a ranked-out tool");
-    assert!(
-        compact_rows.len() >= 7,
-        "{} compact rows",
-        compact_rows.len()
-    );
-    // Cut short, or with a byte changed, compact reasons are refused or read as
-    // some JSON; never a panic.
-    for (bytes, names) in &compact_rows {
-        for len in 0..bytes.len() {
-            assert!(
-                LoggedView::decode(&bytes[..len], names).is_err(),
-                "cut at {len}"
-            );
-        }
-        for at in 0..bytes.len() {
-            for flip in [0x01, 0x40, 0x80, 0xff] {
-                let mut garbled = bytes.clone();
-                garbled[at] ^= flip;
-                let json = crate::store::Reasons::from_compact(&garbled, names)
-                    .json()
-                    .into_owned();
-                assert!(
-                    serde_json::from_str::<serde_json::Value>(&json).is_ok(),
-                    "{json}"
-                );
-            }
-        }
-        let mut longer = bytes.clone();
-        longer.push(0);
-        assert!(LoggedView::decode(&longer, names).is_err());
-    }
-    seen.sort_unstable();
-    seen.dedup();
-    assert_eq!(
-        seen.len(),
-        7,
-        "cases left a part of the format out: {seen:?}"
-    );
-}
-
-#[test]
-fn logged_scores_and_strings_are_written_as_serde_writes_them() {
-    for score in [
-        0.0f32, 1.0, 0.6, 0.125, 0.1, 0.0005, 0.9996, 12.5, 3.33349, -0.25,
-    ] {
-        let mut text = String::new();
-        super::selection::push_score(&mut text, score);
-        let expected = serde_json::to_string(&((f64::from(score) * 1000.0).round() / 1000.0))
-            .expect("serializes");
-        assert_eq!(text, expected, "{score}");
-    }
-    let mut text = String::new();
-    super::selection::push_score(&mut text, f32::NAN);
-    assert_eq!(text, "null");
-    for name in [
-        "get_current_weather",
-        "say \"hi\"",
-        "back\\slash",
-        "tab\there",
-        "날씨",
-        "~",
-    ] {
-        let mut text = String::new();
-        super::selection::push_json_str(&mut text, name);
-        assert_eq!(
-            text,
-            serde_json::to_string(name).expect("serializes"),
-            "{name}"
-        );
-    }
-}
-
-#[test]
-fn decision_row_hashes_the_message_when_asked() {
-    let router = router();
-    let selection = Arc::new(route(&router, "weather", &SessionView::new(3)));
-    let row = selection.decision_row(Some("s1"), 3, "weather", MessageLogging::Sha256, 42);
-    // The row holds its own text, not the selection.
-    assert_eq!(Arc::strong_count(&selection), 1);
-    assert!(row.message.starts_with("sha256:") && !row.message.contains("weather"));
-    assert_eq!(
-        (row.turn, row.at_ms, row.n_tools),
-        (3, 42, selection.n_tools as i64)
-    );
-    // Every domain is in the row once: in full when it was sent or had evidence,
-    // by name otherwise.
-    let reasons = row.reasons.value();
-    let names = |key: &str| -> Vec<String> {
-        reasons[key]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|v| {
-                        v.get("domain")
-                            .unwrap_or(v)
-                            .as_str()
-                            .unwrap_or("")
-                            .to_owned()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let mut logged: Vec<String> = ["domains", "inactive", "unmatched"]
-        .iter()
-        .flat_map(|key| names(key))
-        .chain(["near", "no_tool_needed"].iter().flat_map(|key| {
-            reasons[key]
-                .as_object()
-                .into_iter()
-                .flat_map(|scores| scores.keys().cloned())
-        }))
-        .collect();
-    logged.sort();
-    let mut all: Vec<String> = selection
-        .domains
-        .iter()
-        .map(|d| d.domain.to_string())
-        .collect();
-    all.sort();
-    assert_eq!(logged, all, "{reasons}");
-    let weather = &reasons["domains"]
-        .as_array()
-        .and_then(|d| d.iter().find(|d| d["domain"] == "weather"))
-        .expect("weather logged in full");
-    assert_eq!(weather["stage"], "keyword", "{reasons}");
-    let score = weather["score"].as_f64().expect("score");
-    assert_eq!(
-        score,
-        (score * 1000.0).round() / 1000.0,
-        "3 decimals: {score}"
-    );
-    // Sent tools are listed by name, not again among the ranked ones.
-    let sent: Vec<&str> = selection.tools.iter().map(|t| t.name.as_str()).collect();
-    for decision in reasons["not_sent"].as_array().into_iter().flatten() {
-        assert!(
-            !sent.contains(&decision[0].as_str().unwrap_or("")),
-            "{decision}"
-        );
-    }
-    let plain = selection.decision_row(None, 3, "weather", MessageLogging::Plain, 42);
-    assert_eq!(plain.message, "weather");
+    let selection = route(&router, "weather", &SessionView::new(3));
     assert_eq!(
         selection.tools_openai(router.registry()).len(),
         selection.n_tools
@@ -1228,11 +991,11 @@ fn a_small_selection_takes_the_nearest_misses_while_it_has_room() {
 
 #[test]
 fn a_domain_no_stage_ranked_reads_unranked_in_its_reason() {
-    assert_eq!(super::Rank(3).to_string(), "#3");
-    assert_eq!(super::Rank(0).to_string(), "unranked");
+    assert_eq!(crate::evidence::Rank(3).to_string(), "#3");
+    assert_eq!(crate::evidence::Rank(0).to_string(), "unranked");
     // Never ranked by any request of the message (its cosine was 0 or below for
     // every one): not `#18446744073709551615`.
-    assert_eq!(super::Rank(usize::MAX).to_string(), "unranked");
+    assert_eq!(crate::evidence::Rank(usize::MAX).to_string(), "unranked");
 }
 
 #[test]
@@ -1694,8 +1457,8 @@ fn spoilt_toolkit_files_are_refused_or_route_never_panic() {
             );
         }
         for tool in registry.all_tools() {
-            let _ = crate::export::mcp(tool);
-            let _ = crate::export::openai(tool);
+            let _ = loadout::export::mcp(tool);
+            let _ = loadout::export::openai(tool);
         }
     }
     // Both outcomes came up: the mutations are neither all fatal nor all harmless.

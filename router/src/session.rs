@@ -2,13 +2,24 @@
 //! apply to it: tool calls, meta-tool loads and unloads, and the turn clock.
 //!
 //! The server builds a [`SessionView`] from the store before routing and persists the
-//! [`SessionDomainState`] rows the updates return; the eval keeps the view in memory.
+//! [`DomainState`] rows the updates return; the eval keeps the view in memory.
 
 use serde::Serialize;
 
 use super::Router;
 use super::selection::{Selection, Stage};
-use crate::store::SessionDomainState;
+
+/// The router's memory of one domain in one session.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct DomainState {
+    pub domain: String,
+    /// Last turn a tool of this domain was called or it was explicitly loaded.
+    pub last_used_turn: i64,
+    /// Stays loaded for the rest of the session (mid-workflow state).
+    pub pinned: bool,
+    /// Unloaded by the model (`unload_tools`); kept out until used again.
+    pub unloaded: bool,
+}
 
 /// What the router needs to know about a session for one turn.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -17,7 +28,7 @@ pub struct SessionView {
     /// count, so it survives restarts.
     pub turn: i64,
     /// Per-domain memory of this session.
-    pub domains: Vec<SessionDomainState>,
+    pub domains: Vec<DomainState>,
     /// Domains any session used in the last 24 h.
     pub warm: Vec<String>,
     /// `load_all_for_this_turn` was called: every active tool is sent this turn.
@@ -54,11 +65,7 @@ impl SessionView {
     }
 
     /// A view built from stored state.
-    pub fn from_store(
-        turn: i64,
-        domains: Vec<SessionDomainState>,
-        warm: Vec<String>,
-    ) -> SessionView {
+    pub fn from_store(turn: i64, domains: Vec<DomainState>, warm: Vec<String>) -> SessionView {
         SessionView {
             turn,
             domains,
@@ -77,7 +84,7 @@ impl SessionView {
         self.recent_calls.retain(|(at, _)| *at >= turn - 1);
     }
 
-    pub fn state(&self, domain: &str) -> Option<&SessionDomainState> {
+    pub fn state(&self, domain: &str) -> Option<&DomainState> {
         self.domains.iter().find(|s| s.domain == domain)
     }
 
@@ -95,14 +102,15 @@ impl SessionView {
     }
 
     /// Records the tools the model called this turn: their domains count as used now,
-    /// and a call to one of the router's `pin_on_tools` pins its domain for the session.
+    /// and a call to a tool that pins its domain (`pins_domain`, or one of the router's
+    /// `pin_on_tools`) pins it for the session.
     /// Returns the rows that changed, for the server to persist.
     pub fn record_calls<S: AsRef<str>>(
         &mut self,
         router: &Router,
         called: &[S],
-    ) -> Vec<SessionDomainState> {
-        let mut changed: Vec<SessionDomainState> = Vec::new();
+    ) -> Vec<DomainState> {
+        let mut changed: Vec<DomainState> = Vec::new();
         for name in called {
             let name = name.as_ref();
             let Some(tool) = router.registry().tool(name) else {
@@ -114,7 +122,7 @@ impl SessionView {
             if router.is_core_domain(&tool.domain) {
                 continue;
             }
-            let pin = router.config().pin_on_tools.iter().any(|p| p == name);
+            let pin = tool.pins_domain || router.config().pin_on_tools.iter().any(|p| p == name);
             let row = self.touch(&tool.domain, pin);
             upsert(&mut changed, row);
         }
@@ -128,7 +136,7 @@ impl SessionView {
         &mut self,
         router: &Router,
         names: &[S],
-    ) -> Result<Vec<SessionDomainState>, SessionError> {
+    ) -> Result<Vec<DomainState>, SessionError> {
         let registry = router.registry();
         let unknown: Vec<String> = names
             .iter()
@@ -166,7 +174,7 @@ impl SessionView {
         &mut self,
         router: &Router,
         names: &[S],
-    ) -> Result<Vec<SessionDomainState>, SessionError> {
+    ) -> Result<Vec<DomainState>, SessionError> {
         let registry = router.registry();
         let mut domains: Vec<String> = Vec::new();
         let mut unknown = Vec::new();
@@ -208,7 +216,7 @@ impl SessionView {
         self.load_all_this_turn = true;
     }
 
-    fn touch(&mut self, domain: &str, pin: bool) -> SessionDomainState {
+    fn touch(&mut self, domain: &str, pin: bool) -> DomainState {
         let turn = self.turn;
         let state = self.state_mut(domain);
         state.last_used_turn = turn;
@@ -217,11 +225,11 @@ impl SessionView {
         state.clone()
     }
 
-    fn state_mut(&mut self, domain: &str) -> &mut SessionDomainState {
+    fn state_mut(&mut self, domain: &str) -> &mut DomainState {
         let idx = match self.domains.iter().position(|s| s.domain == domain) {
             Some(idx) => idx,
             None => {
-                self.domains.push(SessionDomainState {
+                self.domains.push(DomainState {
                     domain: domain.to_owned(),
                     // Never used: far enough back that it is not sticky.
                     last_used_turn: i64::MIN / 2,
@@ -251,7 +259,7 @@ pub fn carry_over(selection: &Selection) -> Vec<String> {
         .collect()
 }
 
-fn upsert(rows: &mut Vec<SessionDomainState>, row: SessionDomainState) {
+fn upsert(rows: &mut Vec<DomainState>, row: DomainState) {
     match rows.iter_mut().find(|r| r.domain == row.domain) {
         Some(existing) => *existing = row,
         None => rows.push(row),

@@ -17,7 +17,7 @@
 //!   an address-book search in any domain (`search_contacts`): "forward the invoice
 //!   to my accountant" names a person, the tool takes an address.
 
-use crate::Tool;
+use loadout::Tool;
 
 /// Finding verbs, best first: a listing shows what exists, a search narrows it, a
 /// lookup may search outside (a catalogue of things not yet added), `get` is the

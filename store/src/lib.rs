@@ -1,18 +1,19 @@
-//! All state a user expects to survive a restart and to be shared between processes:
-//! settings, sessions and their messages, tool calls, each turn's routing decision,
-//! the router's per-session state, and the audit log.
+//! `loadout-store`: all state a user expects to survive a restart and to be shared
+//! between processes: settings, sessions and their messages, each turn's routing
+//! decision, the router's per-session state, and the audit log.
 //!
 //! [`Store`] is the one interface; the backend underneath (embedded SQLite by default,
-//! PostgreSQL for several replicas) is chosen by a database URL and is invisible to
-//! the router and the servers. Domains that keep their own data (scratchpad, memory)
-//! reach the backend through [`Store::backend`] and implement each engine themselves;
-//! for PostgreSQL they use the driver re-exported here ([`tokio_postgres`],
-//! [`deadpool_postgres`]) so they need no dependency of their own.
+//! PostgreSQL for several replicas) is chosen by a database URL. Each backend is split
+//! by concern: migrations, settings, sessions, decisions, audit, and its connections.
+//! Domains that keep their own data (scratchpad, memory) reach the backend through
+//! [`Store::of`] and [`Store::backend`] and implement an engine per backend.
+//!
+//! Depends on the `loadout` contract only (and on `loadout-router` with the `router`
+//! feature, to build decision rows from selections); never on a domain or a server.
 
-mod postgres;
-mod priority;
-mod spare;
-mod sqlite;
+mod decisions;
+pub mod postgres;
+pub mod sqlite;
 #[doc(hidden)]
 pub mod testing;
 
@@ -23,6 +24,10 @@ use std::sync::Arc;
 use serde::Serialize;
 
 pub use deadpool_postgres;
+pub use decisions::{
+    DecisionRow, DomainReason, LOGGED_NOT_SENT, MessageLogging, Reasons, ToolReason, sha256_hex,
+};
+pub use loadout::{SettingsChange, StoreError, validate_setting_key};
 pub use postgres::{PostgresStore, describe_error as describe_pg_error, is_connection_error};
 pub use sqlite::SqliteStore;
 pub use tokio_postgres;
@@ -34,56 +39,11 @@ const _: () = assert!(sqlite::SCHEMA_VERSION == postgres::SCHEMA_VERSION);
 /// Pause before the one retry of a failed log write.
 pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Why a storage operation failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    #[error("cannot open database {url}: {message}")]
-    Open { url: String, message: String },
-    #[error("unsupported database URL `{url}`: {reason}")]
-    BadUrl { url: String, reason: String },
-    #[error(
-        "database schema version {found} is newer than this binary knows ({known}); upgrade loadout"
-    )]
-    SchemaTooNew { found: i64, known: i64 },
-    #[error("database error: {0}")]
-    Database(String),
-    #[error("not found: {0}")]
-    NotFound(String),
-    #[error("invalid input: {0}")]
-    Invalid(String),
-    /// The database cannot be reached right now (server down, connection lost). The
-    /// pool reconnects by itself; retrying later succeeds once the server is back.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-}
-
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
-        match e.sqlite_error_code() {
-            // Another process held the file past the busy timeout: worth a retry.
-            Some(DatabaseBusy | DatabaseLocked) => StoreError::Unavailable(e.to_string()),
-            _ => StoreError::Database(e.to_string()),
-        }
-    }
-}
-
 /// The engine behind a [`Store`].
 #[non_exhaustive]
 pub enum StoreBackend {
     Sqlite(SqliteStore),
     Postgres(PostgresStore),
-}
-
-/// What the settings listener of a backend reports (PostgreSQL `LISTEN/NOTIFY`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SettingsChange {
-    /// Changes with every settings write by any replica, and whenever the listener
-    /// connects or loses its connection (a write may have been missed).
-    pub generation: u64,
-    /// The listener is connected: a write by anyone will change `generation`.
-    pub listening: bool,
 }
 
 /// Calls the same method on whichever backend is underneath.
@@ -125,178 +85,6 @@ pub struct AuditRow {
     pub duration_ms: f64,
 }
 
-/// One routing decision, as the decision log keeps it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct DecisionRow {
-    pub at_ms: i64,
-    pub session: Option<String>,
-    pub turn: i64,
-    /// The message, or its hash when the privacy setting asks for that.
-    pub message: String,
-    pub n_tools: i64,
-    pub tokens: i64,
-    /// Domains with stage and score, as JSON.
-    pub reasons: Reasons,
-}
-
-/// How urgently a batch of log rows must be written, as the background writer that
-/// queued them sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogPace {
-    /// Whenever the CPU has time: on SQLite the log thread runs under `SCHED_IDLE`,
-    /// so requests being served never wait for it.
-    Idle,
-    /// The writer is behind (its queue is filling) or shutting down: written at
-    /// normal priority, so that rows are not dropped at saturation, where idle CPU
-    /// time never comes. The batch's size says nothing about this: at a steady
-    /// high rate every batch is large and the writer still keeps up.
-    CatchUp,
-}
-
-/// A decision's reasons: JSON text, or, for a row on its way to the store, the
-/// compact form that refers to names by index (see [`crate::router::LogNames`]),
-/// written once on the routing path with no JSON tree (see
-/// [`Selection::decision_row`](crate::router::Selection::decision_row) for why
-/// there). Readers get JSON: rows read back from a store hold the text. Always one
-/// JSON value: made by serde_json or the router's writer, or checked when read.
-#[derive(Clone)]
-pub struct Reasons(Repr);
-
-#[derive(Clone)]
-enum Repr {
-    Json(String),
-    Compact {
-        names: Arc<crate::router::LogNames>,
-        bytes: Vec<u8>,
-    },
-}
-
-impl Reasons {
-    /// Serializes `value`; a value that cannot be serialized logs as `null`.
-    pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Reasons {
-        serde_json::to_string(value)
-            .map(|text| Reasons(Repr::Json(text)))
-            .unwrap_or_else(|_| Reasons::null())
-    }
-
-    /// The reasons the decision log keeps of `selection`: compact when the selection
-    /// carries the names of the router that made it, JSON otherwise.
-    pub(crate) fn of_selection(selection: &crate::router::Selection) -> Reasons {
-        if let Some(names) = &selection.log_names {
-            let mut bytes = spare::SPARE_REASONS.take();
-            if selection.write_compact_reasons(names, &mut bytes) {
-                return Reasons(Repr::Compact {
-                    names: names.clone(),
-                    bytes,
-                });
-            }
-            bytes.clear();
-            spare::SPARE_REASONS.give_back([bytes]);
-        }
-        let mut text = String::with_capacity(2048);
-        selection.write_logged_reasons(&mut text);
-        debug_assert!(
-            serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok(),
-            "not JSON: {text}"
-        );
-        Reasons(Repr::Json(text))
-    }
-
-    /// Hands the written rows' compact buffers back for the next rows to fill (see
-    /// [`spare`] for why).
-    pub(crate) fn recycle(rows: Vec<DecisionRow>) {
-        spare::SPARE_REASONS.give_back(rows.into_iter().filter_map(|row| match row.reasons.0 {
-            Repr::Compact { bytes, .. } => Some(bytes),
-            Repr::Json(_) => None,
-        }));
-    }
-
-    /// Reasons read back from storage; text that is not JSON reads as `null`.
-    pub fn from_text(text: String) -> Reasons {
-        match serde_json::from_str::<serde::de::IgnoredAny>(&text) {
-            Ok(_) => Reasons(Repr::Json(text)),
-            Err(_) => Reasons::null(),
-        }
-    }
-
-    /// Compact reasons read back from storage with the names they refer to, as JSON;
-    /// bytes that do not decode with those names read as `null`.
-    pub(crate) fn from_compact(bytes: &[u8], names: &crate::router::LogNames) -> Reasons {
-        decoded(bytes, names).map_or_else(Reasons::null, |text| Reasons(Repr::Json(text)))
-    }
-
-    pub(crate) fn null() -> Reasons {
-        Reasons(Repr::Json("null".to_owned()))
-    }
-
-    /// The compact form and the names it refers to; `None` for JSON text.
-    pub(crate) fn compact(&self) -> Option<(&Arc<crate::router::LogNames>, &[u8])> {
-        match &self.0 {
-            Repr::Compact { names, bytes } => Some((names, bytes)),
-            Repr::Json(_) => None,
-        }
-    }
-
-    /// Bytes of the compact form; `None` for JSON text.
-    pub fn compact_len(&self) -> Option<usize> {
-        self.compact().map(|(_, bytes)| bytes.len())
-    }
-
-    /// The JSON text (written out here for compact reasons).
-    pub fn json(&self) -> std::borrow::Cow<'_, str> {
-        match &self.0 {
-            Repr::Json(text) => std::borrow::Cow::Borrowed(text),
-            Repr::Compact { names, bytes } => decoded(bytes, names)
-                .map_or(std::borrow::Cow::Borrowed("null"), std::borrow::Cow::Owned),
-        }
-    }
-
-    /// The reasons as a JSON tree (tests, tools that inspect the log).
-    pub fn value(&self) -> serde_json::Value {
-        serde_json::from_str(&self.json()).unwrap_or(serde_json::Value::Null)
-    }
-}
-
-/// Compact reasons written out as JSON; `None` (and a warning) when the bytes do not
-/// decode with `names`.
-fn decoded(bytes: &[u8], names: &crate::router::LogNames) -> Option<String> {
-    match crate::router::LoggedView::decode(bytes, names) {
-        Ok(view) => {
-            let mut text = String::with_capacity(bytes.len() * 4);
-            view.write_json(&mut text);
-            Some(text)
-        }
-        Err(e) => {
-            tracing::warn!("decision-log reasons unreadable: {e}");
-            None
-        }
-    }
-}
-
-impl PartialEq for Reasons {
-    fn eq(&self, other: &Reasons) -> bool {
-        self.json() == other.json()
-    }
-}
-
-impl std::fmt::Debug for Reasons {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.json())
-    }
-}
-
-impl Serialize for Reasons {
-    /// As the JSON it is, not as a string. Only readers of the log serialize
-    /// reasons; they pay for one more scan of the text.
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let json = self.json();
-        match serde_json::from_str::<&serde_json::value::RawValue>(&json) {
-            Ok(raw) => raw.serialize(serializer),
-            Err(_) => serializer.serialize_unit(),
-        }
-    }
-}
-
 /// A message of a session.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct MessageRow {
@@ -312,7 +100,7 @@ pub struct SessionSnapshot {
     /// User turns so far (0 for a session that does not exist yet).
     pub turn: i64,
     /// The tools the latest turn carries into a follow-up with no evidence of its
-    /// own (see [`crate::router::carry_over`]), stored with that turn's message.
+    /// own (the router's `carry_over`), stored with that turn's message.
     pub carry: Vec<String>,
     pub domains: Vec<SessionDomainState>,
     pub warm: Vec<String>,
@@ -334,6 +122,17 @@ pub struct SessionDomainState {
 }
 
 impl Store {
+    /// The store behind a tool's context, for a domain's engine; an error names the
+    /// storage that was found instead.
+    pub fn of(ctx: &loadout::ToolContext) -> Result<&Store, loadout::ToolError> {
+        ctx.storage()
+            .as_any()
+            .downcast_ref::<Store>()
+            .ok_or_else(|| {
+                loadout::ToolError::Storage(format!("not a loadout store: {:?}", ctx.storage()))
+            })
+    }
+
     /// Opens the backend a URL names: `None` or a `sqlite:PATH` URL → SQLite (default:
     /// `loadout.db` in `data_dir`); `postgres://…` or `postgresql://…` → PostgreSQL
     /// (no TLS). Migrations run before this returns. An unreachable server is
@@ -577,14 +376,9 @@ impl Store {
     }
 
     /// Writes a batch of decision rows in one transaction, retried once after
-    /// [`RETRY_AFTER`] if it fails. The batch is taken by value so that the
-    /// SQLite backend frees it on its log thread, off the request threads.
-    pub async fn decisions_insert(
-        &self,
-        rows: Vec<DecisionRow>,
-        pace: LogPace,
-    ) -> Result<(), StoreError> {
-        dispatch!(self, s => s.decisions_insert(rows, pace).await)
+    /// [`RETRY_AFTER`] if it fails; on SQLite on the log connection.
+    pub async fn decisions_insert(&self, rows: Vec<DecisionRow>) -> Result<(), StoreError> {
+        dispatch!(self, s => s.decisions_insert(rows).await)
     }
 
     pub async fn decisions(&self, session: &str) -> Result<Vec<DecisionRow>, StoreError> {
@@ -602,7 +396,7 @@ impl Store {
     ///
     /// A row whose clock was behind, written after a row within retention, stays
     /// until the rows before it go: the log is only ever cut at its old end, so on
-    /// SQLite a session's chain of rows (see `sqlite.rs`) never loses a link in the
+    /// SQLite a session's chain of rows (see `sqlite/migrations.rs`) never loses a link in the
     /// middle. A row stamped more than [`FUTURE_SLACK_MS`] ahead of this machine's
     /// clock (a clock that was wrong and has been corrected) does not hold retention
     /// back.
@@ -610,9 +404,10 @@ impl Store {
         dispatch!(self, s => s.decisions_prune(before_ms, limit).await)
     }
 
-    /// Writes a batch of audit rows, like [`Store::decisions_insert`].
-    pub async fn audit_insert(&self, rows: Vec<AuditRow>, pace: LogPace) -> Result<(), StoreError> {
-        dispatch!(self, s => s.audit_insert(rows, pace).await)
+    /// Writes audit rows in one transaction, on the request connection: the call's
+    /// answer waits for it, so that an acknowledged call is never missing from the log.
+    pub async fn audit_insert(&self, rows: Vec<AuditRow>) -> Result<(), StoreError> {
+        dispatch!(self, s => s.audit_insert(rows).await)
     }
 
     /// The newest `n` audit rows, oldest first.
@@ -620,7 +415,7 @@ impl Store {
         dispatch!(self, s => s.audit_tail(n).await)
     }
 
-    /// The newest `n` rows of the decision log, oldest first, reasons as JSON.
+    /// The newest `n` rows of the decision log, oldest first.
     pub async fn decisions_tail(&self, n: usize) -> Result<Vec<DecisionRow>, StoreError> {
         dispatch!(self, s => s.decisions_tail(n).await)
     }
@@ -642,38 +437,21 @@ fn getrandom_fill(buf: &mut [u8]) -> std::io::Result<()> {
     std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }
 
-/// Milliseconds since the Unix epoch.
 /// How far ahead of this machine's clock a decision row may be stamped and still
 /// count as recent for retention: other replicas' clocks differ by far less.
 pub const FUTURE_SLACK_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// The newest stamp retention takes at face value (see [`Store::decisions_prune`]).
-fn retention_horizon_ms() -> i64 {
+pub(crate) fn retention_horizon_ms() -> i64 {
     now_ms().saturating_add(FUTURE_SLACK_MS)
 }
 
+/// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-/// Setting keys are lowercase identifiers: they appear in error messages and URLs.
-pub fn validate_setting_key(key: &str) -> Result<(), StoreError> {
-    let ok = !key.is_empty()
-        && key.len() <= 128
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.');
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!(
-            "setting key `{}` must be 1-128 characters of a-z, 0-9, `_` or `.`",
-            key.chars().take(80).collect::<String>()
-        )))
-    }
 }
 
 /// The tool a message records a successful call of: `{"name": …, "ok": true}` in a
@@ -687,14 +465,14 @@ pub fn called_tool<'a>(role: &str, content: &'a serde_json::Value) -> Option<&'a
 }
 
 /// A carry-over list as stored: a JSON array of tool names.
-fn carry_json(carry: &[String]) -> Result<String, StoreError> {
+pub(crate) fn carry_json(carry: &[String]) -> Result<String, StoreError> {
     serde_json::to_string(carry)
         .map_err(|e| StoreError::Database(format!("encoding the carry-over list: {e}")))
 }
 
 /// A stored carry-over list; anything unreadable carries nothing (a follow-up then
 /// routes on its own evidence) rather than failing the turn.
-fn parse_carry(text: &str) -> Vec<String> {
+pub(crate) fn parse_carry(text: &str) -> Vec<String> {
     serde_json::from_str(text).unwrap_or_default()
 }
 
@@ -727,6 +505,43 @@ pub fn mask_url_password(url: &str) -> String {
     match userinfo.split_once(':') {
         Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
         None => url.to_owned(),
+    }
+}
+
+impl loadout::Storage for Store {
+    fn settings_all(&self) -> loadout::BoxFuture<'_, Result<BTreeMap<String, String>, StoreError>> {
+        Box::pin(Store::settings_all(self))
+    }
+
+    fn setting_set<'a>(
+        &'a self,
+        key: &'a str,
+        value: &'a str,
+    ) -> loadout::BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::setting_set(self, key, value))
+    }
+
+    fn setting_unset<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> loadout::BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::setting_unset(self, key))
+    }
+
+    fn settings_version(&self) -> loadout::BoxFuture<'_, Result<i64, StoreError>> {
+        Box::pin(Store::settings_version(self))
+    }
+
+    fn settings_changes(&self) -> Option<tokio::sync::watch::Receiver<SettingsChange>> {
+        Store::settings_changes(self)
+    }
+
+    fn data_dir(&self) -> &Path {
+        Store::data_dir(self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

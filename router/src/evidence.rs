@@ -1,0 +1,332 @@
+//! The evidence a message gives, gathered before any decision: keyword hits per
+//! domain and tool, and per piece of the message (the whole, then each request) the
+//! BM25 share and the dense cosine of every domain and tool.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use crate::embed::{self, DenseIndex, DenseOwner};
+use crate::keywords::KeywordOwner;
+use crate::{Router, lexical, requests};
+
+/// Per-message evidence, gathered before any decision.
+pub(crate) struct Evidence {
+    pub(crate) active: Vec<bool>,
+    /// Per domain: hits of its own keywords.
+    pub(crate) domain_keyword_hits: Vec<u16>,
+    /// Per domain: hits of its own keywords and of its tools'.
+    pub(crate) keyword_hits_in_domain: Vec<u16>,
+    pub(crate) tool_keyword_hits: Vec<u16>,
+    /// Per tool: what ranks tools inside a domain: the BM25 share (0..1) lexical-only,
+    /// the fused (RRF) score of BM25 and dense with the dense stage; best over the
+    /// message and its requests.
+    pub(crate) tool_similarity: Vec<f32>,
+    /// Per domain: the best of its BM25 share and its calibrated cosine over the
+    /// message and its requests, each the better of its own text's and its best tool's.
+    pub(crate) domain_similarity: Vec<f32>,
+    /// Per domain: its best raw cosine over the message and its requests (0 without
+    /// the dense stage); still orders domains when no score reaches the calibrated
+    /// scale.
+    pub(crate) domain_best_dense: Vec<f32>,
+    /// Per piece (the whole message, then each request when there are several).
+    pub(crate) pieces: Vec<PieceScores>,
+    /// The dense stage ran for this message.
+    pub(crate) dense_on: bool,
+    pub(crate) notes: Vec<String>,
+}
+
+/// Per piece of the message: cosines per tool and per domain text.
+struct DenseCosines {
+    tools: Vec<Vec<f32>>,
+    domains: Vec<Vec<f32>>,
+}
+
+/// Domain scores for one piece of the message.
+pub(crate) struct PieceScores {
+    /// BM25 share, 0..1.
+    pub(crate) domain_bm25: Vec<f32>,
+    /// Cosine, 0..1 (zeros when the dense stage is off).
+    pub(crate) domain_dense: Vec<f32>,
+}
+
+impl Router {
+    /// The message's evidence; `settings: None` counts every domain as active.
+    pub(crate) fn gather_evidence(
+        &self,
+        message: &str,
+        settings: Option<&BTreeMap<String, String>>,
+    ) -> Evidence {
+        let n_domains = self.registry.domains().len();
+        let n_tools = self.registry.all_tools().len();
+        let active: Vec<bool> = (0..n_domains)
+            .map(|d| settings.is_none_or(|settings| self.is_active(d, settings)))
+            .collect();
+
+        let lowered = message.to_lowercase();
+        let mut domain_keyword_hits = vec![0u16; n_domains];
+        let mut keyword_hits_in_domain = vec![0u16; n_domains];
+        let mut tool_keyword_hits = vec![0u16; n_tools];
+        self.keywords.for_each_match(&lowered, |owner| {
+            let domain = match owner {
+                KeywordOwner::Domain(d) => {
+                    let Some(hits) = domain_keyword_hits.get_mut(d) else {
+                        return;
+                    };
+                    *hits = hits.saturating_add(1);
+                    d
+                }
+                KeywordOwner::Tool(t) => {
+                    let Some(hits) = tool_keyword_hits.get_mut(t) else {
+                        return;
+                    };
+                    *hits = hits.saturating_add(1);
+                    self.names.tool_domains[t]
+                }
+            };
+            if let Some(hits) = keyword_hits_in_domain.get_mut(domain) {
+                *hits = hits.saturating_add(1);
+            }
+        });
+
+        // The message, then each of its requests when it chains several.
+        let requests = requests::split_requests(message);
+        let mut piece_texts: Vec<&str> = vec![message.trim()];
+        if requests.len() > 1 {
+            piece_texts.extend(requests);
+        }
+
+        let mut notes = Vec::new();
+        let dense_cosines = match self.dense.get() {
+            Some(dense) => match self.dense_scores(dense, &piece_texts) {
+                Ok(cosines) => Some(cosines),
+                Err(error) => {
+                    notes.push(format!("dense stage off ({error}); lexical only"));
+                    None
+                }
+            },
+            None => {
+                if self.dense_pending.load(Ordering::Acquire) {
+                    notes.push(
+                        "dense stage not ready (tool vectors are being computed); lexical only"
+                            .to_owned(),
+                    );
+                }
+                None
+            }
+        };
+        let dense_on = dense_cosines.is_some();
+
+        // BM25 touches only the tools that share a term with the piece: the loops
+        // below go over those (`touched`), not over every tool, so that lexical
+        // routing costs what the message matches rather than what the registry holds.
+        let mut terms = Vec::new();
+        let mut words = String::new();
+        let mut touched: Vec<u32> = Vec::new();
+        let mut piece_tool_bm25 = vec![0.0f32; n_tools];
+        let mut tool_bm25 = vec![0.0f32; n_tools];
+        let mut tool_dense = if dense_on {
+            vec![0.0f32; n_tools]
+        } else {
+            Vec::new()
+        };
+        let mut tool_similarity = if dense_on {
+            vec![0.0f32; n_tools]
+        } else {
+            Vec::new()
+        };
+        let mut domain_similarity = vec![0.0f32; n_domains];
+        let mut pieces = Vec::with_capacity(piece_texts.len());
+        let mut lowered_piece = String::new();
+        for (p, piece) in piece_texts.iter().enumerate() {
+            lowered_piece.clear();
+            lowered_piece.push_str(&piece.to_lowercase());
+            for &t in &touched {
+                piece_tool_bm25[t as usize] = 0.0;
+            }
+            touched.clear();
+            lexical::query_words(&lowered_piece, &mut words);
+            self.tool_index.query_word_terms(&words, &mut terms);
+            let tool_query_mass: f32 = terms
+                .iter()
+                .map(|&t| self.tool_index.max_term_score(t))
+                .sum();
+            if tool_query_mass > 0.0 {
+                self.tool_index
+                    .score_into_touched(&terms, &mut piece_tool_bm25, &mut touched);
+                for &t in &touched {
+                    piece_tool_bm25[t as usize] /= tool_query_mass;
+                }
+            }
+            let mut domain_bm25 = vec![0.0f32; n_domains];
+            self.domain_index.query_word_terms(&words, &mut terms);
+            let domain_query_mass: f32 = terms
+                .iter()
+                .map(|&t| self.domain_index.max_term_score(t))
+                .sum();
+            if domain_query_mass > 0.0 {
+                self.domain_index.score_into(&terms, &mut domain_bm25);
+                for score in &mut domain_bm25 {
+                    *score /= domain_query_mass;
+                }
+            }
+            for &t in &touched {
+                let t = t as usize;
+                let score = piece_tool_bm25[t];
+                tool_bm25[t] = tool_bm25[t].max(score);
+                let slot = &mut domain_bm25[self.names.tool_domains[t]];
+                *slot = slot.max(score);
+            }
+
+            let mut domain_dense = vec![0.0f32; n_domains];
+            if let Some(cosines) = &dense_cosines {
+                let piece_tool_dense = &cosines.tools[p];
+                for (t, &cosine) in piece_tool_dense.iter().enumerate() {
+                    tool_dense[t] = tool_dense[t].max(cosine);
+                    let slot = &mut domain_dense[self.names.tool_domains[t]];
+                    *slot = slot.max(cosine);
+                }
+                for (slot, &cosine) in domain_dense.iter_mut().zip(&cosines.domains[p]) {
+                    *slot = slot.max(cosine);
+                }
+                // Tools: reciprocal-rank fusion of this piece's BM25 and dense ranks.
+                let fused = rrf(&[&piece_tool_bm25, piece_tool_dense], self.config.rrf_k);
+                for (slot, score) in tool_similarity.iter_mut().zip(fused) {
+                    *slot = slot.max(score);
+                }
+            }
+            for d in 0..n_domains {
+                let combined = domain_bm25[d].max(self.calibrated(domain_dense[d]));
+                domain_similarity[d] = domain_similarity[d].max(combined);
+            }
+            pieces.push(PieceScores {
+                domain_bm25,
+                domain_dense,
+            });
+        }
+        if !dense_on {
+            tool_similarity = tool_bm25;
+        }
+        let domain_best_dense = (0..n_domains)
+            .map(|d| {
+                pieces
+                    .iter()
+                    .map(|p| p.domain_dense[d])
+                    .fold(0.0f32, f32::max)
+            })
+            .collect();
+
+        Evidence {
+            active,
+            domain_keyword_hits,
+            keyword_hits_in_domain,
+            tool_keyword_hits,
+            tool_similarity,
+            domain_similarity,
+            domain_best_dense,
+            pieces,
+            dense_on,
+            notes,
+        }
+    }
+
+    /// A cosine on the 0..1 scale of the other stages.
+    pub(crate) fn calibrated(&self, cosine: f32) -> f32 {
+        let span = (self.config.dense_ceiling - self.config.dense_floor).max(1e-3);
+        ((cosine - self.config.dense_floor) / span).clamp(0.0, 1.0)
+    }
+
+    /// Cosines between each piece and every tool (best over its texts) and domain,
+    /// clamped to 0..1. One embedder call for all pieces.
+    fn dense_scores(&self, dense: &DenseIndex, pieces: &[&str]) -> Result<DenseCosines, String> {
+        if let Some(invalid) = &dense.invalid {
+            return Err(invalid.clone());
+        }
+        if dense.n_rows != self.dense_texts.len() {
+            return Err(format!(
+                "{} vectors for {} texts",
+                dense.n_rows,
+                self.dense_texts.len()
+            ));
+        }
+        let queries = dense.embedder.embed(pieces)?;
+        if queries.len() != pieces.len() {
+            return Err(format!(
+                "the embedder returned {} vectors for {} texts",
+                queries.len(),
+                pieces.len()
+            ));
+        }
+        let n_tools = self.names.tool_domains.len();
+        let n_domains = self.names.domains.len();
+        let mut cosines = DenseCosines {
+            tools: Vec::with_capacity(pieces.len()),
+            domains: Vec::with_capacity(pieces.len()),
+        };
+        for mut query in queries {
+            if query.len() != dense.dims {
+                return Err(format!(
+                    "query vector has {} dimensions, tool vectors {}",
+                    query.len(),
+                    dense.dims
+                ));
+            }
+            embed::normalize(&mut query);
+            let mut tools = vec![0.0f32; n_tools];
+            let mut domains = vec![0.0f32; n_domains];
+            for (row, owner) in self.dense_owners.iter().enumerate() {
+                let cosine = embed::dot(dense.row(row), &query).max(0.0);
+                let slot = match *owner {
+                    DenseOwner::Tool(t) => tools.get_mut(t),
+                    DenseOwner::Domain(d) => domains.get_mut(d),
+                };
+                if let Some(slot) = slot {
+                    *slot = slot.max(cosine);
+                }
+            }
+            cosines.tools.push(tools);
+            cosines.domains.push(domains);
+        }
+        Ok(cosines)
+    }
+}
+
+/// 1-based rank of each item by descending score among items scoring above 0; 0 for
+/// the others.
+/// A rank from [`ranks`] in a reason: `#1`, or `unranked` for an item that scored
+/// nothing (rank 0, or never ranked at all).
+pub(crate) struct Rank(pub(crate) usize);
+
+impl std::fmt::Display for Rank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            0 | usize::MAX => f.write_str("unranked"),
+            rank => write!(f, "#{rank}"),
+        }
+    }
+}
+
+pub(crate) fn ranks(scores: &[f32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).filter(|&i| scores[i] > 0.0).collect();
+    order.sort_unstable_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    let mut rank = vec![0; scores.len()];
+    for (r, &i) in order.iter().enumerate() {
+        rank[i] = r + 1;
+    }
+    rank
+}
+
+/// Reciprocal-rank fusion of several score lists over the same items: each list where
+/// an item scores above 0 adds `1 / (k + rank)`. Scaled so rank 1 everywhere is 1.
+pub(crate) fn rrf(lists: &[&[f32]], k: f32) -> Vec<f32> {
+    let n = lists.first().map_or(0, |l| l.len());
+    let mut fused = vec![0.0f32; n];
+    let scale = lists.len() as f32 / (k + 1.0);
+    for list in lists {
+        for (slot, rank) in fused.iter_mut().zip(ranks(list)) {
+            if rank > 0 {
+                *slot += 1.0 / (k + rank as f32) / scale;
+            }
+        }
+    }
+    fused
+}

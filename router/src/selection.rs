@@ -1,0 +1,335 @@
+//! What the router returns: the tools to send, hints for the rest, and why.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use loadout::Registry;
+use serde::Serialize;
+use serde_json::Value;
+
+/// Why a domain or tool is in or out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Stage {
+    /// Core or `always_on`: sent on every turn.
+    AlwaysOn,
+    /// A settings key has no value; never sent.
+    Inactive,
+    /// Used in this session within the idle window.
+    Sticky,
+    /// Mid-workflow state keeps it for the session.
+    Pinned,
+    /// Used by some session in the last 24 h: preferred when falling back.
+    Warm,
+    /// A keyword of the domain or tool is in the message.
+    Keyword,
+    /// Lexical similarity.
+    Bm25,
+    /// Embedding similarity.
+    Dense,
+    /// Lexical and dense rankings fused.
+    Fused,
+    /// Sent last turn on the message's own evidence, carried over for a follow-up that
+    /// has none (`yes do it`).
+    Carried,
+    /// Nothing optional matched: the fallback rule sent it.
+    Fallback,
+    /// Below the similarity gates, but among the nearest, and the selection had room
+    /// (see `RouterConfig::backfill_tokens`).
+    Backfill,
+    /// Finds the ids a sent tool of its domain requires (`list_series` for
+    /// `delete_series(series_id)`).
+    Prerequisite,
+    /// Takes what a tool called this turn or the last found (`install_app` after
+    /// `search_app_store`).
+    NextStep,
+    /// Loaded by a meta-tool (`load_tools`, `load_all_for_this_turn`).
+    Loaded,
+    /// Unloaded by a meta-tool; kept out until used or loaded again.
+    Unloaded,
+    /// Ranked inside a selected domain: sent when among the best, hinted otherwise.
+    Ranked,
+    /// Dropped to keep the selection under the token budget.
+    BudgetTrimmed,
+    /// Dropped because a conflicting tool or domain scored better.
+    Collision,
+    /// The message needs no tool (chit-chat); only core is sent.
+    NoToolNeeded,
+    /// Active, but nothing in the message or session pointed at it.
+    NotMatched,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::AlwaysOn => "always_on",
+            Stage::Inactive => "inactive",
+            Stage::Sticky => "sticky",
+            Stage::Pinned => "pinned",
+            Stage::Warm => "warm",
+            Stage::Keyword => "keyword",
+            Stage::Bm25 => "bm25",
+            Stage::Dense => "dense",
+            Stage::Fused => "fused",
+            Stage::Carried => "carried",
+            Stage::Prerequisite => "prerequisite",
+            Stage::NextStep => "next_step",
+            Stage::Fallback => "fallback",
+            Stage::Backfill => "backfill",
+            Stage::Loaded => "loaded",
+            Stage::Unloaded => "unloaded",
+            Stage::Ranked => "ranked",
+            Stage::BudgetTrimmed => "budget_trimmed",
+            Stage::Collision => "collision",
+            Stage::NoToolNeeded => "no_tool_needed",
+            Stage::NotMatched => "not_matched",
+        }
+    }
+
+    /// Stages whose score means something to a reader of the summary line.
+    fn shows_score(self) -> bool {
+        matches!(
+            self,
+            Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Fallback
+        )
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A tool, domain or hint text shared with the router's tables: selections clone a
+/// pointer, not the text, so routing does not allocate per tool.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Name(Arc<str>);
+
+impl Name {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Name {
+    fn from(text: &str) -> Self {
+        Name(Arc::from(text))
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Name {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for Name {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for Name {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+impl PartialEq<String> for Name {
+    fn eq(&self, other: &String) -> bool {
+        *self.0 == **other
+    }
+}
+
+impl Serialize for Name {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+/// The router's verdict on one domain.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DomainDecision {
+    pub domain: Name,
+    /// At least one of its tools is sent.
+    pub included: bool,
+    pub stage: Stage,
+    /// Strength of the evidence, 0..1 (keyword and similarity stages; 0 otherwise).
+    pub score: f32,
+    pub reason: Cow<'static, str>,
+}
+
+/// The router's verdict on one tool of a domain it ranked tool by tool.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolDecision {
+    pub tool: Name,
+    pub domain: Name,
+    pub included: bool,
+    pub stage: Stage,
+    pub score: f32,
+    #[serde(skip)]
+    pub(crate) tool_idx: usize,
+}
+
+/// A tool whose definition is sent this turn.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SelectedTool {
+    pub name: Name,
+    pub domain: Name,
+    pub stage: Stage,
+    pub score: f32,
+    /// Tokens of its OpenAI-format definition.
+    pub tokens: usize,
+    #[serde(skip)]
+    pub(crate) tool_idx: usize,
+}
+
+/// The compact line shown for an active tool that is not sent: enough for the model to
+/// ask for it with `load_tools`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Hint {
+    pub name: Name,
+    pub domain: Name,
+    /// First sentence of the description.
+    pub hint: Name,
+}
+
+impl Hint {
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({"name": self.name, "domain": self.domain, "hint": self.hint})
+    }
+}
+
+/// Everything the router decided for one message.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Selection {
+    /// Sent definitions: core first, then by descending score.
+    pub tools: Vec<SelectedTool>,
+    /// Active tools of considered domains that are not sent, best first.
+    pub hints: Vec<Hint>,
+    /// One per domain, in registry order.
+    pub domains: Vec<DomainDecision>,
+    /// Tools of domains ranked tool by tool (large domains, budget trimming, collisions).
+    pub tool_decisions: Vec<ToolDecision>,
+    /// Tokens of the sent definitions.
+    pub tokens: usize,
+    /// Tokens of the hints, as compact JSON.
+    pub hint_tokens: usize,
+    /// Tokens of every tool's definition in the registry: what sending everything costs.
+    pub all_tools_tokens: usize,
+    /// The budget this selection was trimmed to.
+    pub token_budget: usize,
+    pub n_tools: usize,
+    /// Tools of active domains: what the reference "send every active tool" rule sends.
+    pub n_active_tools: usize,
+    /// Notes about how the selection was made (e.g. the dense stage failing).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl Selection {
+    /// Whether a tool's definition is sent this turn.
+    pub fn contains(&self, tool: &str) -> bool {
+        self.tools.iter().any(|t| t.name == tool)
+    }
+
+    pub fn tool_names(&self) -> impl Iterator<Item = &str> {
+        self.tools.iter().map(|t| t.name.as_str())
+    }
+
+    /// The decision for one domain.
+    pub fn domain(&self, name: &str) -> Option<&DomainDecision> {
+        self.domains.iter().find(|d| d.domain == name)
+    }
+
+    /// The one-line trace, e.g.
+    /// `[router] 18/35 tools, 2,140 tokens | weather(keyword:1.00) calendar(bm25:0.52) scratchpad(sticky)`.
+    /// Lists the included domains other than always-on ones, best first.
+    pub fn summary_line(&self) -> String {
+        let mut line = format!(
+            "[router] {}/{} tools, {} tokens |",
+            self.n_tools,
+            self.n_active_tools,
+            thousands(self.tokens)
+        );
+        let mut shown: Vec<&DomainDecision> = self
+            .domains
+            .iter()
+            .filter(|d| d.included && d.stage != Stage::AlwaysOn)
+            .collect();
+        shown.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then_with(|| a.domain.cmp(&b.domain))
+        });
+        if shown.is_empty() {
+            line.push_str(" core only");
+        }
+        for decision in shown {
+            if decision.stage.shows_score() {
+                line.push_str(&format!(
+                    " {}({}:{:.2})",
+                    decision.domain, decision.stage, decision.score
+                ));
+            } else {
+                line.push_str(&format!(" {}({})", decision.domain, decision.stage));
+            }
+        }
+        line
+    }
+
+    /// The sent tools as OpenAI function definitions.
+    pub fn tools_openai(&self, registry: &Registry) -> Vec<Value> {
+        self.tools
+            .iter()
+            .filter_map(|t| {
+                registry
+                    .all_tools()
+                    .get(t.tool_idx)
+                    .filter(|tool| t.name == tool.name)
+            })
+            .map(loadout::export::openai)
+            .collect()
+    }
+}
+
+/// `2140` → `2,140`.
+pub fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_groups_digits() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(2140), "2,140");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+}

@@ -1,0 +1,158 @@
+//! The embedded SQLite backend: one file, WAL, a busy timeout so that the chat
+//! server and an MCP server can share it; the decision log in a second file.
+//!
+//! Two connections, each owned by a thread of its own ([`connection`]): one for
+//! requests and one for the background log writer and WAL checkpoints, so that a
+//! batch of log rows never holds the lock routing and tool calls wait on.
+
+mod audit;
+mod connection;
+mod decisions;
+mod migrations;
+mod sessions;
+mod settings;
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::Connection;
+
+pub use connection::configure;
+use connection::{ConnectionThread, LOG_AUTOCHECKPOINT_PAGES};
+pub use migrations::SCHEMA_VERSION;
+use migrations::{MIGRATIONS, attach, attach_decisions, check_version, migrate};
+
+use crate::StoreError;
+
+/// Schema name of the decision log's file, attached to both connections.
+///
+/// The decision log (`tool_history`, a row per routed message) lives in a file of its
+/// own, written without `fsync`: in one file with the rest, each checkpoint synced
+/// the log's pages with the settings and sessions. A crash of the process loses
+/// nothing SQLite committed (the WAL is in the page cache); a power cut may lose the
+/// last seconds of decisions, or leave the file unreadable, in which case it is
+/// moved aside at the next start. Settings, sessions, memories and the audit log stay
+/// in the main file with `synchronous = NORMAL`.
+const DECISIONS: &str = "decisions";
+
+/// The decision log's file next to the main one: `loadout.db` → `loadout.decisions.db`.
+pub fn decisions_path(path: &Path) -> PathBuf {
+    path.with_extension(format!("{DECISIONS}.db"))
+}
+
+/// What a job on a connection can fail with: a driver error, or the store's own.
+/// `?` takes both inside a job; [`SqliteStore::call`] answers a [`StoreError`].
+#[derive(Debug)]
+pub enum Error {
+    Sql(rusqlite::Error),
+    Store(StoreError),
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        Error::Sql(e)
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        Error::Store(e)
+    }
+}
+
+impl From<Error> for StoreError {
+    fn from(e: Error) -> Self {
+        use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
+        match e {
+            Error::Store(e) => e,
+            // Another process held the file past the busy timeout: worth a retry.
+            Error::Sql(e) => match e.sqlite_error_code() {
+                Some(DatabaseBusy | DatabaseLocked) => StoreError::Unavailable(e.to_string()),
+                _ => StoreError::Database(e.to_string()),
+            },
+        }
+    }
+}
+
+/// SQLite state backend.
+#[derive(Clone)]
+pub struct SqliteStore {
+    path: PathBuf,
+    /// The connection for requests.
+    conn: ConnectionThread,
+    /// The background log writer's connection.
+    log_conn: ConnectionThread,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and brings its schema up to date.
+    pub async fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        let path = path.to_path_buf();
+        let opened = path.clone();
+        let (conn, log_conn) =
+            tokio::task::spawn_blocking(move || -> Result<(Connection, Connection), StoreError> {
+                let open_err = |e: &dyn std::fmt::Display| StoreError::Open {
+                    url: format!("sqlite:{}", opened.display()),
+                    message: e.to_string(),
+                };
+                if let Some(parent) = opened.parent()
+                    && !parent.as_os_str().is_empty()
+                {
+                    std::fs::create_dir_all(parent).map_err(|e| open_err(&e))?;
+                }
+                let mut conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
+                configure(&conn).map_err(|e| open_err(&e))?;
+                // Checkpoints run on the log connection, not inside a request's
+                // commit, where copying the WAL back stalled it.
+                conn.pragma_update(None, "wal_autocheckpoint", 0)
+                    .map_err(|e| open_err(&e))?;
+                // Refuse a newer main schema before touching the log's file.
+                check_version(&conn, "main", SCHEMA_VERSION)?;
+                attach_decisions(&mut conn, &opened)?;
+                migrate(&mut conn, "main", MIGRATIONS, SCHEMA_VERSION)?;
+                let log_conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
+                configure(&log_conn).map_err(|e| open_err(&e))?;
+                attach(&log_conn, &decisions_path(&opened)).map_err(|e| open_err(&e))?;
+                log_conn
+                    .pragma_update(None, "wal_autocheckpoint", LOG_AUTOCHECKPOINT_PAGES)
+                    .map_err(|e| open_err(&e))?;
+                Ok((conn, log_conn))
+            })
+            .await
+            .map_err(|e| StoreError::Database(e.to_string()))??;
+        let log_conn = ConnectionThread::start("loadout-sqlite-log", log_conn, None)?;
+        log_conn.spawn_checkpoints();
+        // The request thread keeps a handle on the log thread until its own
+        // connection has closed, so that the log connection always closes last: the
+        // last connection to close checkpoints the WAL and deletes it, and two
+        // closing at once can each see the other open and leave the WAL behind.
+        let conn = ConnectionThread::start("loadout-db", conn, Some(log_conn.clone()))?;
+        Ok(SqliteStore {
+            path,
+            conn,
+            log_conn,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on the request connection, on its thread. Domains use this for their
+    /// own tables in the shared database.
+    pub async fn call<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Connection) -> Result<R, Error> + Send + 'static,
+        R: Send + 'static,
+    {
+        self.conn.run(f).await
+    }
+
+    /// Like [`call`](Self::call), on the log writer's connection.
+    async fn call_log<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&mut Connection) -> Result<R, Error> + Send + 'static,
+        R: Send + 'static,
+    {
+        self.log_conn.run(f).await
+    }
+}
