@@ -273,6 +273,27 @@ pub fn build_dense_index(
 ) -> Result<(DenseIndex, DenseBuildStats), String> {
     let started = Instant::now();
     let texts = router.dense_texts();
+    let (rows, n_cached) = embed_all(embedder.as_ref(), texts, cache.as_deref_mut())?;
+    if let Some(cache) = cache {
+        cache.retain_texts(texts);
+    }
+    let stats = DenseBuildStats {
+        n_texts: texts.len(),
+        n_cached,
+        n_embedded: texts.len() - n_cached,
+        elapsed: started.elapsed(),
+    };
+    Ok((DenseIndex::new(embedder, rows), stats))
+}
+
+/// A vector for each of `texts`: from `cache` when present, the rest embedded in
+/// batches of [`INDEX_BATCH`] (then stored in `cache`); and how many came from the
+/// cache.
+pub fn embed_all(
+    embedder: &dyn Embedder,
+    texts: &[String],
+    mut cache: Option<&mut VectorCache>,
+) -> Result<(Vec<Vec<f32>>, usize), String> {
     let mut rows: Vec<Option<Vec<f32>>> = texts
         .iter()
         .map(|t| cache.as_ref().and_then(|c| c.get(t)).map(<[f32]>::to_vec))
@@ -296,17 +317,10 @@ pub fn build_dense_index(
             rows[i] = Some(vector);
         }
     }
-    if let Some(cache) = cache {
-        cache.retain_texts(texts);
-    }
-    let rows: Vec<Vec<f32>> = rows.into_iter().map(Option::unwrap_or_default).collect();
-    let stats = DenseBuildStats {
-        n_texts: texts.len(),
+    Ok((
+        rows.into_iter().map(Option::unwrap_or_default).collect(),
         n_cached,
-        n_embedded: missing.len(),
-        elapsed: started.elapsed(),
-    };
-    Ok((DenseIndex::new(embedder, rows), stats))
+    ))
 }
 
 /// Prepares the dense stage of a shared router on a background thread and attaches it
@@ -487,6 +501,7 @@ mod tests {
             settings: &settings,
             session: &session,
             token_budget: None,
+            learned: None,
         });
         assert!(selection.contains("get_current_weather"));
         assert!(selection.notes.is_empty(), "{:?}", selection.notes);
@@ -602,6 +617,7 @@ mod tests {
             settings: &settings,
             session: &session,
             token_budget: None,
+            learned: None,
         });
         assert!(selection.notes.is_empty(), "{:?}", selection.notes);
         for tool in ["get_current_weather", "create_event"] {
@@ -617,6 +633,7 @@ mod tests {
             settings: &settings,
             session: &session,
             token_budget: None,
+            learned: None,
         });
         assert!(
             selection.contains("create_event"),

@@ -90,6 +90,11 @@ impl DenseIndex {
         self.embedder.model_id()
     }
 
+    /// The encoder that turns messages into vectors of this index's space.
+    pub fn embedder(&self) -> &Arc<dyn Embedder> {
+        &self.embedder
+    }
+
     pub fn n_rows(&self) -> usize {
         self.n_rows
     }

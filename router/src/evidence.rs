@@ -1,12 +1,14 @@
 //! The evidence a message gives, gathered before any decision: keyword hits per
 //! domain and tool, and per piece of the message (the whole, then each request) the
-//! BM25 share and the dense cosine of every domain and tool.
+//! BM25 share and the dense cosine of every domain and tool, and the votes of the
+//! past messages most like it (the learned stage).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use crate::embed::{self, DenseIndex, DenseOwner};
 use crate::keywords::KeywordOwner;
+use crate::learned::LearnedIndex;
 use crate::{Router, lexical, requests};
 
 /// Per-message evidence, gathered before any decision.
@@ -32,13 +34,36 @@ pub(crate) struct Evidence {
     pub(crate) pieces: Vec<PieceScores>,
     /// The dense stage ran for this message.
     pub(crate) dense_on: bool,
+    /// Per tool: its learned score, best over the pieces (0 for a tool no past
+    /// message like this one named); empty without a learned index.
+    pub(crate) tool_learned: Vec<f32>,
     pub(crate) notes: Vec<String>,
 }
 
-/// Per piece of the message: cosines per tool and per domain text.
+/// Per piece of the message: cosines per tool and per domain text, and the piece's
+/// own vector.
 struct DenseCosines {
     tools: Vec<Vec<f32>>,
     domains: Vec<Vec<f32>>,
+    queries: Vec<Vec<f32>>,
+}
+
+/// The weight of the pseudo-neighbour that votes for nothing (see `learned_votes`):
+/// about three past messages must agree before a tool's share of the votes passes
+/// one half.
+const LEARNED_PRIOR: f32 = 3.0;
+
+/// A domain the past messages most like a piece vote for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LearnedVote {
+    pub(crate) domain: usize,
+    /// The most similar past message's similarity times the share of the neighbours'
+    /// votes that went to the domain's tools, 0..1.
+    pub(crate) score: f32,
+    /// Neighbours that named a tool of the domain.
+    pub(crate) n_turns: u32,
+    /// The most similar of them.
+    pub(crate) example: u32,
 }
 
 /// Domain scores for one piece of the message.
@@ -47,6 +72,8 @@ pub(crate) struct PieceScores {
     pub(crate) domain_bm25: Vec<f32>,
     /// Cosine, 0..1 (zeros when the dense stage is off).
     pub(crate) domain_dense: Vec<f32>,
+    /// The domains the past messages most like this piece vote for, best first.
+    pub(crate) learned: Vec<LearnedVote>,
 }
 
 impl Router {
@@ -55,6 +82,7 @@ impl Router {
         &self,
         message: &str,
         settings: Option<&BTreeMap<String, String>>,
+        learned: Option<&LearnedIndex>,
     ) -> Evidence {
         let n_domains = self.registry.domains().len();
         let n_tools = self.registry.all_tools().len();
@@ -115,6 +143,13 @@ impl Router {
             }
         };
         let dense_on = dense_cosines.is_some();
+        let mut tool_learned = Vec::new();
+        let mut piece_learned: Vec<Vec<LearnedVote>> = vec![Vec::new(); piece_texts.len()];
+        if let Some(index) = learned.filter(|index| !index.is_empty()) {
+            let queries = dense_cosines.as_ref().map(|c| c.queries.as_slice());
+            tool_learned = vec![0.0f32; n_tools];
+            piece_learned = self.learned_votes(index, &piece_texts, queries, &mut tool_learned);
+        }
 
         // BM25 touches only the tools that share a term with the piece: the loops
         // below go over those (`touched`), not over every tool, so that lexical
@@ -198,9 +233,11 @@ impl Router {
                 let combined = domain_bm25[d].max(self.calibrated(domain_dense[d]));
                 domain_similarity[d] = domain_similarity[d].max(combined);
             }
+            let learned = std::mem::take(&mut piece_learned[p]);
             pieces.push(PieceScores {
                 domain_bm25,
                 domain_dense,
+                learned,
             });
         }
         if !dense_on {
@@ -225,8 +262,111 @@ impl Router {
             domain_best_dense,
             pieces,
             dense_on,
+            tool_learned,
             notes,
         }
+    }
+
+    /// Per piece, the domains the past messages most like it vote for (see
+    /// [`LearnedVote`]); the tools' scores go into `tool_learned` (best over pieces).
+    /// A past message counts when its cosine with the piece (dense path, when the
+    /// index holds vectors of the dense stage's encoder) or its BM25 share is high
+    /// enough; the `learned_neighbors` most similar vote, each split evenly over the
+    /// tools its turn called.
+    fn learned_votes(
+        &self,
+        index: &LearnedIndex,
+        pieces: &[&str],
+        queries: Option<&[Vec<f32>]>,
+        tool_learned: &mut [f32],
+    ) -> Vec<Vec<LearnedVote>> {
+        let config = &self.config;
+        let dense_matches = match (queries, self.dense.get()) {
+            (Some(queries), Some(dense)) if index.has_vectors_of(dense.model_id(), dense.dims) => {
+                index.dense_matches(queries, config.learned_min_cosine)
+            }
+            _ => vec![Vec::new(); pieces.len()],
+        };
+        let mut votes_by_piece = Vec::with_capacity(pieces.len());
+        // Per tool touched by this piece's neighbours: (best similarity, votes).
+        let mut tools: Vec<(u32, f32, f32, u32)> = Vec::new();
+        for (p, piece) in pieces.iter().enumerate() {
+            let mut neighbours: Vec<(u32, f32)> = dense_matches[p].clone();
+            neighbours.extend(index.lexical_matches(piece, config.learned_min_bm25));
+            // One similarity per past message: the better of its two paths.
+            neighbours.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
+            neighbours.dedup_by_key(|n| n.0);
+            neighbours.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            neighbours.truncate(config.learned_neighbors);
+            // A pseudo-neighbour at similarity 1 that votes for no tool: one past
+            // message alone is weak evidence, ten that agree are strong.
+            let total: f32 = neighbours.iter().map(|n| n.1).sum::<f32>() + LEARNED_PRIOR;
+            tools.clear();
+            for &(entry, similarity) in &neighbours {
+                let named = index.tools(entry);
+                let vote = similarity / named.len().max(1) as f32;
+                for &t in named {
+                    match tools.iter_mut().find(|x| x.0 == t) {
+                        Some(x) => {
+                            if similarity > x.1 {
+                                (x.1, x.3) = (similarity, entry);
+                            }
+                            x.2 += vote;
+                        }
+                        None => tools.push((t, similarity, vote, entry)),
+                    }
+                }
+            }
+            // Per domain: the best similarity, the share of the votes, the turns.
+            let mut domains: Vec<LearnedVote> = Vec::new();
+            let mut domain_best: Vec<(usize, f32, f32)> = Vec::new();
+            for &(t, best, vote, entry) in &tools {
+                let share = vote / total;
+                let score = best * share;
+                if let Some(slot) = tool_learned.get_mut(t as usize) {
+                    *slot = slot.max(score);
+                }
+                let d = self.names.tool_domains[t as usize];
+                match domain_best.iter_mut().find(|x| x.0 == d) {
+                    Some(x) => {
+                        x.2 += share;
+                        if best > x.1 {
+                            x.1 = best;
+                            if let Some(v) = domains.iter_mut().find(|v| v.domain == d) {
+                                v.example = entry;
+                            }
+                        }
+                    }
+                    None => {
+                        domain_best.push((d, best, share));
+                        domains.push(LearnedVote {
+                            domain: d,
+                            score: 0.0,
+                            n_turns: 0,
+                            example: entry,
+                        });
+                    }
+                }
+            }
+            for vote in &mut domains {
+                if let Some(&(_, best, share)) = domain_best.iter().find(|x| x.0 == vote.domain) {
+                    vote.score = best * share.min(1.0);
+                }
+                vote.n_turns = neighbours
+                    .iter()
+                    .filter(|&&(entry, _)| {
+                        index
+                            .tools(entry)
+                            .iter()
+                            .any(|&t| self.names.tool_domains[t as usize] == vote.domain)
+                    })
+                    .count() as u32;
+            }
+            domains
+                .sort_unstable_by(|a, b| b.score.total_cmp(&a.score).then(a.domain.cmp(&b.domain)));
+            votes_by_piece.push(domains);
+        }
+        votes_by_piece
     }
 
     /// A cosine on the 0..1 scale of the other stages.
@@ -261,6 +401,7 @@ impl Router {
         let mut cosines = DenseCosines {
             tools: Vec::with_capacity(pieces.len()),
             domains: Vec::with_capacity(pieces.len()),
+            queries: Vec::with_capacity(pieces.len()),
         };
         for mut query in queries {
             if query.len() != dense.dims {
@@ -285,6 +426,7 @@ impl Router {
             }
             cosines.tools.push(tools);
             cosines.domains.push(domains);
+            cosines.queries.push(query);
         }
         Ok(cosines)
     }

@@ -435,6 +435,11 @@ impl Bm25Index {
         }
     }
 
+    /// What one occurrence of `term` adds to a document of average length.
+    pub(crate) fn idf(&self, term: u32) -> f32 {
+        self.idf.get(term as usize).copied().unwrap_or(0.0)
+    }
+
     /// The largest score one term can add to a document: used to squash raw scores
     /// into 0..1 in a way that does not depend on the other documents.
     pub(crate) fn max_term_score(&self, term: u32) -> f32 {

@@ -27,6 +27,7 @@ mod chitchat;
 mod embed;
 mod evidence;
 mod keywords;
+mod learned;
 mod lexical;
 mod prerequisite;
 pub mod replay;
@@ -43,6 +44,7 @@ use std::sync::{Arc, OnceLock};
 use serde::{Deserialize, Serialize};
 
 pub use embed::{DenseIndex, Embedder};
+pub use learned::{LearnedEntry, LearnedIndex};
 pub use selection::{
     DomainDecision, Hint, Name, SelectedTool, Selection, Stage, ToolDecision, thousands,
 };
@@ -113,6 +115,20 @@ pub struct RouterConfig {
     pub backfill_tokens: usize,
     /// ... and to fewer tools than this.
     pub backfill_tools: usize,
+    /// The learned stage: a past message counts as like the message when its cosine
+    /// with it is at least this (dense path) ...
+    pub learned_min_cosine: f32,
+    /// ... or when it explains at least this share of the message's BM25 weight
+    /// (lexical path).
+    pub learned_min_bm25: f32,
+    /// The most similar past messages that vote, per request.
+    pub learned_neighbors: usize,
+    /// Least learned score (the most similar past message's similarity times the
+    /// share of the votes its domain got) for the learned stage to select a domain.
+    pub learned_min_score: f32,
+    /// At most this many domains selected by the learned stage per request.
+    pub learned_top_k: usize,
+
     /// Each backfilled domain sends at most its best this many tools (the rest become
     /// hints): the room goes to more domains rather than deeper ones. On the dev set,
     /// 6 (or 4) instead of the domain cap of 12 found one more turn (a Home Assistant
@@ -151,6 +167,11 @@ impl Default for RouterConfig {
             backfill_tools: 25,
             backfill_tool_cap: 6,
             fallback_tool_cap: 4,
+            learned_min_cosine: 0.6,
+            learned_min_bm25: 0.5,
+            learned_neighbors: 10,
+            learned_min_score: 0.15,
+            learned_top_k: 3,
         }
     }
 }
@@ -177,6 +198,9 @@ impl RouterConfig {
         check("dense_margin", self.dense_margin, 0.0, 2.0);
         check("dense_floor", self.dense_floor, -1.0, 1.0);
         check("dense_ceiling", self.dense_ceiling, -1.0, 1.0);
+        check("learned_min_cosine", self.learned_min_cosine, -1.0, 1.0);
+        check("learned_min_bm25", self.learned_min_bm25, 0.0, 1.0);
+        check("learned_min_score", self.learned_min_score, 0.0, 1.0);
         if !(self.rrf_k.is_finite() && self.rrf_k >= 0.0) {
             problems.push(format!("`rrf_k` is {}; it must be 0 or more", self.rrf_k));
         }
@@ -215,6 +239,8 @@ pub struct RouteInput<'a> {
     pub session: &'a SessionView,
     /// Overrides [`RouterConfig::token_budget`] for this call.
     pub token_budget: Option<usize>,
+    /// Past messages and the tools they called: the learned stage's evidence.
+    pub learned: Option<&'a LearnedIndex>,
 }
 
 /// Picks the tools each message needs. Cheap to share (`Arc`); rebuild when the
@@ -591,9 +617,10 @@ impl Router {
         &self,
         query: &str,
         active: Option<&BTreeMap<String, String>>,
+        learned: Option<&LearnedIndex>,
         limit: usize,
     ) -> Vec<Hint> {
-        let evidence = self.gather_evidence(query, active);
+        let evidence = self.gather_evidence(query, active, learned);
         let tools = self.registry.all_tools();
         let mut scored: Vec<(f32, usize)> = (0..tools.len())
             .filter(|&t| {
@@ -657,6 +684,7 @@ impl Router {
         pass.loaded_tools();
         pass.carry_over();
         pass.backfill_or_fallback();
+        pass.learned();
         pass.workflow_steps();
         pass.tool_collisions();
         pass.token_budget();

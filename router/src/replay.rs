@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use loadout::Registry;
 
-use crate::{RouteInput, Router, Selection, SessionView, Stage, ToolDecision};
+use crate::{LearnedIndex, RouteInput, Router, Selection, SessionView, Stage, ToolDecision};
 
 /// One conversation to replay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,6 +69,33 @@ impl Case {
     }
 }
 
+/// What the turns of `cases` teach the learned stage: each turn's message with the
+/// tools it called (`called`, else `needed`), for turns that called any.
+pub fn learned_turns(cases: &[Case]) -> Vec<(String, Vec<String>)> {
+    cases
+        .iter()
+        .flat_map(|case| &case.turns)
+        .filter_map(|turn| {
+            let called = turn.called.as_ref().unwrap_or(&turn.needed);
+            (!called.is_empty()).then(|| (turn.user.clone(), called.clone()))
+        })
+        .collect()
+}
+
+/// `k` folds of `cases` by conversation: ids sorted, the i-th in fold `i % k`. Each
+/// fold's cases are replayed with what the other folds teach, so that a labeled set
+/// measures learning on conversations it did not learn from.
+pub fn folds(cases: &[Case], k: usize) -> Vec<Vec<Case>> {
+    let k = k.max(1);
+    let mut order: Vec<&Case> = cases.iter().collect();
+    order.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut folds = vec![Vec::new(); k];
+    for (i, case) in order.into_iter().enumerate() {
+        folds[i % k].push(case.clone());
+    }
+    folds
+}
+
 /// Cases from JSON lines (blank lines skipped); an error names the 1-based line.
 pub fn cases_from_json_lines(text: &str) -> Result<Vec<Case>, String> {
     let mut cases = Vec::new();
@@ -114,6 +141,21 @@ pub struct Report {
 }
 
 impl Report {
+    /// Adds the figures of a replay of other cases over the same tools (the folds of
+    /// one set).
+    pub fn absorb(&mut self, other: Report) {
+        self.turns += other.turns;
+        self.hits += other.hits;
+        self.needed += other.needed;
+        self.needed_sent += other.needed_sent;
+        self.tools_per_turn.extend(other.tools_per_turn);
+        self.tokens_per_turn.extend(other.tokens_per_turn);
+        self.hint_tokens += other.hint_tokens;
+        self.all_tools_tokens = self.all_tools_tokens.max(other.all_tools_tokens);
+        self.misses.extend(other.misses);
+        self.route_time += other.route_time;
+    }
+
     pub fn turn_recall(&self) -> f64 {
         ratio(self.hits, self.turns)
     }
@@ -295,6 +337,7 @@ pub fn replay(
     router: &Router,
     cases: &[Case],
     token_budget: Option<usize>,
+    learned: Option<&LearnedIndex>,
     mut on_turn: impl FnMut(&Routed<'_>),
 ) -> Result<Report, String> {
     let registry = router.registry();
@@ -313,6 +356,7 @@ pub fn replay(
                 settings: &settings,
                 session: &view,
                 token_budget,
+                learned,
             };
             let routed_at = Instant::now();
             let selection = router.select(&input);
@@ -479,7 +523,7 @@ mod tests {
             ),
         ];
         let mut seen = Vec::new();
-        let report = replay(&router, &cases, None, |routed| {
+        let report = replay(&router, &cases, None, None, |routed| {
             seen.push((routed.case.id.clone(), routed.turn_idx));
         })
         .expect("replay");
@@ -514,9 +558,9 @@ mod tests {
                     {"user": "weather tomorrow?", "needed": ["get_forecast"]}]}"#,
             ),
         ];
-        let baseline = replay(&router(), &cases, None, |_| {}).expect("replay");
+        let baseline = replay(&router(), &cases, None, None, |_| {}).expect("replay");
         // A budget too small for the forecast tool trims it.
-        let candidate = replay(&router(), &cases, Some(1), |_| {}).expect("replay");
+        let candidate = replay(&router(), &cases, Some(1), None, |_| {}).expect("replay");
         let key = |m: &&Miss| (m.case_id.clone(), m.turn);
         let worse = Comparison::new(&baseline, &candidate);
         assert_eq!(
@@ -552,7 +596,7 @@ mod tests {
             Ok(2)
         );
         let bad = case(r#"{"id": "x", "configured": "some", "turns": []}"#);
-        let error = replay(&router(), &[bad], None, |_| {}).expect_err("bad configured");
+        let error = replay(&router(), &[bad], None, None, |_| {}).expect_err("bad configured");
         assert!(error.contains("\"all\" or a list"), "{error}");
     }
 }

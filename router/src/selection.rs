@@ -30,6 +30,8 @@ pub enum Stage {
     Dense,
     /// Lexical and dense rankings fused.
     Fused,
+    /// Past messages like this one called its tools (the learned stage).
+    Learned,
     /// Sent last turn on the message's own evidence, carried over for a follow-up that
     /// has none (`yes do it`).
     Carried,
@@ -72,6 +74,7 @@ impl Stage {
             Stage::Bm25 => "bm25",
             Stage::Dense => "dense",
             Stage::Fused => "fused",
+            Stage::Learned => "learned",
             Stage::Carried => "carried",
             Stage::Prerequisite => "prerequisite",
             Stage::NextStep => "next_step",
@@ -91,7 +94,12 @@ impl Stage {
     fn shows_score(self) -> bool {
         matches!(
             self,
-            Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Fallback
+            Stage::Keyword
+                | Stage::Bm25
+                | Stage::Dense
+                | Stage::Fused
+                | Stage::Learned
+                | Stage::Fallback
         )
     }
 }

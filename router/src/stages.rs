@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use crate::evidence::{Evidence, Rank, ranks, rrf};
+use crate::evidence::{Evidence, LearnedVote, Rank, ranks, rrf};
 use crate::selection::{DomainDecision, SelectedTool, Selection, Stage, ToolDecision};
 use crate::{RouteInput, Router, chitchat};
 
@@ -37,7 +37,7 @@ pub(crate) struct Pass<'a> {
 
 impl<'a> Pass<'a> {
     pub(crate) fn new(router: &'a Router, input: &'a RouteInput<'a>) -> Pass<'a> {
-        let evidence = router.gather_evidence(input.message, Some(input.settings));
+        let evidence = router.gather_evidence(input.message, Some(input.settings), input.learned);
         let session = input.session;
         // Every word of a chit-chat message is social or filler, so a keyword or a
         // similarity it has comes from those words ("good morning" against a
@@ -450,6 +450,76 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// The learned stage: per piece, the domains the past messages most like it vote
+    /// for (at least `learned_min_score`, at most `learned_top_k`) send the tools that
+    /// carry the vote, in addition to what the other stages sent: it runs after them,
+    /// so it takes nothing's place, and the budget trims its tools first. Without
+    /// history a selection is what it was.
+    pub(crate) fn learned(&mut self) {
+        let Some(index) = self.input.learned else {
+            return;
+        };
+        if self.chit_chat {
+            return;
+        }
+        let router = self.router;
+        let config = &router.config;
+        for p in 0..self.evidence.pieces.len() {
+            let votes: Vec<LearnedVote> = self.evidence.pieces[p]
+                .learned
+                .iter()
+                .filter(|v| v.score >= config.learned_min_score)
+                .take(config.learned_top_k)
+                .copied()
+                .collect();
+            for vote in votes {
+                let d = vote.domain;
+                if !self.evidence.active[d]
+                    || router.domain_is_core[d]
+                    || self.verdicts[d].stage == Stage::Unloaded
+                {
+                    continue;
+                }
+                // The domain's tools that carry the vote, best first.
+                let mut voted: Vec<usize> = router.tools_by_domain[d]
+                    .iter()
+                    .copied()
+                    .filter(|&t| self.evidence.tool_learned[t] >= 0.5 * vote.score)
+                    .collect();
+                voted.sort_unstable_by(|&a, &b| {
+                    self.evidence.tool_learned[b]
+                        .total_cmp(&self.evidence.tool_learned[a])
+                        .then(a.cmp(&b))
+                });
+                voted.truncate(config.domain_tool_cap);
+                let mut added = false;
+                for t in voted {
+                    if !self.sent.has(t) {
+                        self.sent.set(t, (Stage::Learned, vote.score));
+                        self.tool_outcomes.set(t, (Stage::Learned, true));
+                        added = true;
+                    }
+                }
+                if added && !self.verdicts[d].included() {
+                    let piece_name = if p == 0 {
+                        Cow::Borrowed("the message")
+                    } else {
+                        Cow::Owned(format!("request {p}"))
+                    };
+                    let example: String = index.message(vote.example).chars().take(60).collect();
+                    let reason = format!(
+                        "{piece_name}: learned {:.2}: {} past {} like \"{example}\"",
+                        vote.score,
+                        vote.n_turns,
+                        if vote.n_turns == 1 { "turn" } else { "turns" }
+                    );
+                    self.verdicts[d] =
+                        DomainVerdict::ranked(Stage::Learned, vote.score, reason.into());
+                }
+            }
+        }
+    }
+
     /// Adds the domains nearest to the similarity gates while the selection stays
     /// under `backfill_tokens`: best similarity first (the raw cosine breaks ties),
     /// each with its best-ranked tools up to `backfill_tool_cap`.
@@ -692,16 +762,18 @@ impl<'a> Pass<'a> {
         if tokens <= self.budget || self.input.session.load_all_this_turn {
             return;
         }
-        let mut trimmable: Vec<(f32, usize)> = self
+        // What the learned stage added goes first: it only ever adds.
+        let mut trimmable: Vec<(bool, f32, usize)> = self
             .sent
             .iter()
             .filter(|&(_, (stage, _))| {
                 !is_protected(stage) && !matches!(stage, Stage::Fallback | Stage::Warm)
             })
-            .map(|(t, (_, score))| (score, t))
+            .map(|(t, (stage, score))| (stage == Stage::Learned, score, t))
             .collect();
-        trimmable.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
-        for (_, t) in trimmable {
+        trimmable
+            .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.total_cmp(&b.1)).then(b.2.cmp(&a.2)));
+        for (_, _, t) in trimmable {
             if tokens <= self.budget {
                 break;
             }

@@ -88,6 +88,7 @@ fn route(router: &Router, message: &str, session: &SessionView) -> Selection {
         settings: &all_settings(),
         session,
         token_budget: None,
+        learned: None,
     })
 }
 
@@ -126,6 +127,7 @@ fn inactive_domains_are_never_sent_and_name_their_missing_settings() {
         settings: &BTreeMap::from([("weather_key".to_owned(), "  ".to_owned())]),
         session: &SessionView::new(1),
         token_budget: None,
+        learned: None,
     });
     let weather = selection
         .domain("weather")
@@ -291,6 +293,7 @@ fn budget_trims_optional_tools_but_never_core_or_sticky() {
         settings: &all_settings(),
         session: &view,
         token_budget: Some(core_and_sticky + 1),
+        learned: None,
     });
     assert!(selection.contains("list_domains") && selection.contains("get_setting"));
     assert!(
@@ -339,6 +342,7 @@ fn fallback_over_budget_sends_the_best_domains_that_fit_and_hints_the_rest() {
         settings: &all_settings(),
         session: &SessionView::new(1),
         token_budget: Some(core_tokens + 200),
+        learned: None,
     });
     assert!(selection.tokens <= core_tokens + 200);
     assert!(selection.n_tools < selection.n_active_tools);
@@ -360,6 +364,7 @@ fn fallback_over_budget_goes_wide_with_each_domains_best_tools() {
             settings: &all_settings(),
             session: &SessionView::new(1),
             token_budget: Some(all - 1),
+            learned: None,
         })
     };
     let optional = [
@@ -461,15 +466,15 @@ fn follow_ups_without_evidence_see_last_turns_tools() {
 #[test]
 fn search_returns_matching_active_tools() {
     let router = router();
-    let hints = router.search("dim the light", Some(&all_settings()), 10);
+    let hints = router.search("dim the light", Some(&all_settings()), None, 10);
     assert!(hints.iter().any(|h| h.name == "ha_set_light"));
     // Only active tools, unless every tool is asked for.
-    let hints = router.search("weather", Some(&BTreeMap::new()), 10);
+    let hints = router.search("weather", Some(&BTreeMap::new()), None, 10);
     assert!(hints.iter().all(|h| h.domain != "weather"));
-    let hints = router.search("weather", None, 10);
+    let hints = router.search("weather", None, None, 10);
     assert!(hints.iter().any(|h| h.domain == "weather"));
-    assert_eq!(router.search("weather", None, 1).len(), 1);
-    assert!(router.search("zzzz qqqq", None, 10).is_empty());
+    assert_eq!(router.search("weather", None, None, 1).len(), 1);
+    assert!(router.search("zzzz qqqq", None, None, 10).is_empty());
 }
 
 #[test]
@@ -800,6 +805,7 @@ fn recipients_are_found_in_the_address_book() {
         settings: &BTreeMap::new(),
         session: &SessionView::new(1),
         token_budget: None,
+        learned: None,
     });
     assert!(selection.contains("forward_email"));
     assert_eq!(
@@ -820,6 +826,7 @@ fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
         settings: &BTreeMap::new(),
         session: &SessionView::new(1),
         token_budget: None,
+        learned: None,
     });
     assert!(selection.contains("media_delete_series"));
     assert!(selection.contains("media_list_series"));
@@ -847,6 +854,7 @@ fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
             settings: &BTreeMap::new(),
             session: view,
             token_budget: None,
+            learned: None,
         })
     };
     let mut view = SessionView::new(1);
@@ -1328,6 +1336,7 @@ fn random_messages_sessions_and_configs_keep_the_selection_promises() {
                     settings: &settings,
                     session: &session,
                     token_budget: budget,
+                    learned: None,
                 };
                 let selection = router.select(&input);
                 check_selection(
@@ -1466,4 +1475,125 @@ fn spoilt_toolkit_files_are_refused_or_route_never_panic() {
         built > 40 && refused > 40,
         "built {built}, refused {refused}"
     );
+}
+
+fn learned(router: &Router, entries: &[(&str, &[&str])]) -> LearnedIndex {
+    let entries: Vec<LearnedEntry> = entries
+        .iter()
+        .map(|(message, tools)| LearnedEntry {
+            message: (*message).to_owned(),
+            tools: tools.iter().map(|t| (*t).to_owned()).collect(),
+            vector: None,
+        })
+        .collect();
+    LearnedIndex::new(router, None, &entries)
+}
+
+fn route_learned(router: &Router, message: &str, index: Option<&LearnedIndex>) -> Selection {
+    router.select(&RouteInput {
+        message,
+        settings: &all_settings(),
+        session: &SessionView::new(1),
+        token_budget: None,
+        learned: index,
+    })
+}
+
+#[test]
+fn past_messages_like_this_one_select_the_domain_their_turns_called() {
+    let router = router();
+    // Nothing in the message points at the news domain: its words are the user's own
+    // (and a keyword of another domain keeps the fallback from sending everything).
+    let message = "weather aside, what is going on in the world of football";
+    let without = route_learned(&router, message, None);
+    assert_ne!(stage_of(&without, "news"), Stage::Learned);
+    let index = learned(
+        &router,
+        &[
+            (
+                "what is going on in the world of football today",
+                &["search_news"],
+            ),
+            ("what is going on in the world of tennis", &["search_news"]),
+            (
+                "going on in the world of football, anything new",
+                &["search_news"],
+            ),
+            ("turn on the light in the hall", &["ha_turn_on"]),
+        ],
+    );
+    assert_eq!(index.len(), 4);
+    let with = route_learned(&router, message, Some(&index));
+    let news = with.domain("news").expect("news decided");
+    assert_eq!(news.stage, Stage::Learned, "{}", news.reason);
+    assert!(
+        news.reason.contains("learned")
+            && news
+                .reason
+                .contains("past turns like \"what is going on in the world of football today\""),
+        "{}",
+        news.reason
+    );
+    assert!(with.contains("search_news"));
+    // One unrelated past message is no evidence: the light turns nothing on.
+    assert_ne!(stage_of(&with, "homeassistant"), Stage::Learned);
+}
+
+#[test]
+fn a_tool_no_past_message_names_keeps_the_evidence_it_had() {
+    let router = router();
+    let index = learned(
+        &router,
+        &[
+            ("put the kettle song on the news", &["search_news"]),
+            ("headlines about the weather in the news", &["search_news"]),
+        ],
+    );
+    for message in [
+        "weather forecast for tomorrow",
+        "turn off the lamp and remember my door code",
+        "hello there",
+        "restart the container called web",
+    ] {
+        let without = route_learned(&router, message, None);
+        let with = route_learned(&router, message, Some(&index));
+        for decision in &without.domains {
+            if decision.domain == "news" {
+                continue;
+            }
+            let other = with.domain(&decision.domain).expect("same domains");
+            assert_eq!(
+                (other.stage, other.score, other.included),
+                (decision.stage, decision.score, decision.included),
+                "{message}: {}",
+                decision.domain
+            );
+        }
+        for tool in without.tools.iter().filter(|t| t.domain != "news") {
+            let same = with.tools.iter().find(|t| t.name == tool.name);
+            assert_eq!(
+                same.map(|t| t.score),
+                Some(tool.score),
+                "{message}: {}",
+                tool.name
+            );
+        }
+    }
+}
+
+#[test]
+fn a_learned_index_leaves_out_unknown_tools_and_empty_entries() {
+    let router = router();
+    let index = learned(
+        &router,
+        &[
+            ("find the news", &["search_news", "no_such_tool"]),
+            ("only unknown", &["no_such_tool"]),
+            ("   ", &["search_news"]),
+        ],
+    );
+    assert_eq!(index.len(), 1);
+    assert_eq!(index.n_vectors(), 0);
+    let t = router.registry().tool_idx("search_news").expect("tool");
+    assert_eq!(index.tool_entries(t), 1);
 }

@@ -366,6 +366,7 @@ fn select(
         settings,
         session: view,
         token_budget,
+        learned: None,
     })
 }
 

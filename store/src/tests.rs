@@ -597,6 +597,7 @@ async fn rows_of_selections_read_back_as_written() {
             settings: &settings,
             session: &session,
             token_budget: None,
+            learned: None,
         });
         let row = DecisionRow::new(&selection, Some("s"), 1, message, MessageLogging::Plain, 5);
         let reasons = &row.reasons;
@@ -627,6 +628,7 @@ async fn rows_of_selections_read_back_as_written() {
             settings: &settings,
             session: &session,
             token_budget: None,
+            learned: None,
         }),
         None,
         3,

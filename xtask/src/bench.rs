@@ -179,6 +179,7 @@ fn bench_one(
             settings: &settings,
             session: &session,
             token_budget: None,
+            learned: None,
         })
     };
     let router_times = time_per_message(messages, rounds, |m| {
@@ -280,6 +281,7 @@ fn bench_dense(
             settings: &settings,
             session: &session,
             token_budget: None,
+            learned: None,
         }));
     });
     println!(

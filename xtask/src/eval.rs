@@ -10,13 +10,15 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use loadout::Registry;
-use loadout_router::replay::{Comparison, cases_from_json_lines, replay};
-use loadout_router::{Router, RouterConfig};
+use loadout_router::replay::{
+    Case, Comparison, Report, cases_from_json_lines, folds, learned_turns, replay,
+};
+use loadout_router::{LearnedEntry, LearnedIndex, Router, RouterConfig};
 
 const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json] [--verbose]
        [--min-turn-recall X] [--config ROUTER_CONFIG.json] [--budget TOKENS]
        [--embedder builtin|none|URL#MODEL] [--vector-cache DIR|none] [--tool-ranks]
-       [--compare CANDIDATE.json]
+       [--compare CANDIDATE.json] [--history FILE | --folds K]
   --embedder      the dense stage: the built-in encoder (default when built with the
                   `dense` feature), none (lexical only), or an OpenAI-compatible
                   embeddings endpoint and its model, as the server's
@@ -27,7 +29,12 @@ const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json]
   --tool-ranks    also report how often every needed tool of a turn is among the k
                   best of the message-only tool ranking (`search_tools`)
   --compare       also replay with this router config and list the turns it breaks
-                  (now missed) and fixes (now hit) against --config (or defaults)";
+                  (now missed) and fixes (now hit) against --config (or defaults)
+  --history       learn from this file's labeled turns (the eval format; never the
+                  cases themselves), then route the cases; prints the figures without
+                  and with what was learned, and fails if learning lowers turn recall
+  --folds         learn from the cases themselves, K folds by conversation: each
+                  fold is routed with what the other folds teach";
 
 struct Options {
     catalog: PathBuf,
@@ -41,6 +48,15 @@ struct Options {
     budget: Option<usize>,
     embedder: EmbedderChoice,
     vector_cache: Option<PathBuf>,
+    learning: Learning,
+}
+
+/// Where the learned stage's past messages come from.
+#[derive(Debug, Clone, PartialEq)]
+enum Learning {
+    None,
+    History(PathBuf),
+    Folds(usize),
 }
 
 /// Which dense stage `eval` and `bench` run with.
@@ -164,6 +180,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut budget = None;
     let mut embedder = EmbedderChoice::default_for_build();
     let mut vector_cache = Some(default_vector_cache());
+    let mut learning = Learning::None;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| {
@@ -197,6 +214,14 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
                 vector_cache = (dir != "none").then(|| PathBuf::from(dir));
             }
             "--config" => config = read_config(&value("--config")?)?,
+            "--history" => learning = Learning::History(PathBuf::from(value("--history")?)),
+            "--folds" => {
+                let text = value("--folds")?;
+                match text.parse::<usize>() {
+                    Ok(k) if k >= 2 => learning = Learning::Folds(k),
+                    _ => bail!("--folds {text}: expected a number of folds, 2 or more"),
+                }
+            }
             "--compare" => compare = Some(read_config(&value("--compare")?)?),
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -217,6 +242,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         budget,
         embedder,
         vector_cache,
+        learning,
     })
 }
 
@@ -253,10 +279,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     // Per turn with needed tools: the worst rank of a needed tool in the message-only
     // tool ranking (`search_tools`), `usize::MAX` when one is not ranked at all.
     let mut worst_ranks: Vec<usize> = Vec::new();
-    let report = replay(&router, &cases, options.budget, |routed| {
+    let report = replay(&router, &cases, options.budget, None, |routed| {
         let turn = &routed.case.turns[routed.turn_idx];
         if options.tool_ranks && !turn.needed.is_empty() {
-            let ranking = router.search(&turn.user, Some(routed.settings), usize::MAX);
+            let ranking = router.search(&turn.user, Some(routed.settings), None, usize::MAX);
             let worst = turn
                 .needed
                 .iter()
@@ -270,15 +296,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                 .unwrap_or(0);
             worst_ranks.push(worst);
         }
-        if options.verbose {
-            println!(
-                "{} #{} {:?}\n    {}",
-                routed.case.id,
-                routed.turn_idx + 1,
-                turn.user,
-                routed.selection.summary_line()
-            );
-        }
+        print_verbose(&options, "", routed);
     })
     .map_err(anyhow::Error::msg)?;
 
@@ -312,7 +330,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     if let Some(candidate) = &options.compare {
         let tried = Router::new(registry.clone(), candidate.clone());
         attach_embedder(&tried, &options.embedder, options.vector_cache.as_deref())?;
-        let tried = replay(&tried, &cases, options.budget, |_| {}).map_err(anyhow::Error::msg)?;
+        let tried =
+            replay(&tried, &cases, options.budget, None, |_| {}).map_err(anyhow::Error::msg)?;
         let comparison = Comparison::new(&report, &tried);
         for line in comparison.lines() {
             println!("{line}");
@@ -324,9 +343,32 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             comparison.now_hit.len()
         );
     }
-    let turn_recall = report.turn_recall();
+    let learned = learned_report(&router, &cases, &options)?;
+    if let Some((with, line)) = &learned {
+        println!("{line}");
+        println!("without history  {}", report.summary_line());
+        println!("with history     {}", with.summary_line());
+        for miss in Comparison::new(&report, with).now_missed {
+            println!(
+                "LEARNING BROKE {} turn {}: {:?}\n  missing: {}\n  {}",
+                miss.case_id,
+                miss.turn,
+                miss.message,
+                miss.missing.join(", "),
+                miss.summary
+            );
+            for line in &miss.explanation {
+                println!("    {line}");
+            }
+        }
+    }
+    let gated = learned.as_ref().map_or(&report, |(with, _)| with);
+    let turn_recall = gated.turn_recall();
     if options.json {
-        let mut summary = report.to_json();
+        let mut summary = gated.to_json();
+        if learned.is_some() {
+            summary["without_history"] = report.to_json();
+        }
         summary["cases"] = options.cases.display().to_string().into();
         summary["catalog"] = options.catalog.display().to_string().into();
         summary["embedder"] = options.embedder.name().into();
@@ -337,7 +379,143 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     {
         bail!("turn recall {turn_recall:.3} is below the gate {min:.3}");
     }
+    if let Some((with, _)) = &learned
+        && with.turn_recall() < report.turn_recall()
+    {
+        bail!(
+            "learning lowered turn recall: {:.3} with history, {:.3} without",
+            with.turn_recall(),
+            report.turn_recall()
+        );
+    }
     Ok(())
+}
+
+/// With `--verbose`, one turn's message and selection.
+fn print_verbose(options: &Options, label: &str, routed: &loadout_router::replay::Routed<'_>) {
+    if options.verbose {
+        let turn = &routed.case.turns[routed.turn_idx];
+        println!(
+            "{label}{}{} #{} {:?} needed {:?}\n    {}",
+            if label.is_empty() { "" } else { " " },
+            routed.case.id,
+            routed.turn_idx + 1,
+            turn.user,
+            turn.needed,
+            routed.selection.summary_line()
+        );
+    }
+}
+
+/// The cases routed with what `--history` or `--folds` teach, and a line on what was
+/// learned; `None` without either.
+fn learned_report(
+    router: &Router,
+    cases: &[Case],
+    options: &Options,
+) -> anyhow::Result<Option<(Report, String)>> {
+    let started = Instant::now();
+    match &options.learning {
+        Learning::None => Ok(None),
+        Learning::History(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let history = cases_from_json_lines(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let overlap = cases
+                .iter()
+                .filter(|c| history.iter().any(|h| h.id == c.id))
+                .count();
+            if overlap > 0 {
+                bail!(
+                    "{}: {overlap} cases are also in the history",
+                    path.display()
+                );
+            }
+            let index = learned_index(router, &learned_turns(&history), options)?;
+            let report = replay(router, cases, options.budget, Some(&index), |routed| {
+                print_verbose(options, "with history", routed)
+            })
+            .map_err(anyhow::Error::msg)?;
+            let line = format!(
+                "learned {} past turns ({} with vectors, about {} KB) from {} in {:.1} s",
+                index.len(),
+                index.n_vectors(),
+                index.approx_bytes() / 1024,
+                path.display(),
+                started.elapsed().as_secs_f64()
+            );
+            Ok(Some((report, line)))
+        }
+        Learning::Folds(k) => {
+            let folds = folds(cases, *k);
+            let mut total = Report::default();
+            let mut n_learned = 0;
+            for (f, fold) in folds.iter().enumerate() {
+                let others: Vec<Case> = folds
+                    .iter()
+                    .enumerate()
+                    .filter(|&(g, _)| g != f)
+                    .flat_map(|(_, cases)| cases.iter().cloned())
+                    .collect();
+                let index = learned_index(router, &learned_turns(&others), options)?;
+                n_learned += index.len();
+                let report = replay(router, fold, options.budget, Some(&index), |routed| {
+                    print_verbose(options, "with history", routed)
+                })
+                .map_err(anyhow::Error::msg)?;
+                total.absorb(report);
+            }
+            let line = format!(
+                "learned in {k} folds by conversation: each fold from the other {} ({} past turns a fold on average) in {:.1} s",
+                k - 1,
+                n_learned / k,
+                started.elapsed().as_secs_f64()
+            );
+            Ok(Some((total, line)))
+        }
+    }
+}
+
+/// Past turns indexed for `router`, with the dense stage's vectors when it runs
+/// (cached beside the tool vectors, under `learned/`).
+fn learned_index(
+    router: &Router,
+    turns: &[(String, Vec<String>)],
+    options: &Options,
+) -> anyhow::Result<LearnedIndex> {
+    let messages: Vec<String> = turns.iter().map(|(message, _)| message.clone()).collect();
+    let (vectors, model_id) = match router.dense() {
+        Some(dense) => {
+            let embedder = dense.embedder();
+            let mut cache = options.vector_cache.as_ref().map(|dir| {
+                loadout_embed::VectorCache::open(&dir.join("learned"), embedder.model_id())
+            });
+            let (vectors, _) =
+                loadout_embed::embed_all(embedder.as_ref(), &messages, cache.as_mut())
+                    .map_err(anyhow::Error::msg)?;
+            if let Some(cache) = &mut cache {
+                cache
+                    .save()
+                    .with_context(|| format!("writing {}", cache.path().display()))?;
+            }
+            (
+                vectors.into_iter().map(Some).collect(),
+                Some(dense.model_id().to_owned()),
+            )
+        }
+        None => (vec![None; turns.len()], None),
+    };
+    let entries: Vec<LearnedEntry> = turns
+        .iter()
+        .zip(vectors)
+        .map(|((message, tools), vector)| LearnedEntry {
+            message: message.clone(),
+            tools: tools.clone(),
+            vector,
+        })
+        .collect();
+    Ok(LearnedIndex::new(router, model_id.as_deref(), &entries))
 }
 
 #[cfg(test)]

@@ -142,7 +142,7 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
             );
         }
     };
-    let report = replay(&router, &cases, args.budget, on_turn).map_err(anyhow::Error::msg)?;
+    let report = replay(&router, &cases, args.budget, None, on_turn).map_err(anyhow::Error::msg)?;
     let Some(candidate) = candidate else {
         for line in report.miss_lines() {
             println!("{line}");
@@ -168,7 +168,7 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     );
     let built = Router::new(app.registry.clone(), candidate.router.clone());
     let (router, _) = router_for(app, built, args).await;
-    let tried = replay(&router, &cases, args.budget, on_turn).map_err(anyhow::Error::msg)?;
+    let tried = replay(&router, &cases, args.budget, None, on_turn).map_err(anyhow::Error::msg)?;
     let comparison = Comparison::new(&report, &tried);
     for line in comparison.lines() {
         println!("{line}");

@@ -82,7 +82,7 @@ impl Catalog {
                 }
             }
         };
-        crate::routing::encoder_work(&router, || router.search(query, None, limit))
+        crate::routing::encoder_work(&router, || router.search(query, None, None, limit))
     }
 }
 

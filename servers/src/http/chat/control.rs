@@ -120,7 +120,7 @@ impl SessionControl for TurnControl {
             let selection = &state.routed.selection;
             let router = &state.routed.router;
             let hints = encoder_work(router, || {
-                router.search(query, Some(&state.routed.settings), limit)
+                router.search(query, Some(&state.routed.settings), None, limit)
             });
             let results: Vec<Value> = hints
                 .into_iter()

@@ -1,0 +1,253 @@
+//! The learned stage's memory: past messages and the tools their turns called with
+//! success, as a deployment recorded them (or an eval's history). A message like a
+//! past one votes for that one's tools: the evidence the message alone lacks when
+//! its words do not point at the tool (Tool2Vec, Re-Invoke).
+//!
+//! The store keeps the entries; the server builds a [`LearnedIndex`] for its router in
+//! the background and passes it with each message ([`crate::RouteInput::learned`]).
+//! Past messages are found by the vector the dense stage computes for the message
+//! (a dot product with every entry, quantized to 8 bits) and, lexical-only, by BM25
+//! over their words. A tool no entry names keeps exactly the evidence it had.
+
+use crate::Router;
+use crate::lexical::{Bm25Index, Field, query_words};
+
+/// One past message and the tools its turn called with success.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LearnedEntry {
+    pub message: String,
+    pub tools: Vec<String>,
+    /// The message's vector from the encoder [`LearnedIndex::new`] names; `None`
+    /// leaves the entry to the lexical path.
+    pub vector: Option<Vec<f32>>,
+}
+
+/// Past messages indexed for one router: tool names resolved to its tools.
+pub struct LearnedIndex {
+    /// The encoder whose vectors the rows hold; the dense path runs only when the
+    /// router's dense stage uses the same one.
+    model_id: Option<String>,
+    dims: usize,
+    /// Per entry: its tools, as router indices.
+    entry_tools: Vec<Box<[u32]>>,
+    /// Per entry: the message, for reasons.
+    messages: Vec<Box<str>>,
+    /// Row-major, `n_rows * dims`: each row an entry's L2-normalised vector, scaled
+    /// so its largest coordinate is ±127.
+    vectors: Vec<i8>,
+    /// Per row: the cosine one unit of its dot product with a query stands for.
+    row_scales: Vec<f32>,
+    /// Per row: its entry.
+    row_entries: Vec<u32>,
+    bm25: Bm25Index,
+    /// Per tool of the router: how many entries name it.
+    tool_entries: Vec<u32>,
+}
+
+impl std::fmt::Debug for LearnedIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LearnedIndex")
+            .field("entries", &self.entry_tools.len())
+            .field("vectors", &self.row_entries.len())
+            .field("model_id", &self.model_id)
+            .finish()
+    }
+}
+
+impl LearnedIndex {
+    /// Indexes `entries` for `router`. Tools the router does not have are left out,
+    /// and an entry with none of its tools is left out whole; a vector whose length
+    /// differs from the first one's is dropped (the entry stays lexical).
+    pub fn new(router: &Router, model_id: Option<&str>, entries: &[LearnedEntry]) -> LearnedIndex {
+        let registry = &router.registry;
+        let mut index = LearnedIndex {
+            model_id: model_id.map(str::to_owned),
+            dims: 0,
+            entry_tools: Vec::new(),
+            messages: Vec::new(),
+            vectors: Vec::new(),
+            row_scales: Vec::new(),
+            row_entries: Vec::new(),
+            bm25: Bm25Index::new(&[]),
+            tool_entries: vec![0; registry.all_tools().len()],
+        };
+        let mut kept: Vec<&LearnedEntry> = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let mut tools: Vec<u32> = entry
+                .tools
+                .iter()
+                .filter_map(|name| registry.tool_idx(name))
+                .map(|t| t as u32)
+                .collect();
+            tools.sort_unstable();
+            tools.dedup();
+            if tools.is_empty() || entry.message.trim().is_empty() {
+                continue;
+            }
+            let entry_idx = index.entry_tools.len() as u32;
+            for &t in &tools {
+                index.tool_entries[t as usize] += 1;
+            }
+            if let Some(vector) = &entry.vector {
+                if index.dims == 0 {
+                    index.dims = vector.len();
+                }
+                if let Some((row, scale)) = quantized(vector, index.dims) {
+                    index.vectors.extend(row);
+                    index.row_scales.push(scale);
+                    index.row_entries.push(entry_idx);
+                }
+            }
+            index.entry_tools.push(tools.into_boxed_slice());
+            index.messages.push(entry.message.as_str().into());
+            kept.push(entry);
+        }
+        let documents: Vec<Vec<Field<'_>>> = kept
+            .iter()
+            .map(|entry| {
+                vec![Field {
+                    text: &entry.message,
+                    weight: 1.0,
+                }]
+            })
+            .collect();
+        index.bm25 = Bm25Index::new(&documents);
+        index
+    }
+
+    /// Entries indexed.
+    pub fn len(&self) -> usize {
+        self.entry_tools.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entry_tools.is_empty()
+    }
+
+    /// Entries with a vector.
+    pub fn n_vectors(&self) -> usize {
+        self.row_entries.len()
+    }
+
+    pub fn model_id(&self) -> Option<&str> {
+        self.model_id.as_deref()
+    }
+
+    /// How many entries name a tool (by router index).
+    pub fn tool_entries(&self, tool_idx: usize) -> usize {
+        self.tool_entries.get(tool_idx).copied().unwrap_or(0) as usize
+    }
+
+    /// About how many bytes the index holds: vectors, messages, tools (the BM25
+    /// postings take about as much again as the messages).
+    pub fn approx_bytes(&self) -> usize {
+        self.vectors.len()
+            + self.row_scales.len() * 4
+            + self.row_entries.len() * 4
+            + self
+                .messages
+                .iter()
+                .map(|m| m.len() * 2 + 16)
+                .sum::<usize>()
+            + self
+                .entry_tools
+                .iter()
+                .map(|t| t.len() * 4 + 16)
+                .sum::<usize>()
+    }
+
+    pub(crate) fn message(&self, entry: u32) -> &str {
+        self.messages.get(entry as usize).map_or("", |m| m)
+    }
+
+    pub(crate) fn tools(&self, entry: u32) -> &[u32] {
+        self.entry_tools.get(entry as usize).map_or(&[], |t| t)
+    }
+
+    /// Whether the rows hold vectors of `model_id`'s space and `dims` long.
+    pub(crate) fn has_vectors_of(&self, model_id: &str, dims: usize) -> bool {
+        !self.row_entries.is_empty()
+            && self.dims == dims
+            && self.model_id.as_deref() == Some(model_id)
+    }
+
+    /// Per query (L2-normalised), every row whose cosine is at least `min_cosine`:
+    /// `(entry, cosine)`. One pass over the rows for all queries, so the rows are
+    /// read from memory once per message.
+    pub(crate) fn dense_matches(
+        &self,
+        queries: &[Vec<f32>],
+        min_cosine: f32,
+    ) -> Vec<Vec<(u32, f32)>> {
+        let dims = self.dims;
+        let quantized_queries: Vec<(Vec<i8>, f32)> = queries
+            .iter()
+            .filter_map(|q| quantized(q, dims))
+            .map(|(row, scale)| (row.collect(), scale))
+            .collect();
+        let mut matches = vec![Vec::new(); queries.len()];
+        if quantized_queries.len() != queries.len() || dims == 0 {
+            return matches;
+        }
+        for (r, row) in self.vectors.chunks_exact(dims).enumerate() {
+            let row_scale = self.row_scales[r];
+            for (p, (query, query_scale)) in quantized_queries.iter().enumerate() {
+                let cosine = dot_i8(row, query) as f32 * row_scale * query_scale;
+                if cosine >= min_cosine {
+                    matches[p].push((self.row_entries[r], cosine));
+                }
+            }
+        }
+        matches
+    }
+
+    /// The entries whose messages share words with `piece`, with their BM25 share
+    /// (0..1: the score over what a past message of average length holding each of
+    /// the piece's terms once would score), at least `min_share`.
+    pub(crate) fn lexical_matches(&self, piece: &str, min_share: f32) -> Vec<(u32, f32)> {
+        let mut words = String::new();
+        query_words(&piece.to_lowercase(), &mut words);
+        let mut terms = Vec::new();
+        self.bm25.query_word_terms(&words, &mut terms);
+        let mass: f32 = terms.iter().map(|&t| self.bm25.idf(t)).sum();
+        if mass <= 0.0 {
+            return Vec::new();
+        }
+        let mut scores = vec![0.0f32; self.len()];
+        let mut touched = Vec::new();
+        self.bm25
+            .score_into_touched(&terms, &mut scores, &mut touched);
+        touched.sort_unstable();
+        touched.dedup();
+        touched
+            .into_iter()
+            .filter_map(|e| {
+                let share = (scores[e as usize] / mass).min(1.0);
+                (share >= min_share).then_some((e, share))
+            })
+            .collect()
+    }
+}
+
+/// `vector` L2-normalised and scaled to `i8`, with the value of one unit; `None` when
+/// its length is not `dims` or it is zero or not finite.
+fn quantized(vector: &[f32], dims: usize) -> Option<(impl Iterator<Item = i8> + '_, f32)> {
+    if vector.len() != dims || dims == 0 || vector.iter().any(|x| !x.is_finite()) {
+        return None;
+    }
+    let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let largest = vector.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    if norm <= 0.0 || largest <= 0.0 {
+        return None;
+    }
+    let to_units = 127.0 / largest;
+    let row = vector.iter().map(move |x| (x * to_units).round() as i8);
+    Some((row, largest / norm / 127.0))
+}
+
+fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| i32::from(x) * i32::from(y))
+        .sum()
+}
