@@ -21,6 +21,10 @@ pub mod meta {
         UNLOAD_TOOLS,
         LOAD_ALL_FOR_THIS_TURN,
     ];
+    /// MCP only: runs any tool by name, for clients that list a few tools and reach
+    /// the rest through `search_tools`. The MCP server answers it; it is no registry
+    /// tool, so it is not in [`ALL`] and the router never offers it.
+    pub const CALL_TOOL: &str = "call_tool";
 }
 
 /// What a [`SessionControl`] method answers: a JSON result for the model, or a
