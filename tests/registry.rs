@@ -85,7 +85,8 @@ async fn invalid_args_name_the_field_and_the_body_never_runs() {
             ToolError::InvalidArgs { field: Some(f), .. } => assert_eq!(f, field, "{args}"),
             other => panic!("expected InvalidArgs for {args}, got {other:?}"),
         }
-        assert_eq!(err.json_rpc_code(), Some(-32602));
+        // A tool result the model reads, not a protocol error (SEP-1303).
+        assert_eq!(err.json_rpc_code(), None);
     }
     assert_eq!(
         PROBE_RUNS.load(Ordering::SeqCst),
