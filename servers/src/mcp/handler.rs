@@ -40,6 +40,7 @@ const MAX_AUDIT_ARGS_BYTES: usize = 8 * 1024;
 /// A domain's use is written to the store at most this often (the warm rule only
 /// needs the day it was last used).
 const DOMAIN_USE_WRITE_INTERVAL_MS: i64 = 5 * 60 * 1000;
+const DOMAIN_USE_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// State every connection shares.
 pub struct Shared {
@@ -101,9 +102,10 @@ impl Shared {
         });
     }
 
-    /// Records that a tool's domain was used, for the warm rule (chat's and this
-    /// server's next start), off the request path and at most every few minutes.
-    fn note_domain_use(&self, catalog: &Catalog, tool: &str) {
+    /// Records that a tool's domain was used, for the warm rule (chat's, and this
+    /// server's next start), at most every few minutes per domain. Waited for, but
+    /// not long: a store that does not answer costs the call a second at most.
+    async fn note_domain_use(&self, catalog: &Catalog, tool: &str) {
         let Some(domain) = catalog
             .registry
             .tool(tool)
@@ -120,13 +122,12 @@ impl Shared {
                 _ => written.insert(domain.name.clone(), now),
             };
         }
-        let store = self.app.store().clone();
-        let name = domain.name.clone();
-        tokio::spawn(async move {
-            if let Err(e) = store.domain_used(&name, now).await {
-                tracing::warn!("domain use of `{name}` not recorded: {e}");
-            }
-        });
+        let write = self.app.store().domain_used(&domain.name, now);
+        match tokio::time::timeout(DOMAIN_USE_WRITE_TIMEOUT, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("use of domain `{}` not recorded: {e}", domain.name),
+            Err(_) => tracing::warn!("use of domain `{}` not recorded in time", domain.name),
+        }
     }
 }
 
@@ -267,7 +268,7 @@ impl McpHandler {
             map_result(name, result, state.complete)
         };
         if record.outcome == "ok" {
-            self.shared.note_domain_use(&state.catalog, name);
+            self.shared.note_domain_use(&state.catalog, name).await;
         }
         self.audit(client, name, &args, &record, started).await;
         response
