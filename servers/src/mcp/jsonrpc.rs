@@ -54,41 +54,37 @@ pub enum Incoming {
 /// Classifies one message's bytes (a stdio line without its newline, or an HTTP body).
 pub fn classify(bytes: &[u8]) -> Incoming {
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    let error = match serde_json::from_slice::<ClientJsonRpcMessage>(bytes) {
+        Ok(message) => return Incoming::Message(Box::new(message)),
+        Err(e) => e,
+    };
+    // Only a message that failed is parsed again, to tell why.
     let value: Value = match serde_json::from_slice(bytes) {
         Ok(value) => value,
-        Err(e) => return Incoming::Reply(error(Value::Null, PARSE_ERROR, parse_message(&e))),
+        Err(e) => return Incoming::Reply(self::error(Value::Null, PARSE_ERROR, parse_message(&e))),
     };
-    // A message rmcp reads; `from_value` of the parsed value would re-check each field,
-    // so parse the bytes again (a message is parsed once more only on this error path).
-    match serde_json::from_slice::<ClientJsonRpcMessage>(bytes) {
-        Ok(message) => Incoming::Message(Box::new(message)),
-        Err(e) => {
-            let is_notification = value.get("method").is_some() && value.get("id").is_none();
-            if value.is_object() && is_notification {
-                return Incoming::Ignored;
-            }
-            let id = usable_id(value.get("id"));
-            // Most bad params still make a message (rmcp reads it as a request of its
-            // own, which the handler answers); params that are no object do not.
-            if let Some(method) = value.get("method").and_then(Value::as_str)
-                && is_standard_request(method)
-                && !id.is_null()
-            {
-                return Incoming::Reply(error(
-                    id,
-                    INVALID_PARAMS,
-                    format!("invalid params for `{method}`: {e}"),
-                ));
-            }
-            Incoming::Reply(error(
-                id,
-                INVALID_REQUEST,
-                format!(
-                    "Invalid Request: not a JSON-RPC 2.0 request, notification or response ({e})"
-                ),
-            ))
-        }
+    let is_notification = value.get("method").is_some() && value.get("id").is_none();
+    if value.is_object() && is_notification {
+        return Incoming::Ignored;
     }
+    let id = usable_id(value.get("id"));
+    // Most bad params still make a message (rmcp reads it as a request of its own,
+    // which the handler answers); params that are no object do not.
+    if let Some(method) = value.get("method").and_then(Value::as_str)
+        && is_standard_request(method)
+        && !id.is_null()
+    {
+        return Incoming::Reply(self::error(
+            id,
+            INVALID_PARAMS,
+            format!("invalid params for `{method}`: {error}"),
+        ));
+    }
+    Incoming::Reply(self::error(
+        id,
+        INVALID_REQUEST,
+        format!("Invalid Request: not a JSON-RPC 2.0 request, notification or response ({error})"),
+    ))
 }
 
 /// The reply to a message too long to read: -32600, with the id if its first or
