@@ -130,6 +130,18 @@ impl Mcp {
         text
     }
 
+    /// A call that must answer a tool result with `isError`: its text.
+    async fn call_err(&self, name: &str, args: Value) -> String {
+        let result = self.call(name, args.clone()).await.expect("tools/call");
+        let text = text_of(&result);
+        assert_eq!(
+            result.is_error,
+            Some(true),
+            "{name} {args} did not fail: {text}"
+        );
+        text
+    }
+
     /// Waits for the next `tools/list_changed` after dropping those already received.
     async fn next_list_change(&mut self) {
         while self.list_changed.try_recv().is_ok() {}
@@ -236,18 +248,20 @@ async fn lists_every_tool_with_schemas_and_calls_them() {
     assert!(!data.path().join("vectors").exists());
 }
 
+/// Invalid arguments are a tool result the model reads (SEP-1303), naming the field;
+/// a tool that does not exist is a protocol error naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_arguments_and_unknown_tools_are_protocol_errors() {
+async fn invalid_arguments_are_tool_errors_and_unknown_tools_protocol_errors() {
     let data = tempfile::tempdir().expect("tempdir");
     let mcp = start(data.path(), &[]).await;
 
-    let error = protocol_error(mcp.call("calculate", json!({"expression": 12})).await);
-    assert_eq!(error.code.0, -32602);
-    assert!(error.message.contains("`expression`"), "{}", error.message);
-
-    let error = protocol_error(mcp.call("calculate", json!({})).await);
-    assert_eq!(error.code.0, -32602);
-    assert!(error.message.contains("expression"), "{}", error.message);
+    let text = mcp.call_err("calculate", json!({"expression": 12})).await;
+    assert!(
+        text.contains("`calculate`") && text.contains("`expression`"),
+        "{text}"
+    );
+    let text = mcp.call_err("calculate", json!({})).await;
+    assert!(text.contains("expression"), "{text}");
 
     let error = protocol_error(mcp.call("no_such_tool", json!({})).await);
     assert_eq!(error.code.0, -32602);
@@ -256,6 +270,10 @@ async fn invalid_arguments_and_unknown_tools_are_protocol_errors() {
         "{}",
         error.message
     );
+    // Chat's meta-tools are not MCP's: the message says what to use instead.
+    let error = protocol_error(mcp.call("load_tools", json!({"names": ["memory"]})).await);
+    assert_eq!(error.code.0, -32602);
+    assert!(error.message.contains("search_tools"), "{}", error.message);
 
     // The server keeps serving after errors.
     mcp.call_ok("calculate", json!({"expression": "1+1"})).await;
@@ -356,29 +374,91 @@ async fn a_setting_written_by_another_process_is_seen_on_the_next_call() {
     mcp.close().await;
 }
 
+/// The rows of the audit log, oldest first: (tool, outcome).
+fn audit_rows(data_dir: &Path) -> Vec<(String, String)> {
+    let output = loadout(data_dir, &["audit", "--json", "--tail", "100"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("json line"))
+        .map(|r| {
+            (
+                r["tool"].as_str().unwrap_or_default().to_owned(),
+                r["outcome"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A client that lists once and never again (as claude.ai and Claude Desktop do)
+/// reaches every tool in dynamic mode: the list is core, `search_tools` and
+/// `call_tool`, the same for every connection and after every call; `search_tools`
+/// gives full definitions; `call_tool` runs any tool as a direct call would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamic_mode_lists_core_and_loads_on_request() {
+async fn dynamic_mode_reaches_every_tool_through_a_constant_list() {
     let data = tempfile::tempdir().expect("tempdir");
     let mut mcp = start(data.path(), &["--dynamic"]).await;
-    let names = mcp.tool_names().await;
-    for name in [
-        "search_tools",
-        "load_tools",
-        "unload_tools",
-        "calculate",
-        "set_setting",
-    ] {
+    let other = start(data.path(), &["--dynamic"]).await;
+    let listed = mcp.tool_names().await;
+    assert_eq!(listed[..2], ["search_tools", "call_tool"], "{listed:?}");
+    for name in ["calculate", "set_setting", "list_tools"] {
         assert!(
-            names.contains(&name.to_owned()),
-            "{name} missing from {names:?}"
+            listed.contains(&name.to_owned()),
+            "{name} missing from {listed:?}"
         );
     }
-    assert!(!names.contains(&"read_file".to_owned()), "{names:?}");
+    for name in [
+        "read_file",
+        "load_tools",
+        "unload_tools",
+        "load_all_for_this_turn",
+    ] {
+        assert!(!listed.contains(&name.to_owned()), "{name} in {listed:?}");
+    }
+    assert_eq!(
+        other.tool_names().await,
+        listed,
+        "another connection lists the same"
+    );
+    let instructions = mcp
+        .service
+        .peer()
+        .peer_info()
+        .and_then(|info| info.instructions.clone())
+        .expect("instructions");
+    assert!(
+        instructions.contains("search_tools") && instructions.contains("call_tool"),
+        "{instructions}"
+    );
 
+    // search_tools: the full definition, and what the domain still needs.
     let found = mcp
-        .call_ok("search_tools", json!({"query": "read a file"}))
-        .await;
-    assert!(found.contains("read_file"), "{found}");
+        .call("search_tools", json!({"query": "read a file", "limit": 3}))
+        .await
+        .expect("tools/call");
+    let found = found.structured_content.expect("structured results");
+    let read_file = found["results"]
+        .as_array()
+        .and_then(|r| r.iter().find(|hit| hit["name"] == json!("read_file")))
+        .unwrap_or_else(|| panic!("read_file not found: {found}"));
+    assert_eq!(read_file["domain"], json!("filesystem"));
+    assert_eq!(read_file["inputSchema"]["type"], json!("object"));
+    assert!(
+        read_file["inputSchema"]["properties"]["path"].is_object(),
+        "{read_file}"
+    );
+    assert!(
+        read_file["description"]
+            .as_str()
+            .is_some_and(|d| d.len() > 20)
+    );
+    assert_eq!(read_file["configured"], json!(false));
+    assert_eq!(read_file["needs_settings"], json!(["filesystem_roots"]));
+    assert_eq!(read_file["listed"], json!(false));
     // The first search also starts the dense stage of the ranking, in the
     // background; its vectors land in the data dir's cache.
     if loadout_embed::builtin_available() {
@@ -393,38 +473,167 @@ async fn dynamic_mode_lists_core_and_loads_on_request() {
         assert!(found.contains("read_file"), "{found}");
     }
 
-    // A tool that is not loaded is refused with directions.
-    let result = mcp
-        .call("read_file", json!({"path": "/x"}))
-        .await
-        .expect("tools/call");
-    assert_eq!(result.is_error, Some(true));
-    assert!(text_of(&result).contains("load_tools"));
-
-    let loaded = mcp
-        .call_ok("load_tools", json!({"names": ["filesystem"]}))
+    // call_tool: any tool, with the same checks as a direct call.
+    let text = mcp
+        .call_ok(
+            "call_tool",
+            json!({"name": "calculate", "arguments": {"expression": "6 * 7"}}),
+        )
         .await;
-    assert!(loaded.contains("read_file"), "{loaded}");
-    tokio::time::timeout(WAIT, mcp.list_changed.recv())
-        .await
-        .expect("tools/list_changed in time")
-        .expect("notification");
-    let names = mcp.tool_names().await;
-    assert!(names.contains(&"read_file".to_owned()), "{names:?}");
-    assert!(!names.contains(&"query_data".to_owned()), "{names:?}");
-
-    mcp.call_ok("unload_tools", json!({"names": ["filesystem"]}))
+    assert!(text.contains("42"), "{text}");
+    let text = mcp
+        .call_err(
+            "call_tool",
+            json!({"name": "calculate", "arguments": {"expression": 12}}),
+        )
         .await;
-    tokio::time::timeout(WAIT, mcp.list_changed.recv())
-        .await
-        .expect("tools/list_changed in time")
-        .expect("notification");
-    assert!(!mcp.tool_names().await.contains(&"read_file".to_owned()));
+    assert!(text.contains("`expression`"), "{text}");
+    let text = mcp
+        .call_err(
+            "call_tool",
+            json!({"name": "read_file", "arguments": {"path": "/x"}}),
+        )
+        .await;
+    assert!(text.contains("filesystem_roots"), "{text}");
+    let text = mcp
+        .call_err("call_tool", json!({"name": "no_such_tool"}))
+        .await;
+    assert!(
+        text.contains("no_such_tool") && text.contains("search_tools"),
+        "{text}"
+    );
+    let text = mcp
+        .call_err(
+            "call_tool",
+            json!({"name": "calculate", "arguments": "1+1"}),
+        )
+        .await;
+    assert!(text.contains("`arguments`"), "{text}");
+    let text = mcp.call_err("search_tools", json!({"query": 5})).await;
+    assert!(text.contains("`query`"), "{text}");
+    // An unlisted tool can also be called directly.
+    let text = mcp
+        .call_ok("remember", json!({"content": "the locker code is 4521"}))
+        .await;
+    assert!(!text.is_empty());
 
-    let error = protocol_error(mcp.call("load_tools", json!({"names": [3]})).await);
-    assert_eq!(error.code.0, -32602);
-    assert!(error.message.contains("names/0"), "{}", error.message);
+    // Nothing changed the list, and no one was told it did.
+    assert_eq!(mcp.tool_names().await, listed);
+    assert!(
+        mcp.list_changed.try_recv().is_err(),
+        "tools/list_changed was sent"
+    );
     mcp.close().await;
+    other.close().await;
+
+    // The audit log names the tool that ran, not call_tool (but for call_tool's own
+    // argument errors).
+    let mut expected = vec![
+        ("search_tools", "ok"),
+        ("calculate", "ok"),
+        ("calculate", "invalid_args"),
+        ("read_file", "not_configured"),
+        ("no_such_tool", "unknown_tool"),
+        ("call_tool", "invalid_args"),
+        ("search_tools", "invalid_args"),
+        ("remember", "ok"),
+    ];
+    if loadout_embed::builtin_available() {
+        // The search once the dense stage was attached.
+        expected.insert(1, ("search_tools", "ok"));
+    }
+    let expected: Vec<(String, String)> = expected
+        .into_iter()
+        .map(|(t, o)| (t.to_owned(), o.to_owned()))
+        .collect();
+    let rows = audit_rows(data.path());
+    assert_eq!(rows, expected);
+}
+
+/// `--max-tools N`: all tools when they fit; else core, search_tools, call_tool and
+/// the domains used within a day (here: by an MCP call in an earlier process), never
+/// more than N.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_tools_lists_all_that_fit_or_core_and_the_warm_domains() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mcp = start(data.path(), &["--max-tools", "1000"]).await;
+    let all = mcp.tool_names().await;
+    assert!(all.contains(&"read_file".to_owned()) && all.contains(&"recall".to_owned()));
+    assert!(!all.contains(&"call_tool".to_owned()), "{all:?}");
+    assert!(!all.contains(&"search_tools".to_owned()), "{all:?}");
+    // Using memory makes it warm for the next start.
+    mcp.call_ok("remember", json!({"content": "the boat is blue"}))
+        .await;
+    mcp.close().await;
+
+    let dynamic = start(data.path(), &["--dynamic"]).await;
+    let core_and_meta = dynamic.tool_names().await.len();
+    dynamic.close().await;
+    let n_memory = all
+        .iter()
+        .filter(|t| {
+            [
+                "remember",
+                "recall",
+                "forget",
+                "list_memories",
+                "update_memory",
+            ]
+            .contains(&t.as_str())
+        })
+        .count();
+    let limit = core_and_meta + n_memory;
+    let mcp = start(data.path(), &["--max-tools", &limit.to_string()]).await;
+    let listed = mcp.tool_names().await;
+    assert_eq!(listed.len(), limit, "{listed:?}");
+    assert_eq!(listed[..2], ["search_tools", "call_tool"]);
+    assert!(
+        listed.contains(&"recall".to_owned()),
+        "the warm domain: {listed:?}"
+    );
+    assert!(!listed.contains(&"read_file".to_owned()), "{listed:?}");
+    // What is not listed still runs.
+    let text = mcp
+        .call_ok("call_tool", json!({"name": "list_tables"}))
+        .await;
+    assert!(!text.is_empty());
+    mcp.close().await;
+
+    let mcp = start(data.path(), &["--max-tools", "5"]).await;
+    let listed = mcp.tool_names().await;
+    assert_eq!(listed.len(), 5, "{listed:?}");
+    assert_eq!(listed[..2], ["search_tools", "call_tool"]);
+    mcp.close().await;
+
+    let output = loadout(data.path(), &["mcp", "--max-tools", "1"]);
+    assert!(!output.status.success());
+}
+
+/// `--domains`: core and those domains only; a name that is no domain is refused by
+/// name before serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domains_serve_core_and_the_named_domains_only() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let mcp = start(data.path(), &["--domains", "memory"]).await;
+    let listed = mcp.tool_names().await;
+    assert!(listed.contains(&"recall".to_owned()) && listed.contains(&"calculate".to_owned()));
+    assert!(!listed.contains(&"read_file".to_owned()), "{listed:?}");
+    assert!(!listed.contains(&"create_table".to_owned()), "{listed:?}");
+    let error = protocol_error(mcp.call("list_tables", json!({})).await);
+    assert_eq!(error.code.0, -32602);
+    let found = mcp
+        .call_ok("search_tools", json!({"query": "create a table of rows"}))
+        .await;
+    assert!(!found.contains("create_table"), "{found}");
+    mcp.close().await;
+
+    let output = loadout(data.path(), &["mcp", "--domains", "memory,nope"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("`nope`") && stderr.contains("memory"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -454,8 +663,8 @@ async fn upstream_servers_are_imported_forwarded_followed_and_restarted() {
     let text = mcp.call_ok("fake__echo", json!({"text": "hi"})).await;
     assert_eq!(text, "echo: hi");
     // The upstream's schema is enforced before forwarding.
-    let error = protocol_error(mcp.call("fake__echo", json!({})).await);
-    assert_eq!(error.code.0, -32602);
+    let text = mcp.call_err("fake__echo", json!({})).await;
+    assert!(text.contains("`text`"), "{text}");
 
     // The upstream's tools/list_changed reaches our client, with the new tool.
     mcp.call_ok("fake__grow", json!({})).await;
@@ -753,8 +962,8 @@ async fn http_upstreams_are_imported_forwarded_followed_and_reconnected() {
         mcp.call_ok("web__echo", json!({"text": "hi"})).await,
         "echo 1: hi"
     );
-    let error = protocol_error(mcp.call("web__echo", json!({})).await);
-    assert_eq!(error.code.0, -32602);
+    let text = mcp.call_err("web__echo", json!({})).await;
+    assert!(text.contains("`text`"), "{text}");
 
     // The upstream's tools/list_changed (on its HTTP stream) reaches our client.
     mcp.call_ok("web__grow", json!({})).await;
@@ -889,11 +1098,10 @@ async fn a_real_http_upstream_from_npm() {
         .await;
     assert!(sum.contains('5'), "{sum}");
     // The upstream's schema is enforced before forwarding.
-    let error = protocol_error(
-        mcp.call("everything__get-sum", json!({"a": "x", "b": 1}))
-            .await,
-    );
-    assert_eq!(error.code.0, -32602);
+    let text = mcp
+        .call_err("everything__get-sum", json!({"a": "x", "b": 1}))
+        .await;
+    assert!(text.contains("`a`"), "{text}");
 
     // A restart loses our session (this server answers 400 to an unknown one);
     // the calls work again on a new session.
@@ -909,11 +1117,11 @@ async fn a_real_http_upstream_from_npm() {
 
 /// Every listed tool, called over MCP with arguments made from its own schema and then
 /// spoilt (wrong types, missing and unknown fields, traversal paths, SQL that writes,
-/// 10,000-character strings): each call answers a result or a -32602 error, never
-/// another error or a dead connection, and nothing outside the allowed folder is read
-/// or written. Seeded, so a failure replays.
+/// 10,000-character strings): each call answers a tool result (invalid arguments
+/// included), never a protocol error or a dead connection, and
+/// nothing outside the allowed folder is read or written. Seeded, so a failure replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schema_shaped_random_arguments_get_results_or_invalid_params_only() {
+async fn schema_shaped_random_arguments_get_tool_results_only() {
     let data = tempfile::tempdir().expect("tempdir");
     let outside = tempfile::tempdir().expect("tempdir");
     let root = outside.path().join("allowed");
@@ -1019,19 +1227,14 @@ async fn schema_shaped_random_arguments_get_results_or_invalid_params_only() {
                         "{} read outside the allowed folder with {shown}",
                         tool.name
                     );
-                    if result.is_error == Some(true) {
-                        "tool error"
-                    } else {
+                    if result.is_error != Some(true) {
                         "ok"
+                    } else if text.starts_with("invalid arguments") {
+                        assert!(text.contains('`'), "{} names no field: {text}", tool.name);
+                        "invalid arguments"
+                    } else {
+                        "tool error"
                     }
-                }
-                Err(ServiceError::McpError(error)) => {
-                    assert_eq!(
-                        error.code.0, -32602,
-                        "{} round {round} with {shown}: {error:?}",
-                        tool.name
-                    );
-                    "invalid params"
                 }
                 Err(other) => panic!("{} round {round} with {shown}: {other:?}", tool.name),
             };
@@ -1100,4 +1303,368 @@ async fn a_hangup_connects_and_stops_upstream_servers_over_stdio() {
         .await
         .expect("tools/list_changed in time");
     assert!(!mcp.tool_names().await.contains(&echo));
+}
+
+/// An upstream server's result reaches the client as the upstream sent it: image,
+/// audio, resource link, embedded resource, annotated text and structured content,
+/// called directly or through `call_tool`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_content_passes_through_unchanged() {
+    let Some((python, script)) = crate::support::fake_upstream() else {
+        return;
+    };
+    let data = crate::support::data_dir_with_fake_upstream().expect("data dir");
+    // What the fake server sends, from the script itself.
+    let dir = script.parent().expect("dir").display().to_string();
+    let output = std::process::Command::new(python)
+        .args([
+            "-c",
+            &format!(
+                "import sys, json; sys.path.insert(0, {dir:?}); import fake_upstream; print(json.dumps(fake_upstream.DRAWING))"
+            ),
+        ])
+        .output()
+        .expect("python");
+    let sent: Value = serde_json::from_slice(&output.stdout).expect("the drawing as JSON");
+
+    let mcp = start(data.path(), &["--dynamic"]).await;
+    for (name, args) in [
+        ("fake__draw", json!({})),
+        ("call_tool", json!({"name": "fake__draw"})),
+    ] {
+        let result = mcp.call(name, args).await.expect("tools/call");
+        let received = serde_json::to_value(&result).expect("JSON");
+        assert_eq!(received["content"], sent["content"], "{name}");
+        assert_eq!(
+            received["structuredContent"], sent["structuredContent"],
+            "{name}"
+        );
+        assert_ne!(result.is_error, Some(true));
+    }
+    mcp.close().await;
+}
+
+/// Lines a client should never send, on a raw pipe (SDK clients cannot send them):
+/// each gets its JSON-RPC error, with the request's id when there is one, and the
+/// server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_stdio_lines_get_json_rpc_errors() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut child = mcp_command(data.path(), &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn loadout mcp");
+    let mut raw = RawStdio {
+        stdin: child.stdin.take().expect("stdin"),
+        stdout: BufReader::new(child.stdout.take().expect("stdout")).lines(),
+    };
+
+    // Before the handshake too.
+    let reply = raw.exchange("{bad".into()).await;
+    assert_eq!(reply["error"]["code"], json!(-32700), "{reply}");
+    assert!(reply.get("id").is_some_and(Value::is_null), "{reply}");
+
+    let reply = raw
+        .exchange(
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": CLIENT_NAME, "version": "1"}}})
+            .to_string(),
+        )
+        .await;
+    assert!(
+        reply["result"]["capabilities"]["tools"].is_object(),
+        "{reply}"
+    );
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+        .await;
+
+    let cases = [
+        (json!(null), "params"),
+        (json!({}), "name"),
+        (json!({"name": 5}), "name"),
+        (
+            json!({"name": "calculate", "arguments": "1+1"}),
+            "arguments",
+        ),
+    ];
+    for (i, (params, field)) in cases.into_iter().enumerate() {
+        let id = 10 + i;
+        let reply = raw
+            .exchange(
+                json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+                    .to_string(),
+            )
+            .await;
+        assert_eq!(reply["id"], json!(id), "{reply}");
+        assert_eq!(reply["error"]["code"], json!(-32602), "{reply}");
+        assert_eq!(reply["error"]["data"]["field"], json!(field), "{reply}");
+    }
+    let reply = raw.exchange("{\"jsonrpc\":\"2.0\",\"id\":20}".into()).await;
+    assert_eq!(
+        (reply["id"].clone(), reply["error"]["code"].clone()),
+        (json!(20), json!(-32600))
+    );
+    let reply = raw.exchange("[1, 2]".into()).await;
+    assert_eq!(reply["error"]["code"], json!(-32600), "{reply}");
+
+    // A line longer than the server reads (16 MiB).
+    let huge = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":21,\"method\":\"tools/call\",\"params\":{{\"name\":\"calculate\",\"arguments\":{{\"expression\":\"{}\"}}}}}}",
+        "1".repeat(17 * 1024 * 1024)
+    );
+    let reply = raw.exchange(huge).await;
+    assert_eq!(
+        (reply["id"].clone(), reply["error"]["code"].clone()),
+        (json!(21), json!(-32600)),
+        "{reply}"
+    );
+
+    let reply = raw
+        .exchange(
+            json!({"jsonrpc": "2.0", "id": 22, "method": "tools/call",
+               "params": {"name": "calculate", "arguments": {"expression": "2+2"}}})
+            .to_string(),
+        )
+        .await;
+    assert_eq!(reply["id"], json!(22));
+    assert!(
+        reply["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains('4')),
+        "{reply}"
+    );
+    drop(raw);
+    let _ = tokio::time::timeout(WAIT, child.wait()).await;
+}
+
+/// A `loadout mcp` child spoken to line by line.
+struct RawStdio {
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl RawStdio {
+    async fn send(&mut self, line: &str) {
+        use tokio::io::AsyncWriteExt;
+        self.stdin.write_all(line.as_bytes()).await.expect("write");
+        self.stdin.write_all(b"\n").await.expect("write");
+    }
+
+    /// Sends a line and reads the next reply.
+    async fn exchange(&mut self, line: String) -> Value {
+        self.send(&line).await;
+        let reply = tokio::time::timeout(WAIT, self.stdout.next_line())
+            .await
+            .expect("a reply in time")
+            .expect("read")
+            .expect("a line");
+        serde_json::from_str(&reply).expect("a JSON reply")
+    }
+}
+
+/// `loadout mcp --http` with its stderr passed on; killed when dropped.
+struct HttpServer {
+    _child: tokio::process::Child,
+    /// `http://127.0.0.1:PORT/mcp`
+    url: String,
+}
+
+async fn start_http(data_dir: &Path, extra_args: &[&str]) -> HttpServer {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let mut args = vec!["--http", "127.0.0.1:0"];
+    args.extend_from_slice(extra_args);
+    let mut child = mcp_command(data_dir, &args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn loadout mcp --http");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let url = loop {
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .expect("an address in time")
+            .expect("read stderr")
+            .expect("loadout mcp --http printed no address");
+        eprintln!("{line}");
+        if let Some(at) = line.find("listening on ") {
+            break line[at + "listening on ".len()..].trim().to_owned();
+        }
+    };
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("{line}");
+        }
+    });
+    HttpServer { _child: child, url }
+}
+
+async fn connect_http(url: &str) -> Mcp {
+    // reqwest is built without a default TLS provider; building a client needs one
+    // even for plain HTTP.
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
+    let (tx, list_changed) = mpsc::unbounded_channel();
+    let service = tokio::time::timeout(WAIT, Client { list_changed: tx }.serve(transport))
+        .await
+        .expect("initialize in time")
+        .expect("initialize");
+    Mcp {
+        service,
+        list_changed,
+    }
+}
+
+/// One raw POST to an MCP endpoint: status, content type and body.
+async fn post(
+    url: &str,
+    session: Option<&str>,
+    body: &str,
+) -> (u16, String, String, Option<String>) {
+    let _already_installed = rustls::crypto::ring::default_provider().install_default();
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body.to_owned());
+    if let Some(session) = session {
+        request = request.header("mcp-session-id", session);
+    }
+    let response = tokio::time::timeout(WAIT, request.send())
+        .await
+        .expect("an answer in time")
+        .expect("POST");
+    let status = response.status().as_u16();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let content_type = header("content-type").unwrap_or_default();
+    let session = header("mcp-session-id");
+    let body = tokio::time::timeout(WAIT, response.text())
+        .await
+        .expect("a body in time")
+        .expect("body");
+    (status, content_type, body, session)
+}
+
+/// The JSON-RPC message answering `id` in a body (plain JSON, or an SSE stream).
+fn answer(body: &str, id: u64) -> Value {
+    std::iter::once(body)
+        .chain(body.lines().filter_map(|l| l.strip_prefix("data:")))
+        .filter_map(|text| serde_json::from_str::<Value>(text.trim()).ok())
+        .find(|message| message["id"] == json!(id))
+        .unwrap_or_else(|| panic!("no answer to {id} in {body}"))
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+
+/// Over HTTP: `/mcp` serves the server's view, `/mcp/domains/a,b` core and those
+/// domains, each with sessions of its own; an unknown domain is refused by name; a
+/// body that is no message gets a JSON-RPC error with status 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_endpoints_per_domain_set_and_json_rpc_errors() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let server = start_http(data.path(), &[]).await;
+    let every = connect_http(&server.url).await;
+    let all = every.tool_names().await;
+    assert!(all.contains(&"read_file".to_owned()) && all.contains(&"recall".to_owned()));
+
+    let memory_url = format!("{}/domains/memory", server.url);
+    let memory = connect_http(&memory_url).await;
+    let listed = memory.tool_names().await;
+    assert!(listed.contains(&"recall".to_owned()) && listed.contains(&"calculate".to_owned()));
+    assert!(!listed.contains(&"read_file".to_owned()), "{listed:?}");
+    let error = protocol_error(memory.call("read_file", json!({"path": "/x"})).await);
+    assert_eq!(error.code.0, -32602);
+    assert_eq!(
+        connect_http(&format!("{}/domains/%20memory,memory", server.url))
+            .await
+            .tool_names()
+            .await,
+        listed
+    );
+
+    let (status, content_type, body, _) = post(
+        &format!("{}/domains/memory,calendar", server.url),
+        None,
+        INITIALIZE,
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        content_type.starts_with("application/json"),
+        "{content_type}"
+    );
+    let body: Value = serde_json::from_str(&body).expect("JSON");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`calendar`")),
+        "{body}"
+    );
+    assert_eq!(body["error"]["data"]["unknown"], json!(["calendar"]));
+
+    // A session belongs to its endpoint.
+    let (status, _, _, session) = post(&server.url, None, INITIALIZE).await;
+    assert_eq!(status, 200);
+    let session = session.expect("a session id");
+    let (status, _, _, _) = post(
+        &server.url,
+        Some(&session),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
+    assert_eq!(status, 202);
+    let (status, _, body, _) = post(
+        &memory_url,
+        Some(&session),
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+
+    // Bad tools/call params in the session: -32602 naming the field.
+    for (id, params, field) in [
+        (3, "null", "params"),
+        (4, "{}", "name"),
+        (5, r#"{"name":5}"#, "name"),
+        (6, r#"{"name":"calculate","arguments":"1+1"}"#, "arguments"),
+    ] {
+        let (status, _, body, _) = post(
+            &server.url,
+            Some(&session),
+            &format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{params}}}"#),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let reply = answer(&body, id);
+        assert_eq!(reply["error"]["code"], json!(-32602), "{reply}");
+        assert_eq!(reply["error"]["data"]["field"], json!(field), "{reply}");
+    }
+
+    // Not JSON, and JSON that is no message.
+    for (body, code) in [("{bad", -32700), (r#"{"jsonrpc":"2.0","id":9}"#, -32600)] {
+        let (status, content_type, reply, _) = post(&server.url, Some(&session), body).await;
+        assert_eq!(status, 400, "{reply}");
+        assert!(
+            content_type.starts_with("application/json"),
+            "{content_type}"
+        );
+        let reply: Value = serde_json::from_str(&reply).expect("JSON");
+        assert_eq!(reply["error"]["code"], json!(code), "{reply}");
+        assert!(reply.get("id").is_some(), "{reply}");
+    }
+    every.close().await;
+    memory.close().await;
 }

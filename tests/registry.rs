@@ -85,7 +85,8 @@ async fn invalid_args_name_the_field_and_the_body_never_runs() {
             ToolError::InvalidArgs { field: Some(f), .. } => assert_eq!(f, field, "{args}"),
             other => panic!("expected InvalidArgs for {args}, got {other:?}"),
         }
-        assert_eq!(err.json_rpc_code(), Some(-32602));
+        // A tool result the model reads, not a protocol error (SEP-1303).
+        assert_eq!(err.json_rpc_code(), None);
     }
     assert_eq!(
         PROBE_RUNS.load(Ordering::SeqCst),
@@ -229,4 +230,97 @@ fn exported_definitions_match_the_golden_files() {
     insta::assert_json_snapshot!("definitions_mcp", export(loadout::export::mcp));
     insta::assert_json_snapshot!("definitions_openai", export(loadout::export::openai));
     insta::assert_json_snapshot!("definitions_anthropic", export(loadout::export::anthropic));
+}
+
+/// A backend with a protocol result of its own (an upstream MCP server's): `call`
+/// gets its plain value, `call_passthrough` its own result; both validate first, and
+/// a panic in either is contained.
+struct RemoteBackend;
+
+impl loadout::ExternalCall for RemoteBackend {
+    fn call(&self, tool: &str, args: serde_json::Value) -> loadout::CallFuture {
+        let tool = tool.to_owned();
+        Box::pin(async move {
+            if args["shape"] == json!("panic") {
+                panic!("remote backend panicked on purpose");
+            }
+            Ok(json!(format!(
+                "{tool}: a {}",
+                args["shape"].as_str().unwrap_or("?")
+            )))
+        })
+    }
+
+    fn call_raw(&self, _tool: &str, args: serde_json::Value) -> Option<loadout::CallFuture> {
+        Some(Box::pin(async move {
+            if args["shape"] == json!("panic") {
+                panic!("remote backend panicked on purpose");
+            }
+            Ok(json!({"content": [{"type": "image", "data": "AA==", "mimeType": "image/png"}]}))
+        }))
+    }
+}
+
+#[tokio::test]
+async fn a_passthrough_call_returns_the_backend_result_after_the_same_checks() {
+    let (_dir, linked, ctx) = context().await;
+    let domain = loadout::Domain {
+        name: "remote".into(),
+        description: "A remote drawing server.".into(),
+        settings_keys: Vec::new(),
+        keywords: Vec::new(),
+        tier: loadout::Tier::Free,
+        always_on: false,
+        conflicts: Vec::new(),
+        tools: Vec::new(),
+        origin: "test".into(),
+    };
+    let mut tool = linked.tool("probe").expect("probe").clone();
+    tool.name = "remote__draw".into();
+    tool.domain = "remote".into();
+    tool.input_schema = Arc::new(json!({
+        "type": "object",
+        "properties": {"shape": {"type": "string"}},
+        "required": ["shape"],
+    }));
+    tool.backend = loadout::Backend::External(Arc::new(RemoteBackend));
+    let registry = Registry::builder()
+        .domain(domain, vec![tool])
+        .build()
+        .expect("registry");
+    let args = json!({"shape": "dot"});
+
+    let plain = registry
+        .call("remote__draw", args.clone(), ctx.clone())
+        .await;
+    assert_eq!(plain.expect("value"), json!("remote__draw: a dot"));
+    let raw = registry
+        .call_passthrough("remote__draw", args, ctx.clone())
+        .await
+        .expect("raw");
+    assert!(
+        matches!(&raw, loadout::CallOutput::Raw(v) if v["content"][0]["type"] == json!("image")),
+        "{raw:?}"
+    );
+    // A native tool has no raw form: its value.
+    let native = Registry::from_inventory()
+        .expect("registry")
+        .call_passthrough("probe", json!({"count": 2}), ctx.clone())
+        .await
+        .expect("value");
+    assert_eq!(native, loadout::CallOutput::Value(json!(2)));
+
+    let err = registry
+        .call_passthrough("remote__draw", json!({"shape": 3}), ctx.clone())
+        .await
+        .expect_err("invalid");
+    assert!(
+        matches!(&err, ToolError::InvalidArgs { field: Some(f), .. } if f == "shape"),
+        "{err:?}"
+    );
+    let err = registry
+        .call_passthrough("remote__draw", json!({"shape": "panic"}), ctx)
+        .await
+        .expect_err("panicked");
+    assert!(matches!(err, ToolError::Panicked { .. }), "{err:?}");
 }

@@ -21,6 +21,10 @@ pub mod meta {
         UNLOAD_TOOLS,
         LOAD_ALL_FOR_THIS_TURN,
     ];
+    /// MCP only: runs any tool by name, for clients that list a few tools and reach
+    /// the rest through `search_tools`. The MCP server answers it; it is no registry
+    /// tool, so it is not in [`ALL`] and the router never offers it.
+    pub const CALL_TOOL: &str = "call_tool";
 }
 
 /// What a [`SessionControl`] method answers: a JSON result for the model, or a
@@ -31,8 +35,9 @@ pub type ControlFuture<'a> = Pin<Box<dyn Future<Output = Result<Value, String>> 
 /// (`search_tools`, `load_tools`, `unload_tools`, `load_all_for_this_turn`) change it.
 ///
 /// The server that runs the conversation implements it (the chat loop over the turn's
-/// routed session, `loadout mcp --dynamic` over one connection's tool list); tools reach
-/// it through [`ToolContext::session_control`]. A change is visible to the caller's next
+/// routed session); tools reach it through [`ToolContext::session_control`]. MCP has
+/// none: a connection's tool list is constant, and the MCP server answers
+/// `search_tools` itself. A change is visible to the caller's next
 /// model step within the same turn.
 pub trait SessionControl: Send + Sync {
     /// Tools matching `query` (at most `limit`): name, domain, hint, and whether each

@@ -77,10 +77,12 @@ pub enum ToolError {
 
 impl ToolError {
     /// The JSON-RPC error code a server should answer with, where the failure is a
-    /// protocol error rather than a tool result.
+    /// protocol error rather than a tool result: only a tool that does not exist.
+    /// Invalid arguments are a tool result with `isError` since MCP 2025-11-25
+    /// (SEP-1303), so that the model reads the message and retries.
     pub fn json_rpc_code(&self) -> Option<i32> {
         match self {
-            ToolError::InvalidArgs { .. } | ToolError::UnknownTool { .. } => Some(-32602),
+            ToolError::UnknownTool { .. } => Some(-32602),
             _ => None,
         }
     }

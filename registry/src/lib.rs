@@ -23,7 +23,7 @@ pub mod toolkit;
 pub use context::{ControlFuture, SessionControl, ToolContext, meta};
 pub use domain::{Domain, DomainEntry};
 pub use error::{RegistryError, ToolError};
-pub use registry::{Registry, RegistryBuilder};
+pub use registry::{CallOutput, Registry, RegistryBuilder};
 pub use settings::{Settings, is_secret_key, mask_secret, validate_setting_key};
 pub use storage::{BoxFuture, SettingsChange, Storage, StoreError};
 pub use tool::{Annotations, Backend, CallFuture, ExternalCall, Tier, Tool, ToolEntry};

@@ -235,6 +235,30 @@ impl Registry {
         args: Value,
         ctx: ToolContext,
     ) -> Result<Value, ToolError> {
+        match self.run(name, args, ctx, false).await? {
+            CallOutput::Value(value) | CallOutput::Raw(value) => Ok(value),
+        }
+    }
+
+    /// [`Registry::call`], except that a backend with a result of its own protocol
+    /// ([`ExternalCall::call_raw`](crate::ExternalCall::call_raw)) returns that
+    /// unflattened: what an MCP server passes on from an upstream MCP server.
+    pub async fn call_passthrough(
+        &self,
+        name: &str,
+        args: Value,
+        ctx: ToolContext,
+    ) -> Result<CallOutput, ToolError> {
+        self.run(name, args, ctx, true).await
+    }
+
+    async fn run(
+        &self,
+        name: &str,
+        args: Value,
+        ctx: ToolContext,
+        raw: bool,
+    ) -> Result<CallOutput, ToolError> {
         // Clients send `null` or nothing for tools without parameters.
         let args = if args.is_null() {
             Value::Object(Default::default())
@@ -260,23 +284,47 @@ impl Registry {
                 });
             }
         }
-        let future = match &tool.backend {
-            Backend::Native(call) => call(ctx, args),
-            Backend::External(external) => external.call(&tool.name, args),
+        let (future, is_raw) = match &tool.backend {
+            Backend::Native(call) => (call(ctx, args), false),
+            Backend::External(external) => {
+                match raw
+                    .then(|| external.call_raw(&tool.name, args.clone()))
+                    .flatten()
+                {
+                    Some(future) => (future, true),
+                    None => (external.call(&tool.name, args), false),
+                }
+            }
             Backend::None => {
                 return Err(ToolError::NoBackend {
                     name: tool.name.clone(),
                 });
             }
         };
-        match tokio::spawn(future).await {
-            Ok(result) => result,
-            Err(join_error) => Err(ToolError::Panicked {
-                name: tool.name.clone(),
-                message: panic_message(join_error),
-            }),
-        }
+        let value = match tokio::spawn(future).await {
+            Ok(result) => result?,
+            Err(join_error) => {
+                return Err(ToolError::Panicked {
+                    name: tool.name.clone(),
+                    message: panic_message(join_error),
+                });
+            }
+        };
+        Ok(if is_raw {
+            CallOutput::Raw(value)
+        } else {
+            CallOutput::Value(value)
+        })
     }
+}
+
+/// What [`Registry::call_passthrough`] returns.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallOutput {
+    /// A plain value: text or JSON.
+    Value(Value),
+    /// The backend's own protocol result (see `ExternalCall::call_raw`).
+    Raw(Value),
 }
 
 fn panic_message(error: tokio::task::JoinError) -> String {

@@ -93,7 +93,14 @@ impl std::fmt::Debug for Backend {
 
 /// A tool backend supplied at run time (e.g. a forwarded MCP call).
 pub trait ExternalCall: Send + Sync {
+    /// The result as a plain value (text, or JSON), what a model reads in chat.
     fn call(&self, tool: &str, args: serde_json::Value) -> CallFuture;
+    /// The result in the backend's own protocol, unflattened (for an upstream MCP
+    /// server, its `CallToolResult` as JSON, images and links included), for a server
+    /// that speaks the same protocol to pass on. `None`: the backend has no such form.
+    fn call_raw(&self, _tool: &str, _args: serde_json::Value) -> Option<CallFuture> {
+        None
+    }
 }
 
 /// A tool as the registry and router see it, whether it came from `#[tool]` or from a

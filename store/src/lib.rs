@@ -347,6 +347,15 @@ impl Store {
         dispatch!(self, s => s.domains_used_since(since_ms).await)
     }
 
+    /// Domains used by any session since `since_ms` with the time of their last use,
+    /// most recent first (ties by name): the warm domains, ranked.
+    pub async fn domains_used_since_by_recency(
+        &self,
+        since_ms: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        dispatch!(self, s => s.domains_used_since_by_recency(since_ms).await)
+    }
+
     /// What routing a session's next turn reads, in one round trip where the backend
     /// allows: its turn count, its domain states, the domains any session used since
     /// `warm_since_ms` and the tools called in its latest turn.

@@ -409,6 +409,22 @@ async fn sessions_router_state_and_decisions() {
             "{}",
             t.name
         );
+        // Ranked by their last use, newest first, then by name; the cutoff counts.
+        store.domain_used("calendar", 2_000).await.expect("used");
+        store.domain_used("files", 1_500).await.expect("used");
+        assert_eq!(
+            store
+                .domains_used_since_by_recency(1_500)
+                .await
+                .expect("ranked"),
+            [
+                ("calendar".to_owned(), 2_000),
+                ("weather".to_owned(), 2_000),
+                ("files".to_owned(), 1_500),
+            ],
+            "{}",
+            t.name
+        );
 
         let rows: Vec<DecisionRow> = (1..=3)
             .map(|turn| DecisionRow {

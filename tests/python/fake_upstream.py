@@ -3,7 +3,10 @@
 server in Loadout's tests.
 
 Tools: `echo(text)`; `grow()` adds a tool `extra` and sends
-`notifications/tools/list_changed`; `crash()` exits the process at once. Every start
+`notifications/tools/list_changed`; `crash()` exits the process at once; `draw()`
+answers with every kind of content block (image, audio, resource link, embedded
+resource, text with annotations) and structured content, as `DRAWING`, which
+tests compare with what Loadout passes on. Every start
 appends a line to the file named by FAKE_UPSTREAM_LOG, so tests can count restarts.
 """
 
@@ -31,6 +34,32 @@ TOOLS = {
         "description": "Exits the server process at once.",
         "inputSchema": {"type": "object", "properties": {}},
     },
+    "draw": {
+        "name": "draw",
+        "description": "Draws a one-pixel image and says so in every kind of content.",
+        "inputSchema": {"type": "object", "properties": {}},
+        "outputSchema": {
+            "type": "object",
+            "properties": {"width": {"type": "integer"}, "height": {"type": "integer"}},
+        },
+    },
+}
+# A 1x1 PNG.
+PIXEL = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+DRAWING = {
+    "content": [
+        {"type": "image", "data": PIXEL, "mimeType": "image/png"},
+        {"type": "audio", "data": "UklGRiQAAABXQVZFZm10IBAAAAABAAEAQB8AAEAfAAABAAgAZGF0YQAAAAA=",
+         "mimeType": "audio/wav"},
+        {"type": "resource_link", "uri": "file:///drawings/pixel.png", "name": "pixel.png",
+         "mimeType": "image/png", "description": "The drawing, as a file."},
+        {"type": "resource", "resource": {"uri": "file:///drawings/pixel.txt",
+                                          "mimeType": "text/plain", "text": "one black pixel"}},
+        {"type": "text", "text": "drew 1x1", "annotations": {"audience": ["user"], "priority": 0.5}},
+    ],
+    "structuredContent": {"width": 1, "height": 1},
 }
 EXTRA = {
     "name": "extra",
@@ -85,6 +114,8 @@ def main():
                 tools["extra"] = EXTRA
                 send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
                 result = {"content": [{"type": "text", "text": "grown"}]}
+            elif name == "draw":
+                result = DRAWING
             elif name == "extra" and "extra" in tools:
                 result = {"content": [{"type": "text", "text": "extra works"}]}
             else:

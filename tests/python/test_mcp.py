@@ -2,8 +2,11 @@
 
 Over stdio and over streamable HTTP, with the SDK's default negotiation (`auto`:
 `server/discover`, the 2026-07-28 protocol) and with the `initialize` handshake
-(`legacy`): list, call, invalid arguments, unknown tool, not configured →
-`set_setting` → works; dynamic mode over HTTP.
+(`legacy`): list, call, invalid arguments (a tool result naming the field), unknown
+tool, not configured → `set_setting` → works; dynamic mode (a constant list, tools
+found with `search_tools` and run with `call_tool`), `--max-tools`, `--domains` and
+`/mcp/domains/a,b`; an upstream server's image passed through; and, on raw pipes and
+HTTP requests (no SDK sends them), malformed input answered as JSON-RPC says.
 
 The binary comes from `LOADOUT_BIN` (default: `target/debug/loadout` in the repo):
 
@@ -16,8 +19,11 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -105,10 +111,10 @@ def test_list_call_errors_and_configuration(transport, mode, data_dir):
                 assert not result.is_error, text_of(result)
                 assert "42" in text_of(result)
 
-                with pytest.raises(MCPError) as invalid:
-                    await client.call_tool("calculate", {"expression": 12})
-                assert invalid.value.code == -32602
-                assert "`expression`" in invalid.value.error.message
+                # Invalid arguments: a result the model reads, naming the field (SEP-1303).
+                invalid = await client.call_tool("calculate", {"expression": 12})
+                assert invalid.is_error
+                assert "`expression`" in text_of(invalid)
 
                 with pytest.raises(MCPError) as unknown:
                     await client.call_tool("no_such_tool", {})
@@ -131,22 +137,191 @@ def test_list_call_errors_and_configuration(transport, mode, data_dir):
     asyncio.run(asyncio.wait_for(scenario(), 120))
 
 
+def structured(result) -> dict:
+    assert not result.is_error, text_of(result)
+    return result.structured_content or json.loads(text_of(result))
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_dynamic_mode_loads_tools(transport, data_dir):
+def test_dynamic_mode_reaches_every_tool_without_relisting(transport, mode, data_dir):
+    """A client that lists once (as claude.ai and Claude Desktop do) finds a tool with
+    search_tools and runs it with call_tool; the list is the same before and after."""
+
     async def scenario():
         with server_target(transport, data_dir, "--dynamic") as target:
+            async with Client(target, mode=mode, read_timeout_seconds=TIMEOUT) as client:
+                before = [t.name for t in (await client.list_tools()).tools]
+                assert before[:2] == ["search_tools", "call_tool"], before
+                assert "calculate" in before and "read_file" not in before
+                assert "load_tools" not in before
+                assert "call_tool" in (client.instructions or "")
+
+                found = structured(
+                    await client.call_tool("search_tools", {"query": "remember a fact about me"})
+                )
+                hit = next(r for r in found["results"] if r["name"] == "remember")
+                assert hit["inputSchema"]["properties"]["content"]["type"] == "string"
+                assert hit["configured"] is True and hit["needs_settings"] == []
+
+                stored = await client.call_tool(
+                    "call_tool",
+                    {"name": "remember", "arguments": {"content": "Mina likes window seats"}},
+                )
+                assert not stored.is_error, text_of(stored)
+                recalled = await client.call_tool(
+                    "call_tool", {"name": "recall", "arguments": {"query": "window seats"}}
+                )
+                assert "Mina" in text_of(recalled)
+
+                bad = await client.call_tool(
+                    "call_tool", {"name": "calculate", "arguments": {"expression": 12}}
+                )
+                assert bad.is_error and "`expression`" in text_of(bad)
+                unknown = await client.call_tool("call_tool", {"name": "no_such_tool"})
+                assert unknown.is_error and "search_tools" in text_of(unknown)
+
+                after = [t.name for t in (await client.list_tools(cache_mode="refresh")).tools]
+                assert after == before
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_max_tools_and_domains_hold(transport, data_dir):
+    async def names(*extra):
+        with server_target(transport, data_dir, *extra) as target:
             async with Client(target, read_timeout_seconds=TIMEOUT) as client:
+                return [t.name for t in (await client.list_tools()).tools]
+
+    async def scenario():
+        every = await names()
+        assert "search_tools" not in every and "call_tool" not in every
+        assert await names("--max-tools", "1000") == every
+        limited = await names("--max-tools", "12")
+        assert len(limited) <= 12 and limited[:2] == ["search_tools", "call_tool"]
+        memory = await names("--domains", "memory")
+        assert "recall" in memory and "calculate" in memory
+        assert "read_file" not in memory and "create_table" not in memory
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_a_domain_set_endpoint_over_http(data_dir):
+    async def scenario():
+        with http_server(data_dir) as url:
+            async with Client(f"{url}/domains/memory", read_timeout_seconds=TIMEOUT) as client:
                 names = {t.name for t in (await client.list_tools()).tools}
-                assert {"search_tools", "load_tools", "unload_tools", "calculate"} <= names
-                assert "read_file" not in names
+                assert "recall" in names and "read_file" not in names
+                with pytest.raises(MCPError) as unknown:
+                    await client.call_tool("read_file", {"path": "/x"})
+                assert unknown.value.code == -32602
+            status, body = post(f"{url}/domains/memory,calendar", INITIALIZE)
+            assert status == 404
+            assert "`calendar`" in body["error"]["message"], body
 
-                found = await client.call_tool("search_tools", {"query": "read a file"})
-                assert "read_file" in text_of(found)
+    asyncio.run(asyncio.wait_for(scenario(), 120))
 
-                loaded = await client.call_tool("load_tools", {"names": ["filesystem"]})
-                assert not loaded.is_error, text_of(loaded)
-                names = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
-                assert "read_file" in names
+
+INITIALIZE = json.dumps(
+    {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        },
+    }
+)
+
+
+def post(url: str, body: str):
+    """One raw POST: status and JSON body."""
+    request = urllib.request.Request(
+        url,
+        data=body.encode(),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        assert error.headers.get("content-type", "").startswith("application/json")
+        return error.code, json.loads(error.read())
+
+
+def test_malformed_input_gets_json_rpc_errors(data_dir):
+    # HTTP: 400 with a JSON-RPC error, id null when unknown.
+    with http_server(data_dir) as url:
+        status, body = post(url, "{bad")
+        assert (status, body["error"]["code"], body["id"]) == (400, -32700, None), body
+        status, body = post(url, '{"jsonrpc":"2.0","id":5}')
+        assert (status, body["error"]["code"], body["id"]) == (400, -32600, 5), body
+
+    # stdio: a reply line for each bad line, the server still serving.
+    env = dict(os.environ, LOADOUT_DATA_DIR=data_dir)
+    env.pop("LOADOUT_DATABASE_URL", None)
+    process = subprocess.Popen(
+        [BIN, "mcp"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+
+        def exchange(line: str) -> dict:
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
+            return json.loads(process.stdout.readline())
+
+        reply = exchange("{bad")
+        assert (reply["error"]["code"], reply["id"]) == (-32700, None), reply
+        assert "result" in exchange(INITIALIZE)
+        process.stdin.write('{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        for i, params in enumerate(
+            [None, {}, {"name": 5}, {"name": "calculate", "arguments": "1+1"}]
+        ):
+            reply = exchange(
+                json.dumps({"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call", "params": params})
+            )
+            assert (reply["id"], reply["error"]["code"]) == (10 + i, -32602), reply
+        huge = '{"jsonrpc":"2.0","id":30,"method":"ping","params":{"x":"' + "y" * (17 << 20) + '"}}'
+        reply = exchange(huge)
+        assert (reply["id"], reply["error"]["code"]) == (30, -32600), reply
+        reply = exchange('{"jsonrpc":"2.0","id":31,"method":"ping"}')
+        assert reply == {"jsonrpc": "2.0", "id": 31, "result": {}}
+    finally:
+        process.stdin.close()
+        process.wait(timeout=10)
+
+
+def test_an_upstream_image_passes_through(data_dir):
+    """The fake upstream's `draw` answers with an image, audio, a resource link, an
+    embedded resource and structured content: the client gets them as sent."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import fake_upstream
+
+    Path(data_dir, "loadout.toml").write_text(
+        "[servers.fake]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        f"args = [{json.dumps(str(Path(__file__).parent / 'fake_upstream.py'))}]\n"
+    )
+
+    async def scenario():
+        with server_target("stdio", data_dir, "--dynamic") as target:
+            async with Client(target, read_timeout_seconds=TIMEOUT) as client:
+                for name, args in [("fake__draw", {}), ("call_tool", {"name": "fake__draw"})]:
+                    result = await client.call_tool(name, args)
+                    assert not result.is_error, text_of(result)
+                    content = [
+                        c.model_dump(mode="json", by_alias=True, exclude_none=True)
+                        for c in result.content
+                    ]
+                    assert content == fake_upstream.DRAWING["content"]
+                    assert result.structured_content == fake_upstream.DRAWING["structuredContent"]
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
 
@@ -170,7 +345,6 @@ def test_real_upstream_server_becomes_a_domain(data_dir):
     """`mcp-server-time` (installed by name from the package index) as an upstream:
     its tools are imported under `time__*`, validated and forwarded."""
     pytest.importorskip("mcp_server_time")
-    import sys
 
     Path(data_dir, "loadout.toml").write_text(
         "[servers.time]\n"
@@ -189,8 +363,7 @@ def test_real_upstream_server_becomes_a_domain(data_dir):
                 )
                 assert not result.is_error, text_of(result)
                 assert "Asia/Seoul" in text_of(result)
-                with pytest.raises(MCPError) as invalid:
-                    await client.call_tool("time__get_current_time", {"timezone": 9})
-                assert invalid.value.code == -32602
+                invalid = await client.call_tool("time__get_current_time", {"timezone": 9})
+                assert invalid.is_error and "`timezone`" in text_of(invalid)
 
     asyncio.run(asyncio.wait_for(scenario(), 120))

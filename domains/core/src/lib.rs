@@ -7,8 +7,9 @@
 //! The router's meta-tools (`search_tools`, `load_tools`, `unload_tools`,
 //! `load_all_for_this_turn`) are core tools too: they tell the model how to reach tools
 //! that were not sent. They act through [`loadout::SessionControl`], which the server
-//! running the conversation attaches to the call's context; without one (CLI, plain
-//! MCP) they answer that every tool is already available.
+//! running the conversation attaches to the call's context; without one (CLI) they
+//! answer that every tool is already available. The MCP server answers `search_tools`
+//! itself and serves none of the others (its tool list is constant).
 
 mod expression;
 

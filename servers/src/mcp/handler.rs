@@ -1,25 +1,27 @@
-//! The MCP `ServerHandler`: tools/list from the catalog, tools/call through
-//! [`Registry::call`](loadout::Registry::call), one audit row per call.
+//! The MCP `ServerHandler`: tools/list is the connection's view ([`super::view`]),
+//! tools/call goes through [`Registry::call_passthrough`](loadout::Registry::call_passthrough),
+//! one audit row per call under the name of the tool that ran.
 //!
-//! Error mapping, the one place it is decided: invalid arguments and unknown tools
-//! are JSON-RPC errors (-32602) naming the field or the tool; everything else that
-//! goes wrong once the call is routed (not configured, execution failure, panic, no
-//! backend, storage) is a tool result with `isError: true` carrying the message, so
-//! the model reads it.
+//! Error mapping, the one place it is decided: a tool that does not exist is a
+//! JSON-RPC error (-32602) naming it, and so are `tools/call` params that are not an
+//! object with a string `name`. Everything that goes wrong once a tool is found
+//! (invalid arguments, not configured, execution failure, panic, no backend,
+//! storage) is a tool result with `isError: true` carrying the message, so that the
+//! model reads it and retries (SEP-1303). Inside `call_tool`, an unknown name is an
+//! argument of `call_tool`, so a tool result too.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use loadout::settings::mask_json_secrets;
-use loadout::{ToolContext, ToolError};
+use loadout::{CallOutput, ToolContext, ToolError};
 use loadout_store::{AuditRow, now_ms};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
-    SubscriptionFilter, Tool as McpTool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest,
+    CustomResult, ErrorCode, Implementation, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool as McpTool,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext, SubscriptionSink};
 use rmcp::{ErrorData as McpError, Peer, RoleServer, ServerHandler};
@@ -27,42 +29,133 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::catalog::Catalog;
-use super::dynamic;
+use super::jsonrpc;
+use super::meta;
+use super::view::{View, ViewState};
 use crate::app::App;
 use crate::log_writer::AuditWriter;
 
 /// Longest argument JSON kept whole in the audit log; longer ones are cut.
 const MAX_AUDIT_ARGS_BYTES: usize = 8 * 1024;
+/// A domain's use is written to the store at most this often (the warm rule only
+/// needs the day it was last used).
+const DOMAIN_USE_WRITE_INTERVAL_MS: i64 = 5 * 60 * 1000;
+const DOMAIN_USE_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// State every connection shares.
 pub struct Shared {
     pub app: App,
+    /// Every tool: linked, toolkit and upstream domains.
     pub catalog: watch::Sender<Arc<Catalog>>,
+    /// The domains used in the warm window, most recently used first: read when the
+    /// server starts and when its tools or config change, never per request, so
+    /// that a list with `--max-tools` does not change as a side effect of calls.
+    pub warm: watch::Sender<Arc<[String]>>,
     pub audit: AuditWriter,
-    pub dynamic: bool,
+    views: Mutex<HashMap<View, Arc<ViewState>>>,
+    /// When each domain's use was last written to the store.
+    domain_use_written: Mutex<HashMap<String, i64>>,
 }
 
 impl Shared {
+    pub fn new(app: App, catalog: Arc<Catalog>, warm: Arc<[String]>, audit: AuditWriter) -> Shared {
+        Shared {
+            app,
+            catalog: watch::Sender::new(catalog),
+            warm: watch::Sender::new(warm),
+            audit,
+            views: Mutex::new(HashMap::new()),
+            domain_use_written: Mutex::new(HashMap::new()),
+        }
+    }
+
     pub fn catalog(&self) -> Arc<Catalog> {
         self.catalog.borrow().clone()
     }
+
+    /// The view's state for the catalog and warm domains in force, built once for
+    /// each of them.
+    pub fn view_state(&self, view: &View) -> Result<Arc<ViewState>, McpError> {
+        let base = self.catalog();
+        let warm = self.warm.borrow().clone();
+        let mut views = lock(&self.views);
+        let old = views.get(view);
+        if let Some(state) = old.filter(|s| s.is_built_from(&base, &warm)) {
+            return Ok(state.clone());
+        }
+        let state = ViewState::build(view, &base, &warm, old.map(|s| &**s))
+            .map(Arc::new)
+            .map_err(|e| McpError::internal_error(format!("tool list: {e}"), None))?;
+        views.insert(view.clone(), state.clone());
+        Ok(state)
+    }
+
+    /// Reads the warm domains again; connections whose list changes are told.
+    pub async fn refresh_warm(&self) {
+        let warm = read_warm(&self.app).await;
+        self.warm.send_if_modified(|current| {
+            let changed = **current != *warm;
+            if changed {
+                *current = warm;
+            }
+            changed
+        });
+    }
+
+    /// Records that a tool's domain was used, for the warm rule (chat's, and this
+    /// server's next start), at most every few minutes per domain. Waited for, but
+    /// not long: a store that does not answer costs the call a second at most.
+    async fn note_domain_use(&self, catalog: &Catalog, tool: &str) {
+        let Some(domain) = catalog
+            .registry
+            .tool(tool)
+            .and_then(|t| catalog.registry.domain(&t.domain))
+            .filter(|d| !d.always_on)
+        else {
+            return;
+        };
+        let now = now_ms();
+        {
+            let mut written = lock(&self.domain_use_written);
+            match written.get(&domain.name) {
+                Some(&at) if now - at < DOMAIN_USE_WRITE_INTERVAL_MS => return,
+                _ => written.insert(domain.name.clone(), now),
+            };
+        }
+        let write = self.app.store().domain_used(&domain.name, now);
+        match tokio::time::timeout(DOMAIN_USE_WRITE_TIMEOUT, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("use of domain `{}` not recorded: {e}", domain.name),
+            Err(_) => tracing::warn!("use of domain `{}` not recorded in time", domain.name),
+        }
+    }
 }
 
-/// One MCP connection (a stdio process, an HTTP session, or one stateless request).
+/// The domains used in the warm window, most recently used first; none when the
+/// store cannot say (the list is then core and the meta-tools, which still reach all).
+pub async fn read_warm(app: &App) -> Arc<[String]> {
+    let since = now_ms() - crate::routing::WARM_WINDOW_MS;
+    match app.store().domains_used_since_by_recency(since).await {
+        Ok(domains) => domains.into_iter().map(|(domain, _)| domain).collect(),
+        Err(e) => {
+            tracing::warn!("warm domains unknown: {e}");
+            Arc::from([])
+        }
+    }
+}
+
+/// One MCP connection (a stdio process, an HTTP session, or one stateless request)
+/// to one view.
 #[derive(Clone)]
 pub struct McpHandler {
     shared: Arc<Shared>,
+    view: Arc<View>,
     connection: Arc<Connection>,
-    /// Serve only protocol versions with sessions: dynamic mode over HTTP keeps its
-    /// loaded tools per session, which stateless (2026-07-28) requests do not have.
-    sessions_only: bool,
 }
 
 /// Per-connection state. Dropped with the last handler clone, which also ends the
-/// task that forwards catalog changes.
+/// task that forwards list changes.
 struct Connection {
-    /// Tools loaded with `load_tools` (dynamic mode).
-    loaded: Mutex<BTreeSet<String>>,
     /// The client of a session-based connection, kept from `notifications/initialized`.
     peer: Mutex<Option<Peer<RoleServer>>>,
     /// Open `subscriptions/listen` streams (2026-07-28 clients).
@@ -72,51 +165,28 @@ struct Connection {
 }
 
 impl McpHandler {
-    pub fn new(shared: Arc<Shared>, sessions_only: bool) -> McpHandler {
+    /// Cheap and spawns nothing: the HTTP service makes one per stateless request.
+    pub fn new(shared: Arc<Shared>, view: Arc<View>) -> McpHandler {
         McpHandler {
             shared,
+            view,
             connection: Arc::new(Connection {
-                loaded: Mutex::new(BTreeSet::new()),
                 peer: Mutex::new(None),
                 sinks: Mutex::new(Vec::new()),
                 watching_catalog: AtomicBool::new(false),
                 alive: watch::Sender::new(()),
             }),
-            sessions_only,
         }
     }
 
-    /// What this connection lists: everything, or in dynamic mode core, the
-    /// meta-tools and what was loaded.
-    fn listed_tools(&self, catalog: &Catalog) -> Vec<McpTool> {
-        let dynamic_mode = self.shared.dynamic;
-        let loaded = lock(&self.connection.loaded);
-        catalog
-            .tools
-            .iter()
-            .filter(|t| dynamic::is_listed_meta(&t.name, dynamic_mode))
-            .filter(|t| {
-                !dynamic_mode
-                    || dynamic::is_core(&catalog.registry, &t.name)
-                    || loaded.contains(&*t.name)
-            })
-            .cloned()
-            .collect()
-    }
-
-    fn is_listed(&self, catalog: &Catalog, name: &str) -> bool {
-        !self.shared.dynamic
-            || dynamic::is_core(&catalog.registry, name)
-            || lock(&self.connection.loaded).contains(name)
+    fn state(&self) -> Result<Arc<ViewState>, McpError> {
+        self.shared.view_state(&self.view)
     }
 
     /// Sends `notifications/tools/list_changed` to this connection's client, on
     /// whichever channel it has: its session, or its `subscriptions/listen` streams.
-    async fn notify_tools_changed(&self, request_peer: Option<&Peer<RoleServer>>) {
-        let peer = lock(&self.connection.peer).clone().or_else(|| {
-            // A session whose `initialized` notification has not been seen yet.
-            request_peer.filter(|p| p.peer_info().is_some()).cloned()
-        });
+    async fn notify_tools_changed(&self) {
+        let peer = lock(&self.connection.peer).clone();
         if let Some(peer) = peer
             && let Err(e) = peer.notify_tool_list_changed().await
         {
@@ -130,8 +200,8 @@ impl McpHandler {
         }
     }
 
-    /// Forwards catalog changes (an upstream server's new tool list) to this
-    /// connection's client, once per connection, for as long as it lives.
+    /// Tells this connection's client when its list changes (an upstream server's
+    /// new tools, a reload), once per connection, for as long as it lives.
     fn watch_catalog(&self) {
         if self
             .connection
@@ -140,15 +210,18 @@ impl McpHandler {
         {
             return;
         }
-        let mut changes = self.shared.catalog.subscribe();
+        let mut catalog = self.shared.catalog.subscribe();
+        let mut warm = self.shared.warm.subscribe();
         let mut alive = self.connection.alive.subscribe();
         let shared = Arc::downgrade(&self.shared);
         let connection: Weak<Connection> = Arc::downgrade(&self.connection);
-        let sessions_only = self.sessions_only;
+        let view = self.view.clone();
+        let mut listed = self.state().map(|s| s.listed_names()).unwrap_or_default();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    changed = changes.changed() => if changed.is_err() { break },
+                    changed = catalog.changed() => if changed.is_err() { break },
+                    changed = warm.changed() => if changed.is_err() { break },
                     // Err: the connection was dropped.
                     _ = alive.changed() => break,
                 }
@@ -158,136 +231,99 @@ impl McpHandler {
                 };
                 let handler = McpHandler {
                     shared,
+                    view: view.clone(),
                     connection,
-                    sessions_only,
                 };
-                handler.notify_tools_changed(None).await;
+                let Ok(state) = handler.state() else {
+                    continue;
+                };
+                let now = state.listed_names();
+                if now != listed {
+                    listed = now;
+                    handler.notify_tools_changed().await;
+                }
             }
         });
     }
 
-    async fn call_meta_tool(
+    /// Runs one tool of the view, as a direct tools/call or through `call_tool`, and
+    /// writes its audit row under its own name.
+    async fn run(
         &self,
+        state: &ViewState,
         name: &str,
-        args: &Value,
-        catalog: &Catalog,
-        request_peer: &Peer<RoleServer>,
+        args: Value,
+        client: &str,
+        started: Instant,
     ) -> Result<CallToolResult, McpError> {
-        let registry = &catalog.registry;
-        match name {
-            dynamic::SEARCH_TOOLS => {
-                let search = dynamic::parse_search_args(args)?;
-                let loaded = lock(&self.connection.loaded).clone();
-                // The first search builds the ranking; its dense stage follows in the
-                // background (lexical until then), from the data dir's vector cache.
-                let app = &self.shared.app;
-                let attach = |router: &Arc<loadout_router::Router>| {
-                    let (app, router) = (app.clone(), router.clone());
-                    tokio::spawn(async move { app.attach_dense_stage_to(router).await });
-                };
-                let results: Vec<Value> = catalog
-                    .search(&search.query, search.limit, &app.config().router, attach)
-                    .into_iter()
-                    .map(|hit| {
-                        let listed = dynamic::is_core(registry, &hit.name)
-                            || loaded.contains(hit.name.as_str());
-                        let mut result = hit.to_json();
-                        result["loaded"] = json!(listed);
-                        result
-                    })
-                    .collect();
-                let note = if results.is_empty() {
-                    "No tool matched; try other words."
-                } else {
-                    "Load tools with load_tools (tool or domain names); they are then in your tool list."
-                };
-                Ok(success(json!({"results": results, "note": note})))
-            }
-            dynamic::LOAD_TOOLS => {
-                let names = dynamic::parse_names(args)?;
-                let (tools, unknown) = dynamic::resolve_names(registry, &names);
-                if tools.is_empty() {
-                    return Ok(tool_error(format!(
-                        "unknown tool or domain: {}; search_tools finds names",
-                        unknown.join(", ")
-                    )));
-                }
-                let newly_loaded: Vec<String> = {
-                    let mut loaded = lock(&self.connection.loaded);
-                    tools
-                        .iter()
-                        .filter(|t| !dynamic::is_core(registry, t))
-                        .filter(|t| loaded.insert((*t).clone()))
-                        .cloned()
-                        .collect()
-                };
-                if !newly_loaded.is_empty() {
-                    self.notify_tools_changed(Some(request_peer)).await;
-                }
-                let needs_settings = self.missing_settings(catalog, &tools).await;
-                let mut result = json!({
-                    "loaded": newly_loaded,
-                    "listed": tools,
-                });
-                if !unknown.is_empty() {
-                    result["unknown"] = json!(unknown);
-                }
-                if !needs_settings.is_empty() {
-                    result["needs_settings"] = json!(needs_settings);
-                    result["note"] = json!(
-                        "Some domains are not configured: set the keys listed (the set_setting tool does it) before calling their tools."
-                    );
-                }
-                Ok(success(result))
-            }
-            dynamic::UNLOAD_TOOLS => {
-                let names = dynamic::parse_names(args)?;
-                let (tools, unknown) = dynamic::resolve_names(registry, &names);
-                let unloaded: Vec<String> = {
-                    let mut loaded = lock(&self.connection.loaded);
-                    tools
-                        .iter()
-                        .filter(|t| loaded.remove(*t))
-                        .cloned()
-                        .collect()
-                };
-                if !unloaded.is_empty() {
-                    self.notify_tools_changed(Some(request_peer)).await;
-                }
-                let mut result = json!({"unloaded": unloaded});
-                if !unknown.is_empty() {
-                    result["unknown"] = json!(unknown);
-                }
-                Ok(success(result))
-            }
-            other => Err(McpError::invalid_params(
-                format!("unknown tool `{other}`"),
-                Some(json!({"tool": other})),
-            )),
+        let (response, record) = if name == meta::SEARCH_TOOLS {
+            let result = self.search(state, &args).await;
+            let record = CallRecord::of(&result, "invalid_args");
+            (Ok(result), record)
+        } else {
+            let registry = &state.catalog.registry;
+            let ctx = ToolContext::new(registry.clone(), self.shared.app.settings.clone())
+                .with_client(client.to_owned());
+            let result = registry.call_passthrough(name, args.clone(), ctx).await;
+            map_result(name, result, state.complete)
+        };
+        if record.outcome == "ok" {
+            self.shared.note_domain_use(&state.catalog, name).await;
         }
+        self.audit(client, name, &args, &record, started).await;
+        response
     }
 
-    /// Domains among `tools` that still need settings, with the keys.
-    async fn missing_settings(
-        &self,
-        catalog: &Catalog,
-        tools: &BTreeSet<String>,
-    ) -> BTreeMap<String, Vec<String>> {
-        let Ok(settings) = self.shared.app.settings.snapshot().await else {
-            return BTreeMap::new();
+    /// `search_tools`: every tool of the view ranked by the router, with the full
+    /// definition a client needs to call it.
+    async fn search(&self, state: &ViewState, args: &Value) -> CallToolResult {
+        let search = match meta::parse_search_args(args) {
+            Ok(search) => search,
+            Err(result) => return result,
         };
-        let domains: BTreeSet<&str> = tools
+        // The first search builds the ranking; its dense stage follows in the
+        // background (lexical until then), from the data dir's vector cache.
+        let app = &self.shared.app;
+        let attach = |router: &Arc<loadout_router::Router>| {
+            let (app, router) = (app.clone(), router.clone());
+            tokio::spawn(async move { app.attach_dense_stage_to(router).await });
+        };
+        let catalog = &state.catalog;
+        let hits = catalog.search(&search.query, search.limit, &app.config().router, attach);
+        // One read for every hit; without it the answer leaves configuration out.
+        let settings = app.settings.snapshot().await.ok();
+        let listed: HashSet<&str> = state.listed.iter().map(|t| &*t.name).collect();
+        let results: Vec<Value> = hits
             .iter()
-            .filter_map(|t| catalog.registry.tool(t))
-            .map(|t| t.domain.as_str())
-            .collect();
-        domains
-            .into_iter()
-            .filter_map(|d| {
-                let missing = catalog.registry.missing_settings(d, &settings);
-                (!missing.is_empty()).then(|| (d.to_owned(), missing))
+            .filter_map(|hit| {
+                let tool = catalog.mcp_tool(&hit.name)?;
+                let mut result = json!({
+                    "name": hit.name,
+                    "domain": hit.domain,
+                    "description": tool.description,
+                    "inputSchema": tool.input_schema,
+                    "listed": listed.contains(hit.name.as_str()),
+                });
+                if let Some(title) = &tool.title {
+                    result["title"] = json!(title);
+                }
+                if let Some(annotations) = &tool.annotations {
+                    result["annotations"] = json!(annotations);
+                }
+                if let Some(settings) = &settings {
+                    let missing = catalog.registry.missing_settings(&hit.domain, settings);
+                    result["configured"] = json!(missing.is_empty());
+                    result["needs_settings"] = json!(missing);
+                }
+                Some(result)
             })
-            .collect()
+            .collect();
+        let note = if results.is_empty() {
+            "No tool matched; try other words."
+        } else {
+            "Run one with call_tool {\"name\": ..., \"arguments\": {...}} (a listed one can also be called directly). A domain that is not configured needs its settings first (set_setting)."
+        };
+        success(json!({"results": results, "note": note}))
     }
 
     async fn audit(
@@ -319,31 +355,42 @@ struct CallRecord {
     detail: Option<String>,
 }
 
+impl CallRecord {
+    fn ok() -> CallRecord {
+        CallRecord {
+            outcome: "ok".into(),
+            detail: None,
+        }
+    }
+
+    /// A result's record: `ok`, or `outcome` with its message.
+    fn of(result: &CallToolResult, outcome: &str) -> CallRecord {
+        if result.is_error == Some(true) {
+            CallRecord {
+                outcome: outcome.into(),
+                detail: first_text(result),
+            }
+        } else {
+            CallRecord::ok()
+        }
+    }
+}
+
 impl ServerHandler for McpHandler {
+    #[allow(deprecated)] // SEP-2577 deprecates logging; clients still call logging/setLevel.
     fn get_info(&self) -> ServerConfig {
         let mut config = ServerConfig::new(
             ServerCapabilities::builder()
+                .enable_logging()
                 .enable_tools()
                 .enable_tool_list_changed()
                 .build(),
         )
         .with_server_info(Implementation::new("loadout", env!("CARGO_PKG_VERSION")));
-        if self.shared.dynamic {
-            config = config.with_instructions(
-                "Only core tools are listed at first. Call search_tools to find a tool for a task, then load_tools with its name or domain; the tool list then includes it. unload_tools keeps the list short.",
-            );
+        if let Some(instructions) = self.state().ok().and_then(|s| s.instructions()) {
+            config = config.with_instructions(instructions);
         }
         config
-    }
-
-    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        if self.sessions_only {
-            Cow::Borrowed(ProtocolVersion::known_up_to(
-                &ProtocolVersion::LATEST_WITH_INITIALIZE,
-            ))
-        } else {
-            Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
-        }
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
@@ -368,18 +415,28 @@ impl ServerHandler for McpHandler {
         Ok(())
     }
 
+    /// Loadout sends no log messages, so every level is honoured as it is.
+    #[allow(deprecated)] // SEP-2577, as above.
+    async fn set_level(
+        &self,
+        _request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        Ok(())
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let catalog = self.shared.catalog();
-        Ok(ListToolsResult::with_all_items(self.listed_tools(&catalog)))
+        Ok(ListToolsResult::with_all_items(
+            self.state()?.listed.clone(),
+        ))
     }
 
     fn get_tool(&self, name: &str) -> Option<McpTool> {
-        let catalog = self.shared.catalog();
-        catalog.mcp_tool(name).cloned()
+        self.state().ok()?.definition(name).cloned()
     }
 
     async fn call_tool(
@@ -389,93 +446,150 @@ impl ServerHandler for McpHandler {
     ) -> Result<CallToolResponse, McpError> {
         let started = Instant::now();
         let client = client_name(&context);
+        let state = self.state()?;
         let name = request.name.to_string();
         let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
-        let catalog = self.shared.catalog();
-
-        let (response, record) = if self.shared.dynamic && dynamic::is_meta_tool(&name) {
-            let response = self
-                .call_meta_tool(&name, &args, &catalog, &context.peer)
-                .await;
-            let record = match &response {
-                Ok(result) if result.is_error == Some(true) => CallRecord {
-                    outcome: "execution".into(),
-                    detail: first_text(result),
-                },
-                Ok(_) => CallRecord {
-                    outcome: "ok".into(),
-                    detail: None,
-                },
-                Err(e) => CallRecord {
-                    outcome: "invalid_args".into(),
-                    detail: Some(e.message.to_string()),
-                },
-            };
-            (response, record)
-        } else if !self.is_listed(&catalog, &name) && catalog.registry.tool(&name).is_some() {
-            let message = format!(
-                "tool `{name}` is not loaded: call load_tools with [\"{name}\"] first, then call it"
-            );
-            let record = CallRecord {
-                outcome: "not_loaded".into(),
-                detail: Some(message.clone()),
-            };
-            (Ok(tool_error(message)), record)
-        } else {
-            let ctx = ToolContext::new(catalog.registry.clone(), self.shared.app.settings.clone())
-                .with_client(client.clone());
-            let result = catalog.registry.call(&name, args.clone(), ctx).await;
-            map_result(&name, result, self.shared.dynamic)
+        if name != meta::CALL_TOOL {
+            let result = self.run(&state, &name, args, &client, started).await?;
+            return Ok(result.into());
+        }
+        let (inner, inner_args) = match meta::parse_call_args(&args) {
+            Ok(parsed) => parsed,
+            Err(result) => {
+                let record = CallRecord::of(&result, "invalid_args");
+                self.audit(&client, &name, &args, &record, started).await;
+                return Ok(result.into());
+            }
         };
-        self.audit(&client, &name, &args, &record, started).await;
-        response.map(CallToolResponse::from)
+        let result = match self.run(&state, &inner, inner_args, &client, started).await {
+            // The name is `call_tool`'s argument: a mistake the model can fix.
+            Err(e) if e.code == ErrorCode::INVALID_PARAMS => tool_error(format!(
+                "call_tool: invalid arguments at `name`: {}",
+                e.message
+            )),
+            other => other?,
+        };
+        Ok(result.into())
     }
+
+    /// A request rmcp could not read as any request it knows, standard ones with bad
+    /// params included (they fall through to here): -32602 naming the field for
+    /// `tools/call` and the other standard methods, -32601 for unknown methods.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        Err(malformed_request(&request.method, request.params.as_ref()))
+    }
+}
+
+fn malformed_request(method: &str, params: Option<&Value>) -> McpError {
+    if method == "tools/call" {
+        let (field, problem) = match params {
+            None | Some(Value::Null) => ("params", "is required: an object with `name`"),
+            Some(params) if !params.is_object() => ("params", "must be an object"),
+            Some(params) => match (params.get("name"), params.get("arguments")) {
+                (None, _) => ("name", "is required"),
+                (Some(name), _) if !name.is_string() => ("name", "must be a string"),
+                (_, Some(args)) if !args.is_object() && !args.is_null() => {
+                    ("arguments", "must be an object")
+                }
+                _ => (
+                    "params",
+                    "do not match tools/call (`name`, `arguments`, `_meta`)",
+                ),
+            },
+        };
+        return McpError::invalid_params(
+            format!("invalid tools/call params at `{field}`: {problem}"),
+            Some(json!({"field": field})),
+        );
+    }
+    if jsonrpc::is_standard_request(method) {
+        return McpError::invalid_params(
+            format!("invalid params for `{method}`"),
+            Some(json!({"method": method})),
+        );
+    }
+    McpError::new(
+        ErrorCode::METHOD_NOT_FOUND,
+        format!("method not found: {method}"),
+        None,
+    )
 }
 
 /// Maps a registry call's result onto MCP, and what the audit log keeps of it.
 fn map_result(
     name: &str,
-    result: Result<Value, ToolError>,
-    dynamic: bool,
+    result: Result<CallOutput, ToolError>,
+    complete: bool,
 ) -> (Result<CallToolResult, McpError>, CallRecord) {
-    match result {
-        Ok(value) => (
-            Ok(success(value)),
-            CallRecord {
-                outcome: "ok".into(),
-                detail: None,
-            },
-        ),
-        Err(error) => {
-            let record = CallRecord {
-                outcome: error_kind(&error),
-                detail: Some(error.to_string()),
-            };
-            let response = match &error {
-                ToolError::InvalidArgs { field, .. } => Err(McpError::invalid_params(
-                    error.to_string(),
-                    Some(json!({"tool": name, "field": field})),
-                )),
-                ToolError::UnknownTool { name } => {
-                    let how = if dynamic {
-                        "search_tools finds tools by what they do"
-                    } else {
-                        "tools/list shows every tool"
-                    };
-                    Err(McpError::invalid_params(
-                        format!("unknown tool `{name}`: no tool has this name; {how}"),
-                        Some(json!({"tool": name})),
-                    ))
+    let error = match result {
+        Ok(CallOutput::Value(value)) => return (Ok(success(value)), CallRecord::ok()),
+        Ok(CallOutput::Raw(value)) => {
+            return match upstream_result(value) {
+                Ok(result) => {
+                    let record = CallRecord::of(&result, "execution");
+                    (Ok(result), record)
                 }
-                _ if error.json_rpc_code().is_some() => Err(McpError::invalid_params(
-                    error.to_string(),
-                    Some(json!({"tool": name})),
-                )),
-                _ => Ok(tool_error(error.to_string())),
+                Err(message) => {
+                    let record = CallRecord {
+                        outcome: "execution".into(),
+                        detail: Some(message.clone()),
+                    };
+                    (Ok(tool_error(message)), record)
+                }
             };
-            (response, record)
+        }
+        Err(error) => error,
+    };
+    let record = CallRecord {
+        outcome: error_kind(&error),
+        detail: Some(error.to_string()),
+    };
+    let response = match &error {
+        ToolError::UnknownTool { name } => {
+            let how = if meta::is_chat_only(name) {
+                "it changes a routed chat session's tools, and an MCP connection's list is constant: search_tools finds tools by what they do and call_tool runs them"
+            } else if complete {
+                "tools/list shows every tool"
+            } else {
+                "search_tools finds tools by what they do"
+            };
+            Err(McpError::invalid_params(
+                format!("unknown tool `{name}`: no tool has this name here; {how}"),
+                Some(json!({"tool": name})),
+            ))
+        }
+        ToolError::InvalidArgs { field, message } => Ok(tool_error(format!(
+            "invalid arguments for `{name}`{}: {message}",
+            field
+                .as_ref()
+                .map(|f| format!(" at `{f}`"))
+                .unwrap_or_default()
+        ))),
+        _ => Ok(tool_error(error.to_string())),
+    };
+    (response, record)
+}
+
+/// An upstream server's result as it sent it, for this server's client: its content
+/// blocks (images, audio, links, embedded resources), its structured content and its
+/// `isError` unchanged. Metadata of the protocol itself belonged to the upstream hop.
+fn upstream_result(value: Value) -> Result<CallToolResult, String> {
+    let mut result: CallToolResult = serde_json::from_value(value)
+        .map_err(|e| format!("the upstream server's result is not a tool result: {e}"))?;
+    result
+        .result_type
+        .get_or_insert(rmcp::model::ResultType::COMPLETE);
+    if let Some(meta) = &mut result.meta {
+        meta.retain(|key, _| !key.starts_with("io.modelcontextprotocol/"));
+        if meta.is_empty() {
+            result.meta = None;
         }
     }
+    Ok(result)
 }
 
 fn success(value: Value) -> CallToolResult {
@@ -495,9 +609,9 @@ fn tool_error(message: String) -> CallToolResult {
 fn first_text(result: &CallToolResult) -> Option<String> {
     result
         .content
-        .first()
-        .and_then(|c| c.as_text())
-        .map(|t| t.text.clone())
+        .iter()
+        .find_map(|c| c.as_text())
+        .map(|t| t.text.chars().take(1000).collect())
 }
 
 /// The `kind` tag of a tool error (`invalid_args`, `not_configured`, ...).
@@ -543,18 +657,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn errors_map_to_protocol_errors_or_tool_errors() {
+    fn only_an_unknown_tool_is_a_protocol_error() {
         let (response, record) = map_result(
             "calculate",
             Err(ToolError::InvalidArgs {
                 field: Some("expression".into()),
                 message: "expected a string".into(),
             }),
-            false,
+            true,
         );
-        let error = response.expect_err("protocol error");
-        assert_eq!(error.code.0, -32602);
-        assert!(error.message.contains("`expression`"));
+        let result = response.expect("a tool result the model reads");
+        assert_eq!(result.is_error, Some(true));
+        assert!(
+            first_text(&result)
+                .is_some_and(|t| t.contains("`calculate`") && t.contains("`expression`")),
+            "{result:?}"
+        );
         assert_eq!(record.outcome, "invalid_args");
 
         let (response, record) = map_result(
@@ -563,7 +681,7 @@ mod tests {
                 domain: "filesystem".into(),
                 missing: vec!["filesystem_roots".into()],
             }),
-            false,
+            true,
         );
         let result = response.expect("tool result");
         assert_eq!(result.is_error, Some(true));
@@ -576,9 +694,89 @@ mod tests {
                 name: "x".into(),
                 message: "boom".into(),
             }),
-            false,
+            true,
         );
         assert_eq!(response.expect("tool result").is_error, Some(true));
+
+        for (name, complete, says) in [
+            ("nope", true, "tools/list"),
+            ("nope", false, "search_tools"),
+            ("load_tools", false, "call_tool"),
+        ] {
+            let (response, record) = map_result(
+                name,
+                Err(ToolError::UnknownTool { name: name.into() }),
+                complete,
+            );
+            let error = response.expect_err("protocol error");
+            assert_eq!(error.code, ErrorCode::INVALID_PARAMS);
+            assert!(error.message.contains(says), "{}", error.message);
+            assert_eq!(record.outcome, "unknown_tool");
+        }
+    }
+
+    #[test]
+    fn an_upstream_result_passes_through_whole() {
+        let sent = json!({
+            "content": [
+                {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+                {"type": "audio", "data": "UklGRg==", "mimeType": "audio/wav"},
+                {"type": "resource_link", "uri": "file:///a.txt", "name": "a.txt", "mimeType": "text/plain"},
+                {"type": "resource", "resource": {"uri": "file:///b.txt", "text": "bee", "mimeType": "text/plain"}},
+                {"type": "text", "text": "done", "annotations": {"audience": ["user"]}}
+            ],
+            "structuredContent": {"width": 1, "height": 1},
+            "_meta": {"io.modelcontextprotocol/related-task": {"taskId": "t"}, "vendor/x": 1}
+        });
+        let (response, record) = map_result("up__draw", Ok(CallOutput::Raw(sent.clone())), false);
+        let result = response.expect("result");
+        assert_eq!(record.outcome, "ok");
+        let out = serde_json::to_value(&result).expect("JSON");
+        assert_eq!(out["content"], sent["content"]);
+        assert_eq!(out["structuredContent"], sent["structuredContent"]);
+        assert_eq!(out["_meta"], json!({"vendor/x": 1}));
+
+        let (response, record) = map_result(
+            "up__fail",
+            Ok(CallOutput::Raw(
+                json!({"content": [{"type": "text", "text": "no such city"}], "isError": true}),
+            )),
+            false,
+        );
+        assert_eq!(response.expect("result").is_error, Some(true));
+        assert_eq!(
+            (record.outcome.as_str(), record.detail.as_deref()),
+            ("execution", Some("no such city"))
+        );
+        let (response, _) = map_result("up__odd", Ok(CallOutput::Raw(json!({"x": 1}))), false);
+        assert_eq!(response.expect("result").is_error, Some(true));
+    }
+
+    #[test]
+    fn malformed_requests_name_what_is_wrong() {
+        let cases = [
+            (None, "`params`"),
+            (Some(json!({})), "`name`"),
+            (Some(json!({"name": 5})), "`name`"),
+            (
+                Some(json!({"name": "calculate", "arguments": "1+1"})),
+                "`arguments`",
+            ),
+            (Some(json!([1])), "`params`"),
+        ];
+        for (params, field) in cases {
+            let error = malformed_request("tools/call", params.as_ref());
+            assert_eq!(error.code, ErrorCode::INVALID_PARAMS);
+            assert!(error.message.contains(field), "{}", error.message);
+        }
+        assert_eq!(
+            malformed_request("tools/list", Some(&json!({"cursor": 5}))).code,
+            ErrorCode::INVALID_PARAMS
+        );
+        assert_eq!(
+            malformed_request("tools/frobnicate", None).code,
+            ErrorCode::METHOD_NOT_FOUND
+        );
     }
 
     #[test]

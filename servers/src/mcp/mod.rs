@@ -1,15 +1,21 @@
 //! `loadout mcp`: every registered tool over MCP (stdio or streamable HTTP).
 //!
-//! The tool list is built once from the registry (plus the tools of upstream MCP
-//! servers from `loadout.toml`), calls go through `Registry::call`, and every call is
-//! written to the audit log before its answer goes out. [`http_router`] is the same
-//! server as an axum router, for the chat server to mount at `/mcp`.
+//! The tools are the registry's (plus the tools of upstream MCP servers from
+//! `loadout.toml`); what a connection lists is its endpoint's view ([`view`]): every
+//! tool, or with `--dynamic` / `--max-tools` a constant few plus `search_tools` and
+//! `call_tool`, which reach the rest. Calls go through the registry, and every call
+//! is written to the audit log before its answer goes out. [`http_router`] is the
+//! same server as an axum router, for the chat server to mount at `/mcp`.
 
 mod auth;
 mod catalog;
-mod dynamic;
 mod handler;
+mod http;
+mod jsonrpc;
+mod meta;
+mod stdio;
 pub mod upstream;
+mod view;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,16 +26,15 @@ use std::time::Duration;
 use anyhow::Context as _;
 use loadout::Registry;
 use rmcp::ServiceExt;
-use rmcp::transport::StreamableHttpServerConfig;
-use rmcp::transport::StreamableHttpService;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use tokio::sync::{mpsc, watch};
 
 pub use auth::BearerToken;
 use catalog::Catalog;
 pub use handler::McpHandler;
 use handler::Shared;
+pub use http::http_router;
 use upstream::Upstreams;
+pub use view::View;
 
 use crate::app::App;
 use crate::log_writer::AuditWriter;
@@ -41,9 +46,20 @@ pub struct Args {
     /// generated and printed once.
     #[arg(long, value_name = "ADDR")]
     http: Option<SocketAddr>,
-    /// Expose only core and the meta-tools; loading tools changes the list.
+    /// List only core, `search_tools` and `call_tool`, whatever the number of tools:
+    /// the other tools are found with `search_tools` and run with `call_tool` (the
+    /// list never changes, so clients that never re-list reach every tool).
     #[arg(long)]
     dynamic: bool,
+    /// Never list more than N tools (clients cap their tools: Cursor uses 40,
+    /// Windsurf 50, VS Code 128). When all fit, all are listed; else core,
+    /// `search_tools`, `call_tool` and the domains used in the last 24 hours.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(2..))]
+    max_tools: Option<u16>,
+    /// Serve only core and these domains (`memory,calendar`). Over HTTP, any set is
+    /// also served at `/mcp/domains/<a,b>`.
+    #[arg(long, value_name = "A,B")]
+    domains: Option<String>,
     /// Also serve the toolkit files (`*.json`) of this directory; their tools are
     /// listed and answer "no backend" when called.
     #[arg(long, value_name = "DIR")]
@@ -53,7 +69,8 @@ pub struct Args {
 /// How the MCP server is set up, whatever the transport.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    pub dynamic: bool,
+    /// What `/mcp` and stdio list (`/mcp/domains/a,b` narrows its domains).
+    pub view: View,
     /// A directory of toolkit files to add to the registry.
     pub catalog: Option<PathBuf>,
 }
@@ -65,6 +82,7 @@ type ShutdownCallback = Box<dyn FnOnce() + Send>;
 #[derive(Clone)]
 pub struct McpServer {
     shared: Arc<Shared>,
+    view: Arc<View>,
     upstreams: Arc<Upstreams>,
     /// Run at shutdown (e.g. closing the HTTP service's open streams).
     on_shutdown: Arc<Mutex<Vec<ShutdownCallback>>>,
@@ -99,13 +117,13 @@ impl McpServer {
             eprintln!("loadout: upstream tools left out: {e}");
             base.clone()
         });
-        let (catalog, _) = watch::channel(Arc::new(Catalog::new(registry)));
-        let shared = Arc::new(Shared {
+        let warm = handler::read_warm(&app).await;
+        let shared = Arc::new(Shared::new(
             app,
-            catalog,
+            Arc::new(Catalog::new(registry)),
+            warm,
             audit,
-            dynamic: options.dynamic,
-        });
+        ));
         let upstreams = Arc::new(upstreams);
         tokio::spawn(rebuild_on_change(
             Arc::downgrade(&shared),
@@ -120,6 +138,7 @@ impl McpServer {
         ));
         Ok(McpServer {
             shared,
+            view: Arc::new(options.view),
             upstreams,
             on_shutdown: Arc::new(Mutex::new(Vec::new())),
         })
@@ -139,9 +158,21 @@ impl McpServer {
         }
     }
 
-    /// A handler for one connection.
+    /// A handler for one connection to the server's view.
     pub fn handler(&self) -> McpHandler {
-        McpHandler::new(self.shared.clone(), false)
+        McpHandler::new(self.shared.clone(), self.view.clone())
+    }
+
+    /// Refuses a view naming a domain the server does not have (after the upstream
+    /// servers connected: their domains count).
+    pub fn check_view(&self) -> anyhow::Result<()> {
+        if let Some(domains) = &self.view.domains
+            && let Some((_, message)) =
+                view::unknown_domains(&self.shared.catalog().registry, domains)
+        {
+            anyhow::bail!("--domains: {message}");
+        }
+        Ok(())
     }
 
     /// Stops the upstream servers and closes open HTTP streams.
@@ -219,9 +250,11 @@ async fn follow_servers_config(
 ) {
     let mut applied = configs.borrow_and_update().servers.clone();
     while configs.changed().await.is_ok() {
-        if shared.strong_count() == 0 {
+        let Some(strong) = shared.upgrade() else {
             return;
-        }
+        };
+        strong.refresh_warm().await;
+        drop(strong);
         let config = configs.borrow_and_update().clone();
         if config.servers == applied {
             continue;
@@ -268,6 +301,7 @@ async fn rebuild_on_change(
                 };
                 if !same {
                     shared.catalog.send_replace(catalog);
+                    shared.refresh_warm().await;
                 }
             }
             Err(e) => tracing::warn!("upstream tools not updated: {e}"),
@@ -275,45 +309,23 @@ async fn rebuild_on_change(
     }
 }
 
-/// The MCP endpoint as an axum router serving `/mcp`. With a token, every request
-/// must carry it (`Authorization: Bearer …`) and any `Host` is accepted; without
-/// one, only loopback `Host` headers are (DNS-rebinding protection).
-pub fn http_router(server: &McpServer, token: Option<BearerToken>) -> axum::Router {
-    let mut config = StreamableHttpServerConfig::default();
-    if token.is_some() {
-        config = config.disable_allowed_hosts();
-    }
-    let cancel = config.cancellation_token.clone();
-    server
-        .on_shutdown
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .push(Box::new(move || cancel.cancel()));
-    let shared = server.shared.clone();
-    // Dynamic mode keeps loaded tools per session, which stateless requests lack.
-    let sessions_only = shared.dynamic;
-    let service = StreamableHttpService::new(
-        move || Ok(McpHandler::new(shared.clone(), sessions_only)),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
-    let router = axum::Router::new().nest_service("/mcp", service);
-    match token {
-        Some(token) => router.layer(axum::middleware::from_fn_with_state(
-            token,
-            auth::require_bearer,
-        )),
-        None => router,
-    }
-}
-
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     let audit = AuditWriter::new(app.store().clone());
-    let options = Options {
+    let view = View {
+        domains: args.domains.as_deref().map(view::parse_domain_set),
         dynamic: args.dynamic,
+        max_tools: args.max_tools.map(usize::from),
+    };
+    let options = Options {
+        view,
         catalog: args.catalog,
     };
     let server = McpServer::start(app.clone(), audit, options).await?;
+    if let Err(e) = server.check_view() {
+        server.shutdown().await;
+        eprintln!("error: {e}");
+        return Ok(ExitCode::from(2));
+    }
     tokio::spawn(crate::config::reload_on_hangup(app.clone()));
     let served = match args.http {
         None => serve_stdio(&server).await,
@@ -324,7 +336,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve_stdio(server: &McpServer) -> anyhow::Result<()> {
-    let service = match server.handler().serve(rmcp::transport::stdio()).await {
+    let service = match server.handler().serve(stdio::StdioLines::start()).await {
         Ok(service) => service,
         // The client went away before initializing: nothing to serve.
         Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => return Ok(()),

@@ -554,7 +554,9 @@ impl Upstream {
             .ok_or_else(|| self.not_connected())
     }
 
-    async fn call(&self, tool: &str, args: Value) -> Result<Value, ToolError> {
+    /// The upstream's result as it sent it. Its `isError` results come back as
+    /// results too; [`result_value`] turns them into errors for chat.
+    async fn call_result(&self, tool: &str, args: Value) -> Result<CallToolResult, ToolError> {
         let arguments = match args {
             Value::Object(map) => Some(map),
             Value::Null => None,
@@ -581,7 +583,7 @@ impl Upstream {
             None => self.reconnect_now(None, deadline).await?,
         };
         let failure = match send_call(&peer, request.clone(), deadline, timeout).await {
-            Ok(result) => return result_value(result),
+            Ok(result) => return Ok(result),
             Err(failure) => failure,
         };
         if !self.is_http() {
@@ -612,10 +614,9 @@ impl Upstream {
                 failure.message(&self.slug)
             )));
         }
-        match send_call(&peer, request, deadline, timeout).await {
-            Ok(result) => result_value(result),
-            Err(failure) => Err(failure.tool_error(&self.slug)),
-        }
+        send_call(&peer, request, deadline, timeout)
+            .await
+            .map_err(|failure| failure.tool_error(&self.slug))
     }
 
     /// Keeps the server connected: waits for the connection to end (or, over HTTP,
@@ -1072,18 +1073,39 @@ struct ForwardedTool {
     original: String,
 }
 
-impl ExternalCall for ForwardedTool {
-    fn call(&self, _tool: &str, args: Value) -> CallFuture {
+impl ForwardedTool {
+    /// The call, its result mapped by `map` (flattened for chat, or as JSON).
+    fn forward(
+        &self,
+        args: Value,
+        map: fn(CallToolResult) -> Result<Value, ToolError>,
+    ) -> CallFuture {
         let upstream = self.upstream.upgrade();
         let original = self.original.clone();
         Box::pin(async move {
             match upstream {
-                Some(upstream) => upstream.call(&original, args).await,
+                Some(upstream) => map(upstream.call_result(&original, args).await?),
                 None => Err(ToolError::Execution(
                     "the upstream MCP server was shut down".into(),
                 )),
             }
         })
+    }
+}
+
+impl ExternalCall for ForwardedTool {
+    fn call(&self, _tool: &str, args: Value) -> CallFuture {
+        self.forward(args, result_value)
+    }
+
+    /// The upstream's `CallToolResult` unchanged (images, audio, links, embedded
+    /// resources, its own structured content and `isError`), for `loadout mcp` to
+    /// pass on.
+    fn call_raw(&self, _tool: &str, args: Value) -> Option<CallFuture> {
+        Some(self.forward(args, |result| {
+            serde_json::to_value(result)
+                .map_err(|e| ToolError::Execution(format!("upstream result is not JSON: {e}")))
+        }))
     }
 }
 

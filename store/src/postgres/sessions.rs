@@ -251,6 +251,23 @@ impl PostgresStore {
         .map(drop)
     }
 
+    pub async fn domains_used_since_by_recency(
+        &self,
+        since_ms: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = self
+            .query(
+                "SELECT domain, last_used_ms FROM domain_use WHERE last_used_ms >= $1
+                 ORDER BY last_used_ms DESC, domain",
+                &[&since_ms],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, tokio_postgres::Error>>()
+            .map_err(|e| self.error(e))
+    }
+
     pub async fn domains_used_since(&self, since_ms: i64) -> Result<Vec<String>, StoreError> {
         let rows = self
             .query(

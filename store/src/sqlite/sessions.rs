@@ -234,6 +234,18 @@ impl SqliteStore {
         self.call(move |c| Ok(read_domains_used_since(c, since_ms)?))
             .await
     }
+
+    pub async fn domains_used_since_by_recency(
+        &self,
+        since_ms: i64,
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(DOMAINS_BY_RECENCY_SQL)?;
+            let rows = stmt.query_map([since_ms], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
 }
 
 /// User turns of a session so far (0 for one that does not exist yet).
@@ -246,6 +258,8 @@ fn read_session_turn(c: &Connection, session: &str) -> rusqlite::Result<i64> {
     )
 }
 
+const DOMAINS_BY_RECENCY_SQL: &str = "SELECT domain, last_used_ms FROM domain_use
+     WHERE last_used_ms >= ?1 ORDER BY last_used_ms DESC, domain";
 const SESSION_HEAD_SQL: &str = "SELECT n_turns, carry FROM sessions WHERE id = ?1";
 const CALLS_SINCE_SQL: &str = "SELECT turn, called FROM messages
      WHERE session_id = ?1 AND turn >= ?2 AND called IS NOT NULL
