@@ -128,6 +128,9 @@ pub struct RouterConfig {
     pub learned_min_score: f32,
     /// At most this many domains selected by the learned stage per request.
     pub learned_top_k: usize,
+    /// A destructive tool is sent only on direct evidence for it (see the
+    /// `destructive_guard` stage).
+    pub destructive_needs_evidence: bool,
 
     /// Each backfilled domain sends at most its best this many tools (the rest become
     /// hints): the room goes to more domains rather than deeper ones. On the dev set,
@@ -172,6 +175,7 @@ impl Default for RouterConfig {
             learned_neighbors: 10,
             learned_min_score: 0.15,
             learned_top_k: 3,
+            destructive_needs_evidence: true,
         }
     }
 }
@@ -268,6 +272,8 @@ pub struct Router {
     domain_tokens: Vec<usize>,
     hint_tokens: Vec<usize>,
     all_tools_tokens: usize,
+    /// Per tool: it is destructive (`destructive = true` or MCP's `destructiveHint`).
+    destructive: Vec<bool>,
     /// Per tool: conflicting tools (both directions).
     tool_conflicts: Vec<Vec<usize>>,
     /// Per domain: conflicting domains (both directions).
@@ -463,6 +469,10 @@ impl Router {
         }
 
         let tool_hints = tools.iter().map(|t| Name::from(t.hint.as_str())).collect();
+        let destructive = tools
+            .iter()
+            .map(|t| t.annotations.destructive == Some(true))
+            .collect();
         let names = Names {
             tools: tools.iter().map(|t| Name::from(t.name.as_str())).collect(),
             tool_domains: tool_domain,
@@ -489,6 +499,7 @@ impl Router {
             domain_tokens,
             hint_tokens,
             all_tools_tokens,
+            destructive,
             tool_conflicts,
             domain_conflicts,
             tool_prior,
@@ -687,6 +698,7 @@ impl Router {
         pass.learned();
         pass.workflow_steps();
         pass.tool_collisions();
+        pass.destructive_guard();
         pass.token_budget();
         pass.finish()
     }

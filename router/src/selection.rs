@@ -58,6 +58,8 @@ pub enum Stage {
     Collision,
     /// The message needs no tool (chit-chat); only core is sent.
     NoToolNeeded,
+    /// A destructive tool held back: nothing in the message asked for its action.
+    NoDirectEvidence,
     /// Active, but nothing in the message or session pointed at it.
     NotMatched,
 }
@@ -86,6 +88,7 @@ impl Stage {
             Stage::BudgetTrimmed => "budget_trimmed",
             Stage::Collision => "collision",
             Stage::NoToolNeeded => "no_tool_needed",
+            Stage::NoDirectEvidence => "no_direct_evidence",
             Stage::NotMatched => "not_matched",
         }
     }

@@ -755,6 +755,57 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// A destructive tool (`destructive = true`, MCP's `destructiveHint`) is sent only
+    /// on direct evidence for it: the message asks for that action (one of the tool's
+    /// keywords, or its verb with its object, or it is the best match of its domain's
+    /// tools), a workflow step, an explicit load or pin, or the last turn sent it on
+    /// such evidence (carry-over: "delete the 2023 backups" → "are you sure?" →
+    /// "yes"). Backfill, fallback or a match of its domain alone never send one.
+    pub(crate) fn destructive_guard(&mut self) {
+        let router = self.router;
+        if !router.config.destructive_needs_evidence {
+            return;
+        }
+        let mut message_words: Vec<String> = Vec::new();
+        crate::lexical::for_each_term(&self.input.message.to_lowercase(), |term| {
+            message_words.push(term.to_owned())
+        });
+        for t in self.sent.sorted() {
+            let Some((stage, _)) = self.sent.get(t) else {
+                continue;
+            };
+            if !router.destructive[t]
+                || matches!(
+                    stage,
+                    Stage::Loaded
+                        | Stage::Pinned
+                        | Stage::NextStep
+                        | Stage::Prerequisite
+                        | Stage::Carried
+                        | Stage::AlwaysOn
+                )
+                || self.evidence.tool_keyword_hits[t] > 0
+                || names_the_action(&router.names.tools[t], &message_words)
+                || self.is_best_of_its_domain(t)
+            {
+                continue;
+            }
+            self.sent.clear(t);
+            self.ranked_out.push(t);
+            self.tool_outcomes.set(t, (Stage::NoDirectEvidence, false));
+        }
+    }
+
+    /// The tool has the best similarity of its domain's tools to the message.
+    fn is_best_of_its_domain(&self, t: usize) -> bool {
+        let similarity = &self.evidence.tool_similarity;
+        let own = similarity.get(t).copied().unwrap_or(0.0);
+        own > 0.0
+            && self.router.tools_by_domain[self.router.names.tool_domains[t]]
+                .iter()
+                .all(|&other| other == t || similarity.get(other).copied().unwrap_or(0.0) < own)
+    }
+
     /// Trims the lowest-scoring optional tools to the token budget: never core,
     /// pinned, sticky, loaded, or fallback (already fitted) ones.
     pub(crate) fn token_budget(&mut self) {
@@ -1030,6 +1081,22 @@ impl DomainVerdict {
     fn included(&self) -> bool {
         self.send != Send::Nothing
     }
+}
+
+/// Whether the message names the tool's action: the first word of its name (the
+/// verb: `delete`, `reboot`) and, for a longer name, one of the others (the object:
+/// `backup`, `server`), each as a word of the message (stemmed).
+fn names_the_action(tool: &str, message_words: &[String]) -> bool {
+    let mut words = tool.split(['_', '-']).filter(|w| !w.is_empty());
+    let Some(verb) = words.next() else {
+        return false;
+    };
+    let has = |word: &str| {
+        let stem = crate::lexical::stem(word);
+        message_words.iter().any(|w| w == stem)
+    };
+    let objects: Vec<&str> = words.collect();
+    has(verb) && (objects.is_empty() || objects.iter().any(|object| has(object)))
 }
 
 /// Keyword evidence on the 0..1 scale of the other stages: one hit 0.6, two 0.8, ...
