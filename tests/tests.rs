@@ -2,6 +2,7 @@
 
 mod chat;
 mod cli;
+mod hardening;
 mod http;
 mod mcp;
 mod registry;

@@ -25,7 +25,7 @@ use rmcp::transport::StreamableHttpService;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use tokio::sync::{mpsc, watch};
 
-pub use auth::BearerToken;
+pub use auth::{BearerToken, require_bearer};
 use catalog::Catalog;
 pub use handler::McpHandler;
 use handler::Shared;
@@ -341,21 +341,7 @@ async fn serve_stdio(server: &McpServer) -> anyhow::Result<()> {
 }
 
 async fn serve_http(server: &McpServer, addr: SocketAddr) -> anyhow::Result<()> {
-    let token = if auth::needs_token(&addr) {
-        Some(match std::env::var("LOADOUT_TOKEN") {
-            Ok(token) if !token.trim().is_empty() => BearerToken::new(&token)?,
-            _ => {
-                let token = BearerToken::generate()?;
-                eprintln!(
-                    "loadout mcp: {addr} is not loopback, so requests need a bearer token; none was set (LOADOUT_TOKEN), generated: {}",
-                    token.as_str()
-                );
-                token
-            }
-        })
-    } else {
-        None
-    };
+    let token = BearerToken::for_address(addr, "loadout mcp")?;
     let router = http_router(server, token);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
