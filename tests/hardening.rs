@@ -78,3 +78,128 @@ async fn api_and_mcp_share_one_bearer_check() {
         }
     }
 }
+
+/// Defect 3: `set_setting filesystem_roots ["/"]` followed by `read_file /etc/shadow`
+/// returned the file; `llm_base_url` took a metadata address. The model's tool now
+/// refuses operator keys, and the file stays out of reach.
+#[tokio::test]
+async fn the_model_cannot_widen_its_own_sandbox() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = loadout_server::app::Config::in_data_dir(dir.path().to_path_buf());
+    let app = loadout_server::app::App::open(&config)
+        .await
+        .expect("open app");
+    let call = |tool: &'static str, args: Value| {
+        let app = app.clone();
+        async move {
+            app.registry
+                .call(tool, args, app.context().with_client("model"))
+                .await
+        }
+    };
+    for (key, value) in [
+        ("filesystem_roots", "[\"/\"]"),
+        ("llm_base_url", "http://169.254.169.254/latest/meta-data/"),
+        ("embeddings_base_url", "http://169.254.169.254/"),
+        ("decision_log", "off"),
+        ("learning", "on"),
+        ("tracker_url", "http://169.254.169.254/"),
+    ] {
+        let refused = call("set_setting", json!({"key": key, "value": value}))
+            .await
+            .expect_err(key);
+        let message = refused.to_string();
+        assert!(
+            message.contains("set by the operator") && message.contains("loadout settings set"),
+            "{key}: {message}"
+        );
+        assert_eq!(app.settings.get(key).await.expect("read"), None, "{key}");
+    }
+    let read = call("read_file", json!({"path": "/etc/shadow"})).await;
+    assert!(
+        matches!(read, Err(loadout::ToolError::NotConfigured { .. })),
+        "{read:?}"
+    );
+    // Credentials and names are still the model's to set.
+    call(
+        "set_setting",
+        json!({"key": "llm_api_key", "value": "sk-from-chat"}),
+    )
+    .await
+    .expect("a credential");
+}
+
+/// Defect 8: a value that cannot work is refused when it is set, with the reason,
+/// instead of reporting the domain active (`filesystem_roots = "not json"`) or
+/// logging plain behind the operator's back (`decision_log = "bogus"`).
+#[tokio::test]
+async fn settings_values_are_checked_when_set() {
+    let (_dir, app) = crate::support::http_app(None).await;
+    for (key, value, reason) in [
+        ("filesystem_roots", "not json", "not an absolute path"),
+        (
+            "filesystem_roots",
+            "[\"/no/such/folder\"]",
+            "cannot be opened",
+        ),
+        ("decision_log", "bogus", "plain, hash, off"),
+        ("decision_log_days", "ten", "whole number"),
+        ("llm_base_url", "localhost:11434", "http://"),
+    ] {
+        let (status, body) = crate::support::send(
+            &app,
+            "PUT",
+            &format!("/api/settings/{key}"),
+            Some(json!({ "value": value })),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{key} = {value}: {body}");
+        assert_eq!(body["error"]["kind"], "bad_request");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(reason), "{key} = {value}: {message}");
+        let (status, _) =
+            crate::support::send(&app, "GET", &format!("/api/settings/{key}"), None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{key} was stored");
+    }
+    let (_, body) = crate::support::send(&app, "GET", "/api/domains", None).await;
+    let filesystem = body["domains"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["name"] == "filesystem"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(filesystem["active"], false, "{filesystem}");
+}
+
+/// Defect 8: `token_budget: null` was accepted though the schema says integer, and a
+/// path that is not UTF-8 got a plain-text 400.
+#[tokio::test]
+async fn nulls_and_bad_paths_get_json_400s() {
+    let (_dir, app) = crate::support::http_app(None).await;
+    for body in [
+        json!({"message": "hello", "token_budget": null}),
+        json!({"message": "hello", "session": null}),
+    ] {
+        let (status, answer) =
+            crate::support::send(&app, "POST", "/api/route", Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["error"]["kind"], "bad_request", "{answer}");
+    }
+    let (status, _) = crate::support::send(
+        &app,
+        "POST",
+        "/api/route",
+        Some(json!({"message": "hello", "token_budget": 500})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    for uri in ["/api/sessions/%FF%FE", "/api/settings/%C3%28"] {
+        let (status, body) = send_request(
+            &app,
+            Request::get(uri).body(Body::empty()).expect("request"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}");
+        let body: Value = serde_json::from_slice(&body).expect("a JSON body");
+        assert_eq!(body["error"]["kind"], "bad_request", "{uri}: {body}");
+    }
+}

@@ -12,6 +12,7 @@ pub mod log_writer;
 pub mod mcp;
 pub mod retention;
 pub mod routing;
+pub mod settings;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -30,6 +30,15 @@ loadout::domain! {
     ],
 }
 
+// The roots decide what every tool here can reach: only the operator widens them.
+loadout::setting! {
+    key: ROOTS_KEY,
+    kind: loadout::SettingKind::Custom,
+    trust: loadout::Trust::Operator,
+    description: "the folders the filesystem tools may reach: a JSON array of absolute directory paths",
+    validate: |value: &str| Roots::parse(value).map(|_| ()).map_err(|e| e.to_string()),
+}
+
 /// Referenced by the `loadout-domains` hub so the linker keeps this crate.
 pub fn link() {}
 

@@ -133,15 +133,41 @@ async fn malformed_roots_are_named() {
         (json!([file_root]).to_string(), "not a directory"),
         (format!("{}:relative", s(&h.root())), "not an absolute path"),
     ];
+    // Refused when set (issue 31), with the reason: the domain never looks active
+    // with roots that cannot work.
     for (value, expected) in cases {
-        h.set_roots(&value).await;
-        let message = h.err("browse_directory", json!({})).await;
+        let refused = h
+            .ctx
+            .settings()
+            .set("filesystem_roots", &value)
+            .await
+            .expect_err(&value)
+            .to_string();
         assert!(
-            message.contains("setting `filesystem_roots` is malformed")
-                && message.contains(expected),
-            "{value}: {message}"
+            refused.contains("setting `filesystem_roots` is malformed")
+                && refused.contains(expected),
+            "{value}: {refused}"
+        );
+        assert_eq!(
+            h.ctx
+                .settings()
+                .get("filesystem_roots")
+                .await
+                .expect("read"),
+            None
         );
     }
+    // A root that goes away after it was set is named when a tool runs.
+    let gone = h.dir.path().join("gone");
+    fs::create_dir_all(&gone).expect("mkdir");
+    h.set_roots(&json!([gone]).to_string()).await;
+    fs::remove_dir(&gone).expect("rmdir");
+    let message = h.err("browse_directory", json!({})).await;
+    assert!(
+        message.contains("setting `filesystem_roots` is malformed")
+            && message.contains("cannot be opened"),
+        "{message}"
+    );
     // Both accepted forms work, with several roots.
     h.set_roots(&format!("{}:{}", s(&h.root()), s(&h.root().join("docs"))))
         .await;
