@@ -203,3 +203,67 @@ async fn nulls_and_bad_paths_get_json_400s() {
         assert_eq!(body["error"]["kind"], "bad_request", "{uri}: {body}");
     }
 }
+
+/// A tool that never answers, standing for an upstream server that hangs; it says
+/// when its call is dropped.
+struct Hangs(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl loadout::ExternalCall for Hangs {
+    fn call(&self, _tool: &str, _args: Value) -> loadout::CallFuture {
+        struct Dropped(std::sync::Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let dropped = Dropped(self.0.clone());
+        Box::pin(async move {
+            let _dropped = dropped;
+            std::future::pending::<()>().await;
+            Ok(Value::Null)
+        })
+    }
+}
+
+/// Every tool call has a wall clock: one that never answers is stopped, its work
+/// dropped, and the caller told so (it held stdio `loadout mcp` forever before).
+#[tokio::test]
+async fn a_call_that_never_answers_is_stopped_at_its_wall_clock() {
+    let linked = loadout_domains::registry().expect("registry");
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tools = linked.all_tools().to_vec();
+    let mut hanging = linked.tool("calculate").expect("calculate").clone();
+    hanging.name = "hangs_forever".into();
+    hanging.backend = loadout::Backend::External(std::sync::Arc::new(Hangs(dropped.clone())));
+    tools.push(hanging);
+    let registry = loadout::Registry::from_parts(linked.domains().to_vec(), tools)
+        .expect("registry")
+        .with_call_timeout(std::time::Duration::from_millis(200));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = loadout_store::Store::open_dir(dir.path())
+        .await
+        .expect("store");
+    let registry = std::sync::Arc::new(registry);
+    let ctx = loadout::ToolContext::new(registry.clone(), loadout::Settings::new(store));
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        registry.call("hangs_forever", json!({"expression": "1"}), ctx.clone()),
+    )
+    .await
+    .expect("answered within its wall clock");
+    assert!(
+        matches!(&answer, Err(loadout::ToolError::Timeout { name, .. }) if name == "hangs_forever"),
+        "{answer:?}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the call's work goes on"
+    );
+    // The registry keeps answering.
+    let sum = registry
+        .call("calculate", json!({"expression": "2+2"}), ctx)
+        .await
+        .expect("calculate");
+    assert_eq!(sum["result"], 4.0);
+}

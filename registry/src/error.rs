@@ -72,6 +72,9 @@ pub enum ToolError {
     Execution(String),
     #[error("tool `{name}` panicked: {message}")]
     Panicked { name: String, message: String },
+    /// The call outlived its wall clock and was stopped.
+    #[error("tool `{name}` ran longer than {seconds} s and was stopped")]
+    Timeout { name: String, seconds: u64 },
     #[error("storage unavailable: {0}")]
     Storage(String),
 }

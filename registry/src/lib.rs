@@ -24,7 +24,7 @@ pub mod toolkit;
 pub use context::{ControlFuture, SessionControl, ToolContext, meta};
 pub use domain::{Domain, DomainEntry};
 pub use error::{RegistryError, ToolError};
-pub use registry::{Registry, RegistryBuilder};
+pub use registry::{CALL_TIMEOUT, Registry, RegistryBuilder};
 pub use setting_spec::{
     Setter, SettingEntry, SettingKind, SettingRefused, Trust, check_setting, setting_spec,
     setting_specs, trust_of,

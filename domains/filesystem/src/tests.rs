@@ -512,3 +512,42 @@ async fn write_create_overwrite_and_dirs() {
         .await;
     assert!(h.root().join("abs.txt").exists());
 }
+
+/// Issue 31, defect 2: a FIFO inside the roots blocked `read_file` and `write_file`
+/// forever (and with them stdio `loadout mcp`). They now refuse it without opening
+/// it, and so a Unix socket.
+#[tokio::test]
+async fn fifos_and_sockets_are_refused_without_blocking() {
+    let h = harness().await;
+    let fifo = h.root().join("pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    let socket = h.root().join("socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    for (path, kind) in [(&fifo, "named pipe"), (&socket, "socket")] {
+        let calls = [
+            ("read_file", json!({"path": s(path)})),
+            (
+                "write_file",
+                json!({"path": s(path), "content": "x", "overwrite": true}),
+            ),
+        ];
+        for (tool, args) in calls {
+            let answer =
+                tokio::time::timeout(std::time::Duration::from_secs(10), h.call(tool, args))
+                    .await
+                    .unwrap_or_else(|_| panic!("{tool} on a {kind} blocked"));
+            let message = answer.expect_err(tool).to_string();
+            assert!(
+                message.contains(kind) && message.contains("regular files"),
+                "{tool}: {message}"
+            );
+        }
+    }
+    // Details are still given.
+    let info = h.ok("file_info", json!({"path": s(&fifo)})).await;
+    assert_eq!(info["kind"], "other");
+}
