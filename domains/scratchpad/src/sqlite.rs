@@ -243,7 +243,8 @@ pub async fn query_data(
         // the statement once it answers true. No single step runs long: no value may
         // outgrow MAX_VALUE_BYTES (see open_read_only).
         let deadline = Instant::now() + timeout;
-        conn.progress_handler(PROGRESS_STEPS, Some(move || Instant::now() >= deadline));
+        conn.progress_handler(PROGRESS_STEPS, Some(move || Instant::now() >= deadline))
+            .map_err(open_error)?;
         run_query(&conn, &sql, limit, timeout)
     })
     .await
