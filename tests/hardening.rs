@@ -267,3 +267,50 @@ async fn a_call_that_never_answers_is_stopped_at_its_wall_clock() {
         .expect("calculate");
     assert_eq!(sum["result"], 4.0);
 }
+
+/// Defect 5: a data dir loadout created was 0755 and `loadout.db` 0644, with
+/// `llm_api_key` in it. Now the dir is 0700 and every file in it 0600, and an
+/// existing database left readable by others is made private at the next start.
+#[test]
+fn the_data_dir_and_the_database_are_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let parent = tempfile::tempdir().expect("tempdir");
+    let data = parent.path().join("data");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_loadout"))
+        .args(["settings", "set", "llm_api_key", "sk-private"])
+        .env("LOADOUT_DATA_DIR", &data)
+        .env_remove("LOADOUT_DATABASE_URL")
+        .output()
+        .expect("run loadout");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mode = |path: &std::path::Path| {
+        std::fs::metadata(path)
+            .expect("metadata")
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode(&data), 0o700, "data dir");
+    let mut files = 0;
+    for entry in std::fs::read_dir(&data).expect("read dir").flatten() {
+        files += 1;
+        assert_eq!(mode(&entry.path()), 0o600, "{}", entry.path().display());
+    }
+    assert!(files >= 1);
+
+    // A database an older loadout left world-readable.
+    let db = data.join("loadout.db");
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_loadout"))
+        .args(["settings", "list"])
+        .env("LOADOUT_DATA_DIR", &data)
+        .env_remove("LOADOUT_DATABASE_URL")
+        .output()
+        .expect("run loadout");
+    assert!(output.status.success());
+    assert_eq!(mode(&db), 0o600);
+}

@@ -15,6 +15,9 @@ use loadout_server::Cli;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // The data dir holds credentials (`llm_api_key`) and conversations: every file and
+    // folder loadout creates is its user's alone (0600, 0700).
+    rustix::process::umask(rustix::fs::Mode::from_bits_truncate(0o077));
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -97,7 +97,7 @@ impl SqliteStore {
                 if let Some(parent) = opened.parent()
                     && !parent.as_os_str().is_empty()
                 {
-                    std::fs::create_dir_all(parent).map_err(|e| open_err(&e))?;
+                    private_dir(parent).map_err(|e| open_err(&e))?;
                 }
                 let mut conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
                 configure(&conn).map_err(|e| open_err(&e))?;
@@ -109,6 +109,9 @@ impl SqliteStore {
                 check_version(&conn, "main", SCHEMA_VERSION)?;
                 attach_decisions(&mut conn, &opened)?;
                 migrate(&mut conn, "main", MIGRATIONS, SCHEMA_VERSION)?;
+                // The files hold credentials and conversations: their user's only,
+                // also when an older loadout or another umask created them.
+                private_files(&opened).map_err(|e| open_err(&e))?;
                 let log_conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
                 configure(&log_conn).map_err(|e| open_err(&e))?;
                 attach(&log_conn, &decisions_path(&opened)).map_err(|e| open_err(&e))?;
@@ -155,4 +158,37 @@ impl SqliteStore {
     {
         self.log_conn.run(f).await
     }
+}
+
+/// Creates `dir` and its missing parents readable by their user only (0700); an
+/// existing folder is left as it is, since the operator may share it on purpose.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Makes the database's files (main, decision log, their WAL and shared memory)
+/// readable and writable by their user only (0600).
+fn private_files(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let decisions = decisions_path(path);
+    for base in [path, decisions.as_path()] {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = base.as_os_str().to_owned();
+            name.push(suffix);
+            let file = PathBuf::from(name);
+            match std::fs::metadata(&file) {
+                Ok(metadata) if metadata.permissions().mode() & 0o077 != 0 => {
+                    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }
