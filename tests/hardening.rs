@@ -314,3 +314,92 @@ fn the_data_dir_and_the_database_are_private() {
     assert!(output.status.success());
     assert_eq!(mode(&db), 0o600);
 }
+
+/// Runs the binary on a data dir; (success, stderr).
+fn loadout_on(data: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_loadout"))
+        .args(args)
+        .env("LOADOUT_DATA_DIR", data)
+        .env_remove("LOADOUT_DATABASE_URL")
+        .env_remove("LOADOUT_CONFIG")
+        .output()
+        .expect("run loadout");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Data dirs as a crash leaves them: the database written, checkpointed once, then
+/// written again, and its files copied while it is open (the WAL still there).
+async fn crashed_copy(into: &std::path::Path) {
+    let live = tempfile::tempdir().expect("tempdir");
+    let store = loadout_store::Store::open_dir(live.path())
+        .await
+        .expect("store");
+    let settings = loadout::Settings::new(store.clone());
+    for i in 0..200 {
+        settings
+            .set(&format!("note_{i}"), &"checkpointed ".repeat(20))
+            .await
+            .expect("set");
+    }
+    // The log connection checkpoints every 250 ms.
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    for i in 0..50 {
+        settings
+            .set(&format!("late_{i}"), "in the WAL only")
+            .await
+            .expect("set");
+    }
+    std::fs::create_dir_all(into).expect("mkdir");
+    for name in ["loadout.db", "loadout.db-wal", "loadout.decisions.db"] {
+        std::fs::copy(live.path().join(name), into.join(name)).expect(name);
+    }
+    drop(store);
+}
+
+/// Defect 6: a 0-byte `loadout.db` started silently as an empty database, and one
+/// cut short while a WAL exists started and later said "storage unavailable: …
+/// malformed". Both are refused at start now, with the recovery steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_lost_its_contents_is_refused_at_start() {
+    let dirs = tempfile::tempdir().expect("tempdir");
+
+    // Sound: the copy opens, with every acknowledged write.
+    let sound = dirs.path().join("sound");
+    crashed_copy(&sound).await;
+    let (ok, stderr) = loadout_on(&sound, &["settings", "get", "late_49"]);
+    assert!(ok, "{stderr}");
+
+    let cases: [(&str, fn(&std::path::Path)); 3] = [
+        ("emptied, no WAL", |dir| {
+            let _ = std::fs::remove_file(dir.join("loadout.db-wal"));
+            std::fs::write(dir.join("loadout.db"), b"").expect("truncate");
+        }),
+        ("emptied, WAL kept", |dir| {
+            std::fs::write(dir.join("loadout.db"), b"").expect("truncate");
+        }),
+        ("cut to its first pages, WAL kept", |dir| {
+            let db = dir.join("loadout.db");
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&db)
+                .expect("open");
+            file.set_len(4096 * 2).expect("truncate");
+        }),
+    ];
+    for (i, (case, damage)) in cases.into_iter().enumerate() {
+        let dir = dirs.path().join(format!("case-{i}"));
+        crashed_copy(&dir).await;
+        damage(&dir);
+        let (ok, stderr) = loadout_on(&dir, &["settings", "list"]);
+        assert!(!ok, "{case}: started on a database that lost its contents");
+        assert!(
+            stderr.contains("lost its contents") && stderr.contains("To recover"),
+            "{case}: {stderr}"
+        );
+        // Refused, not replaced: the damaged file is still there to recover from.
+        assert!(dir.join("loadout.db").exists(), "{case}");
+    }
+}

@@ -75,7 +75,8 @@ pub enum ToolError {
     /// The call outlived its wall clock and was stopped.
     #[error("tool `{name}` ran longer than {seconds} s and was stopped")]
     Timeout { name: String, seconds: u64 },
-    #[error("storage unavailable: {0}")]
+    /// The store failed; the message says whether it is down (retry) or damaged.
+    #[error("storage: {0}")]
     Storage(String),
 }
 

@@ -8,6 +8,7 @@
 mod audit;
 mod connection;
 mod decisions;
+mod integrity;
 mod migrations;
 mod sessions;
 mod settings;
@@ -67,6 +68,12 @@ impl From<Error> for StoreError {
             // Another process held the file past the busy timeout: worth a retry.
             Error::Sql(e) => match e.sqlite_error_code() {
                 Some(DatabaseBusy | DatabaseLocked) => StoreError::Unavailable(e.to_string()),
+                // Not an outage: retrying will not help, restoring will.
+                Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+                    StoreError::Database(format!(
+                        "the database file is damaged ({e}): stop loadout and restore it from a backup, or recover it with `sqlite3 FILE .recover` (README, Crash safety)"
+                    ))
+                }
                 _ => StoreError::Database(e.to_string()),
             },
         }
@@ -99,8 +106,21 @@ impl SqliteStore {
                 {
                     private_dir(parent).map_err(|e| open_err(&e))?;
                 }
+                // A file that lost its contents is refused before SQLite opens it
+                // (and would initialize an empty one in its place).
+                let verdict = integrity::inspect(&opened)
+                    .map_err(|what| open_err(&integrity::refusal(&opened, &what)))?;
                 let mut conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
                 configure(&conn).map_err(|e| open_err(&e))?;
+                if let integrity::Verdict::CheckWhenOpen(what) = verdict {
+                    let check: String = conn
+                        .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+                        .unwrap_or_else(|e| e.to_string());
+                    if check != "ok" {
+                        let what = format!("{what}, and SQLite finds it damaged ({check})");
+                        return Err(open_err(&integrity::refusal(&opened, &what)));
+                    }
+                }
                 // Checkpoints run on the log connection, not inside a request's
                 // commit, where copying the WAL back stalled it.
                 conn.pragma_update(None, "wal_autocheckpoint", 0)
