@@ -372,7 +372,8 @@ async fn a_database_that_lost_its_contents_is_refused_at_start() {
     let (ok, stderr) = loadout_on(&sound, &["settings", "get", "late_49"]);
     assert!(ok, "{stderr}");
 
-    let cases: [(&str, fn(&std::path::Path)); 3] = [
+    type Damage = fn(&std::path::Path);
+    let cases: [(&str, Damage); 3] = [
         ("emptied, no WAL", |dir| {
             let _ = std::fs::remove_file(dir.join("loadout.db-wal"));
             std::fs::write(dir.join("loadout.db"), b"").expect("truncate");
