@@ -404,3 +404,148 @@ async fn a_database_that_lost_its_contents_is_refused_at_start() {
         assert!(dir.join("loadout.db").exists(), "{case}");
     }
 }
+
+/// A listener with short limits on a loopback port, serving `/` with "hello"; stops
+/// when the returned sender is dropped.
+async fn limited_listener(
+    limits: loadout_server::listener::Limits,
+) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let router = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hello" }))
+        .route(
+            "/echo",
+            axum::routing::post(|body: axum::body::Bytes| async move { body }),
+        );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(loadout_server::listener::serve(
+        listener,
+        router,
+        limits,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (addr, stop)
+}
+
+/// Reads until the peer closes; `None` if it is still open after `within`.
+async fn closed_within(
+    stream: &mut tokio::net::TcpStream,
+    within: std::time::Duration,
+) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt as _;
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(within, async {
+        let mut buffer = [0u8; 1024];
+        loop {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => received.extend_from_slice(&buffer[..n]),
+            }
+        }
+    })
+    .await;
+    read.ok().map(|()| received)
+}
+
+/// Defect 1: an idle socket, a half-sent request and an idle keep-alive connection
+/// stayed open forever, and enough of them locked every new client out. Now each is
+/// closed after the header timeout, and a client past the connection cap is served
+/// as soon as a slot frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_half_sent_connections_are_closed_and_capped() {
+    use tokio::io::AsyncWriteExt as _;
+    let limits = loadout_server::listener::Limits {
+        header_read: std::time::Duration::from_millis(500),
+        body_pause: std::time::Duration::from_millis(500),
+        max_connections: 2,
+        drain: std::time::Duration::from_secs(1),
+    };
+    let (addr, _stop) = limited_listener(limits).await;
+    let patience = std::time::Duration::from_secs(10);
+
+    // Idle from the start.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    // Headers begun, never finished.
+    let mut half = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    half.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    // Both slots are taken: a third client waits, then is served once they close.
+    let mut third = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    third
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    assert!(
+        closed_within(&mut idle, patience).await.is_some(),
+        "an idle socket stayed open"
+    );
+    assert!(
+        closed_within(&mut half, patience).await.is_some(),
+        "a half-sent request stayed open"
+    );
+    // The third is answered, then kept alive idle, then closed.
+    let answer = closed_within(&mut third, patience)
+        .await
+        .expect("the kept-alive connection stayed open");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("hello"),
+        "{answer}"
+    );
+
+    // A body that stops half-way is cut off too.
+    let mut stalled = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stalled
+        .write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        .await
+        .expect("write");
+    assert!(
+        closed_within(&mut stalled, patience).await.is_some(),
+        "a stalled body stayed open"
+    );
+}
+
+/// A shutdown waits for requests in flight only so long: a stuck one does not hold
+/// the process (`serve` ignored SIGTERM while a tool call hung).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_does_not_wait_for_a_stuck_request() {
+    use tokio::io::AsyncWriteExt as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let router = axum::Router::new().route(
+        "/stuck",
+        axum::routing::get(|| std::future::pending::<&'static str>()),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let limits = loadout_server::listener::Limits {
+        drain: std::time::Duration::from_millis(300),
+        ..Default::default()
+    };
+    let served = tokio::spawn(loadout_server::listener::serve(
+        listener,
+        router,
+        limits,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let mut stuck = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stuck
+        .write_all(b"GET /stuck HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    drop(stop);
+    tokio::time::timeout(std::time::Duration::from_secs(5), served)
+        .await
+        .expect("the listener returned despite the stuck request")
+        .expect("join");
+}

@@ -8,6 +8,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod listener;
 pub mod log_writer;
 pub mod mcp;
 pub mod retention;

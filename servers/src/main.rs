@@ -36,11 +36,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(loadout_server::run(cli)) {
+    let code = match runtime.block_on(loadout_server::run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Dropping the runtime would wait for every blocking task, a tool stuck in a
+    // system call among them: the exit waits a moment, not forever.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    code
 }

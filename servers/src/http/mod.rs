@@ -23,7 +23,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt as _;
 
 use crate::app::App;
 use crate::log_writer::AuditWriter;
@@ -240,28 +239,37 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.addr))?;
     let local = listener.local_addr()?;
-    // Small responses and SSE events go out at once instead of waiting on Nagle's
-    // algorithm for the client's delayed ACK.
-    let listener = listener.tap_io(|stream| {
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY not set: {e}");
-        }
-    });
     eprintln!("loadout: serving on http://{local} (dashboard at /, MCP at /mcp)");
     let stopping = state.clone();
-    let served = axum::serve(listener, self::app(state.clone()))
-        .with_graceful_shutdown(async move {
+    crate::listener::serve(
+        listener,
+        self::app(state.clone()),
+        crate::listener::Limits::default(),
+        async move {
             shutdown_signal().await;
             // Open MCP streams end here, which lets the graceful shutdown finish.
             if let Some(mcp) = &stopping.mcp {
                 mcp.shutdown().await;
             }
-        })
-        .await;
-    state.shutdown().await;
-    served?;
+        },
+    )
+    .await;
+    // Queued log rows are written; a stuck upstream server does not hold the exit.
+    if tokio::time::timeout(SHUTDOWN_GRACE, state.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "shutting down took longer than {} s: exiting",
+            SHUTDOWN_GRACE.as_secs()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
+
+/// How long the work after the listener closed (writing queued log rows, stopping
+/// upstream servers) may take before the process exits anyway.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Ctrl-C or SIGTERM: stop accepting, finish requests in flight.
 pub async fn shutdown_signal() {

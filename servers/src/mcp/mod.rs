@@ -319,7 +319,8 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         None => serve_stdio(&server).await,
         Some(addr) => serve_http(&server, addr).await,
     };
-    server.shutdown().await;
+    // A stuck upstream server does not hold the exit.
+    let _ = tokio::time::timeout(crate::http::SHUTDOWN_GRACE, server.shutdown()).await;
     served.map(|()| ExitCode::SUCCESS)
 }
 
@@ -350,14 +351,18 @@ async fn serve_http(server: &McpServer, addr: SocketAddr) -> anyhow::Result<()> 
     // Tests and scripts read this line to learn the port when ADDR ends in `:0`.
     eprintln!("loadout mcp: listening on http://{local}/mcp");
     let server = server.clone();
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
+    crate::listener::serve(
+        listener,
+        router,
+        crate::listener::Limits::default(),
+        async move {
             shutdown_signal().await;
             // Open SSE streams end here, which lets the graceful shutdown finish.
             server.shutdown().await;
-        })
-        .await
-        .context("HTTP server")
+        },
+    )
+    .await;
+    Ok(())
 }
 
 /// Ctrl-C or SIGTERM.
