@@ -522,7 +522,7 @@ async fn a_shutdown_does_not_wait_for_a_stuck_request() {
     let addr = listener.local_addr().expect("address");
     let router = axum::Router::new().route(
         "/stuck",
-        axum::routing::get(|| std::future::pending::<&'static str>()),
+        axum::routing::get(std::future::pending::<&'static str>),
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let limits = loadout_server::listener::Limits {
