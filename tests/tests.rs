@@ -2,6 +2,7 @@
 
 mod chat;
 mod cli;
+mod crash;
 mod hardening;
 mod http;
 mod mcp;
