@@ -46,8 +46,8 @@ pub enum SettingKind {
     Custom,
 }
 
-/// Longest value any setting takes, in bytes.
-pub const MAX_VALUE_BYTES: usize = 16 * 1024;
+/// Longest value any setting takes, in characters.
+pub const MAX_VALUE_CHARS: usize = 16 * 1024;
 
 /// Checks a value beyond its kind; `Err` says why it cannot work.
 pub type Validator = fn(&str) -> Result<(), String>;
@@ -128,10 +128,10 @@ pub fn check_setting(key: &str, value: Option<&str>, setter: Setter) -> Result<(
 /// Checks a value against the key's kind and validator (undeclared keys: only the
 /// common limits).
 pub fn check_value(key: &str, value: &str) -> Result<(), String> {
-    if value.len() > MAX_VALUE_BYTES {
+    let n_chars = value.chars().count();
+    if n_chars > MAX_VALUE_CHARS {
         return Err(format!(
-            "{} bytes; a setting takes at most {MAX_VALUE_BYTES}",
-            value.len()
+            "{n_chars} characters; a setting takes at most {MAX_VALUE_CHARS}"
         ));
     }
     if value
