@@ -6,6 +6,7 @@ mod crash;
 mod hardening;
 mod http;
 mod mcp;
+mod properties;
 mod registry;
 mod replicas;
 mod support;

@@ -685,4 +685,6 @@ fn push_unique(list: &mut Vec<usize>, value: usize) {
 }
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;

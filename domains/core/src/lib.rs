@@ -572,4 +572,6 @@ pub fn calculate(args: CalculateArgs) -> Result<Calculation, ExpressionError> {
 }
 
 #[cfg(test)]
+mod expression_props;
+#[cfg(test)]
 mod tests;
