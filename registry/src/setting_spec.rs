@@ -271,6 +271,21 @@ mod tests {
         assert!(check_setting("weather_api_key", Some("abc"), Setter::Model).is_ok());
     }
 
+    crate::setting! {
+        key: "spec_test_api_key",
+        kind: SettingKind::Secret,
+        trust: Trust::Model,
+        description: "a test credential",
+    }
+
+    /// Secrets never reach a log: a refused credential's message does not repeat it.
+    #[test]
+    fn a_refused_secret_is_not_repeated() {
+        let refused = check_setting("spec_test_api_key", Some("sk-very secret"), Setter::Model)
+            .expect_err("a space");
+        assert!(!refused.to_string().contains("very secret"), "{refused}");
+    }
+
     #[test]
     fn urls_need_a_scheme_and_a_host() {
         assert!(check_url("http://127.0.0.1:11434/v1").is_ok());
