@@ -3,9 +3,10 @@
 # name patterns, filesystem_roots, toolkit files, setting values, routed messages),
 # each run for FUZZ_SECONDS (default 20) with libFuzzer.
 #
-# On the stable toolchain. cargo-fuzz needs nightly only for its sanitizers
-# (`-Zsanitizer=address`), and a machine of this project has one stable toolchain
-# and can fetch no other. The coverage instrumentation libFuzzer needs is stable
+# On the stable toolchain. cargo-fuzz needs nightly (for `-Zsanitizer=address`), and
+# a new machine of this project has one stable toolchain and can fetch no other (a
+# nightly found on some machine is not one CI can count on). The coverage
+# instrumentation libFuzzer needs is stable
 # (`-Cpasses=sancov-module` and LLVM's sanitizer-coverage options), so the targets
 # are built here with it, as cargo-fuzz would, without AddressSanitizer. The code
 # under test forbids `unsafe`, so ASan's findings (out-of-bounds, use-after-free)
