@@ -300,11 +300,33 @@ async fn not_configured_then_set_setting_then_works_in_the_same_process() {
         "{text}"
     );
 
-    mcp.call_ok(
-        "set_setting",
-        json!({"key": "filesystem_roots", "value": roots_value(files.path())}),
-    )
-    .await;
+    // The roots are the operator's: the model's `set_setting` is refused, and the
+    // CLI's write reaches the running server without a restart.
+    let refused = mcp
+        .call(
+            "set_setting",
+            json!({"key": "filesystem_roots", "value": roots_value(files.path())}),
+        )
+        .await
+        .expect("tools/call");
+    assert_eq!(refused.is_error, Some(true));
+    assert!(
+        text_of(&refused).contains("set by the operator"),
+        "{}",
+        text_of(&refused)
+    );
+    let data_dir = data.path().to_path_buf();
+    let roots = roots_value(files.path());
+    let output = tokio::task::spawn_blocking(move || {
+        loadout(&data_dir, &["settings", "set", "filesystem_roots", &roots])
+    })
+    .await
+    .expect("join");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let text = mcp.call_ok("read_file", json!({"path": path})).await;
     assert!(text.contains("hello from a file"), "{text}");
     mcp.close().await;
@@ -334,7 +356,7 @@ async fn not_configured_then_set_setting_then_works_in_the_same_process() {
         outcomes,
         [
             (CLIENT_NAME, "read_file", "not_configured"),
-            (CLIENT_NAME, "set_setting", "ok"),
+            (CLIENT_NAME, "set_setting", "error"),
             (CLIENT_NAME, "read_file", "ok"),
         ]
     );

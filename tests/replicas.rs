@@ -537,13 +537,13 @@ async fn two_replicas_and_an_mcp_process_share_one_database() {
     stdio_call(
         &stdio,
         "set_setting",
-        json!({"key": "decision_log", "value": "hash"}),
+        json!({"key": "llm_model", "value": "replica-model"}),
     )
     .await;
     let a_ref = &a;
-    within(SETTINGS_DEADLINE, "decision_log on A", move || async move {
-        let (status, body) = a_ref.api("GET", "/api/settings/decision_log", None).await;
-        status == 200 && body["value"] == "hash"
+    within(SETTINGS_DEADLINE, "llm_model on A", move || async move {
+        let (status, body) = a_ref.api("GET", "/api/settings/llm_model", None).await;
+        status == 200 && body["value"] == "replica-model"
     })
     .await;
 

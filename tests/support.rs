@@ -13,7 +13,8 @@ pub async fn http_app(token: Option<&str>) -> (tempfile::TempDir, axum::Router) 
     let dir = tempfile::tempdir().expect("tempdir");
     let config = Config::in_data_dir(dir.path().to_path_buf());
     let app_state = App::open(&config).await.expect("open app");
-    let state = HttpState::new(app_state, token.map(Into::into));
+    let token = token.map(|t| loadout_server::mcp::BearerToken::new(t).expect("token"));
+    let state = HttpState::new(app_state, token);
     (dir, app(state))
 }
 

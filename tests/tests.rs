@@ -2,8 +2,11 @@
 
 mod chat;
 mod cli;
+mod crash;
+mod hardening;
 mod http;
 mod mcp;
+mod properties;
 mod registry;
 mod replicas;
 mod support;

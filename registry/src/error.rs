@@ -58,8 +58,9 @@ pub enum ToolError {
         message: String,
     },
     #[error(
-        "not configured: set {} (domain `{domain}`); the `set_setting` tool or `loadout settings set` does it",
-        missing.join(", ")
+        "not configured: set {} (domain `{domain}`); {}",
+        missing.join(", "),
+        how_to_set(missing)
     )]
     NotConfigured {
         domain: String,
@@ -71,7 +72,11 @@ pub enum ToolError {
     Execution(String),
     #[error("tool `{name}` panicked: {message}")]
     Panicked { name: String, message: String },
-    #[error("storage unavailable: {0}")]
+    /// The call outlived its wall clock and was stopped.
+    #[error("tool `{name}` ran longer than {seconds} s and was stopped")]
+    Timeout { name: String, seconds: u64 },
+    /// The store failed; the message says whether it is down (retry) or damaged.
+    #[error("storage: {0}")]
     Storage(String),
 }
 
@@ -90,6 +95,28 @@ impl ToolError {
     pub fn execution(message: impl std::fmt::Display) -> ToolError {
         ToolError::Execution(message.to_string())
     }
+}
+
+/// Who can set the missing keys: the model for credentials and names, the user for
+/// keys that widen what tools reach ([`crate::Trust::Operator`]).
+fn how_to_set(missing: &[String]) -> String {
+    let operator: Vec<&str> = missing
+        .iter()
+        .map(String::as_str)
+        .filter(|key| crate::trust_of(key) == crate::Trust::Operator)
+        .collect();
+    if operator.is_empty() {
+        return "the `set_setting` tool or `loadout settings set` does it".into();
+    }
+    let others = if operator.len() < missing.len() {
+        "; the `set_setting` tool sets the others"
+    } else {
+        ""
+    };
+    format!(
+        "ask the user to set {} from the dashboard, the settings API or `loadout settings set` (the `set_setting` tool may not: it widens what tools can reach){others}",
+        operator.join(", ")
+    )
 }
 
 impl From<crate::StoreError> for ToolError {

@@ -15,6 +15,7 @@ mod error;
 pub mod export;
 mod registry;
 pub mod schema;
+pub mod setting_spec;
 pub mod settings;
 mod storage;
 mod tool;
@@ -23,7 +24,11 @@ pub mod toolkit;
 pub use context::{ControlFuture, SessionControl, ToolContext, meta};
 pub use domain::{Domain, DomainEntry};
 pub use error::{RegistryError, ToolError};
-pub use registry::{CallOutput, Registry, RegistryBuilder};
+pub use registry::{CALL_TIMEOUT, CallOutput, Registry, RegistryBuilder};
+pub use setting_spec::{
+    Setter, SettingEntry, SettingKind, SettingRefused, Trust, check_setting, setting_spec,
+    setting_specs, trust_of,
+};
 pub use settings::{Settings, is_secret_key, mask_secret, validate_setting_key};
 pub use storage::{BoxFuture, SettingsChange, Storage, StoreError};
 pub use tool::{Annotations, Backend, CallFuture, ExternalCall, Tier, Tool, ToolEntry};
@@ -106,6 +111,16 @@ pub mod __private {
         match given {
             [first, ..] => first,
             [] => default,
+        }
+    }
+
+    /// The validator `setting!` was given, or one that accepts any value.
+    pub const fn first_validator(
+        given: &[crate::setting_spec::Validator],
+    ) -> crate::setting_spec::Validator {
+        match given {
+            [first, ..] => *first,
+            [] => crate::setting_spec::any_value,
         }
     }
 

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -19,7 +20,14 @@ pub struct Registry {
     tool_index: HashMap<String, usize>,
     /// Compiled input schemas, built on first call of each tool.
     validators: Vec<OnceLock<Result<ArgsValidator, String>>>,
+    /// The wall clock of one call.
+    call_timeout: Duration,
 }
+
+/// How long one tool call may run before it is stopped and answered with
+/// [`ToolError::Timeout`]. Tools that block (files, SQL) bound their own work well
+/// within it; this is the backstop for every tool, upstream ones included.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -149,7 +157,14 @@ impl Registry {
             tools,
             tool_index,
             validators: (0..n_tools).map(|_| OnceLock::new()).collect(),
+            call_timeout: CALL_TIMEOUT,
         })
+    }
+
+    /// The same registry with another wall clock per call (tests, short-lived tools).
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Registry {
+        self.call_timeout = timeout;
+        self
     }
 
     /// A new registry with the toolkit files of `dir` added.
@@ -301,12 +316,22 @@ impl Registry {
                 });
             }
         };
-        let value = match tokio::spawn(future).await {
-            Ok(result) => result?,
-            Err(join_error) => {
+        let mut task = tokio::spawn(future);
+        let value = match tokio::time::timeout(self.call_timeout, &mut task).await {
+            Ok(Ok(result)) => result?,
+            Ok(Err(join_error)) => {
                 return Err(ToolError::Panicked {
                     name: tool.name.clone(),
                     message: panic_message(join_error),
+                });
+            }
+            Err(_) => {
+                // The task ends at its next await; a tool blocked in a system call
+                // on a blocking thread is bounded by its own limits.
+                task.abort();
+                return Err(ToolError::Timeout {
+                    name: tool.name.clone(),
+                    seconds: self.call_timeout.as_secs().max(1),
                 });
             }
         };

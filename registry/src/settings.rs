@@ -208,7 +208,12 @@ impl Settings {
         Ok(self.snapshot().await?.get(key).cloned())
     }
 
+    /// Writes a setting after checking the value against the key's declaration
+    /// ([`check_setting`](crate::check_setting)); a refused value is
+    /// [`StoreError::Invalid`] with the reason. The caller has checked who sets it.
     pub async fn set(&self, key: &str, value: &str) -> Result<(), StoreError> {
+        crate::check_setting(key, Some(value), crate::Setter::Operator)
+            .map_err(|refused| StoreError::Invalid(refused.to_string()))?;
         self.store.setting_set(key, value).await?;
         self.invalidate();
         Ok(())

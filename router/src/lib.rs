@@ -725,4 +725,6 @@ fn push_unique(list: &mut Vec<usize>, value: usize) {
 }
 
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;

@@ -8,10 +8,12 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod listener;
 pub mod log_writer;
 pub mod mcp;
 pub mod retention;
 pub mod routing;
+pub mod settings;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -15,6 +15,9 @@ use loadout_server::Cli;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // The data dir holds credentials (`llm_api_key`) and conversations: every file and
+    // folder loadout creates is its user's alone (0600, 0700).
+    rustix::process::umask(rustix::fs::Mode::from_bits_truncate(0o077));
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -33,11 +36,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(loadout_server::run(cli)) {
+    let code = match runtime.block_on(loadout_server::run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Dropping the runtime would wait for every blocking task, a tool stuck in a
+    // system call among them: the exit waits a moment, not forever.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    code
 }

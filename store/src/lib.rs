@@ -138,7 +138,16 @@ impl Store {
     /// (no TLS). Migrations run before this returns. An unreachable server is
     /// [`StoreError::Open`] naming the URL with its password masked.
     pub async fn connect(database_url: Option<&str>, data_dir: &Path) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(|e| StoreError::Open {
+        // Credentials and conversations live here: a folder created now is its
+        // user's alone.
+        let created = {
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(data_dir)
+        };
+        created.map_err(|e| StoreError::Open {
             url: data_dir.display().to_string(),
             message: format!("cannot create data dir: {e}"),
         })?;

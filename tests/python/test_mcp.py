@@ -3,10 +3,11 @@
 Over stdio and over streamable HTTP, with the SDK's default negotiation (`auto`:
 `server/discover`, the 2026-07-28 protocol) and with the `initialize` handshake
 (`legacy`): list, call, invalid arguments (a tool result naming the field), unknown
-tool, not configured → `set_setting` → works; dynamic mode (a constant list, tools
-found with `search_tools` and run with `call_tool`), `--max-tools`, `--domains` and
-`/mcp/domains/a,b`; an upstream server's image passed through; and, on raw pipes and
-HTTP requests (no SDK sends them), malformed input answered as JSON-RPC says.
+tool, not configured → `set_setting` refused for the operator's key → the CLI sets it
+→ works; dynamic mode (a constant list, tools found with `search_tools` and run with
+`call_tool`), `--max-tools`, `--domains` and `/mcp/domains/a,b`; an upstream server's
+image passed through; and, on raw pipes and HTTP requests (no SDK sends them),
+malformed input answered as JSON-RPC says.
 
 The binary comes from `LOADOUT_BIN` (default: `target/debug/loadout` in the repo):
 
@@ -124,12 +125,23 @@ def test_list_call_errors_and_configuration(transport, mode, data_dir):
                 result = await client.call_tool("read_file", {"path": str(note)})
                 assert result.is_error
                 assert "filesystem_roots" in text_of(result)
-                assert "set_setting" in text_of(result)
+                assert "loadout settings set" in text_of(result)
 
+                # The roots are the operator's: the model's tool is refused, the
+                # CLI's write reaches the running server.
                 result = await client.call_tool(
                     "set_setting", {"key": "filesystem_roots", "value": json.dumps([files])}
                 )
-                assert not result.is_error, text_of(result)
+                assert result.is_error
+                assert "set by the operator" in text_of(result)
+                env = dict(os.environ, LOADOUT_DATA_DIR=data_dir)
+                env.pop("LOADOUT_DATABASE_URL", None)
+                subprocess.run(
+                    [BIN, "settings", "set", "filesystem_roots", json.dumps([files])],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                )
                 result = await client.call_tool("read_file", {"path": str(note)})
                 assert not result.is_error, text_of(result)
                 assert "hello from python" in text_of(result)

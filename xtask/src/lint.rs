@@ -37,7 +37,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 
     let mut findings = Vec::new();
     match loadout_domains::registry() {
-        Ok(registry) => findings.extend(check_registry(&registry)),
+        Ok(registry) => {
+            findings.extend(check_registry(&registry));
+            findings.extend(check_settings(&registry));
+        }
         Err(e) => findings.push(Finding {
             what: "registry".into(),
             message: e.to_string(),
@@ -222,6 +225,35 @@ pub fn check_registry(registry: &Registry) -> Vec<Finding> {
     findings
 }
 
+/// Every settings key a linked domain needs is declared once with `loadout::setting!`
+/// (its kind, who may set it, its validator), so that a write is checked when made
+/// and the model cannot set a key that widens what tools reach.
+pub fn check_settings(registry: &Registry) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    for domain in registry.domains() {
+        for key in &domain.settings_keys {
+            if loadout::setting_spec(key).is_none() {
+                findings.push(Finding {
+                    what: format!("domain `{}` ({})", domain.name, domain.origin),
+                    message: format!(
+                        "settings key `{key}` is not declared: declare it with `loadout::setting!` (kind, trust, validator) next to the code that reads it"
+                    ),
+                });
+            }
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for spec in loadout::setting_specs() {
+        if !seen.insert(spec.key) {
+            findings.push(Finding {
+                what: format!("settings key `{}`", spec.key),
+                message: "is declared more than once: keep one `loadout::setting!`".into(),
+            });
+        }
+    }
+    findings
+}
+
 /// Every crate under `domains/` (but the hub) must be a dependency of the hub and
 /// have its `link()` called there; otherwise the linker drops its tools.
 pub fn check_hub(root: &Path) -> Vec<Finding> {
@@ -365,6 +397,8 @@ mod tests {
     fn linked_domains_pass_the_lint() {
         let registry = loadout_domains::registry().expect("registry builds");
         let findings = check_registry(&registry);
+        assert!(findings.is_empty(), "{findings:#?}");
+        let findings = check_settings(&registry);
         assert!(findings.is_empty(), "{findings:#?}");
         let findings = check_hub(&workspace_root());
         assert!(findings.is_empty(), "{findings:#?}");

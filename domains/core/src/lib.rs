@@ -319,7 +319,7 @@ pub async fn get_setting(
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetSettingArgs {
-    /// The setting's key: lowercase letters, digits and `_`, e.g. `filesystem_roots`.
+    /// The setting's key: lowercase letters, digits and `_`, e.g. `llm_api_key`.
     pub key: String,
     /// The new value. An empty string removes the setting.
     pub value: String,
@@ -343,9 +343,10 @@ pub struct DomainActivation {
     pub missing_settings: Vec<String>,
 }
 
-/// Stores a setting (for example an API key or `filesystem_roots`); an empty value removes it.
+/// Stores a setting (for example an API key the user gave you); an empty value removes it.
 ///
-/// The change applies at once: domains whose required settings are now all set become
+/// Keys that change what tools can reach or where data goes (`filesystem_roots`, URLs,
+/// `decision_log`) are the operator's: ask the user to set those. The change applies at once: domains whose required settings are now all set become
 /// active, and the response says which. Secret values are never echoed back in full.
 #[loadout::tool(
     domain = "core",
@@ -361,6 +362,15 @@ pub async fn set_setting(
 ) -> Result<SetSettingResult, ToolError> {
     check_key(&args.key)?;
     let removed = args.value.trim().is_empty();
+    // The model sets credentials and names; keys that widen what tools reach or
+    // change where data goes are the operator's, and every value is checked here,
+    // so the answer names what is wrong instead of a later call failing.
+    loadout::check_setting(
+        &args.key,
+        (!removed).then_some(args.value.as_str()),
+        loadout::Setter::Model,
+    )
+    .map_err(ToolError::execution)?;
     if removed {
         ctx.settings().unset(&args.key).await?;
     } else {
@@ -562,5 +572,7 @@ pub fn calculate(args: CalculateArgs) -> Result<Calculation, ExpressionError> {
     })
 }
 
+#[cfg(test)]
+mod expression_props;
 #[cfg(test)]
 mod tests;

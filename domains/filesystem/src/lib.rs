@@ -30,6 +30,15 @@ loadout::domain! {
     ],
 }
 
+// The roots decide what every tool here can reach: only the operator widens them.
+loadout::setting! {
+    key: ROOTS_KEY,
+    kind: loadout::SettingKind::Custom,
+    trust: loadout::Trust::Operator,
+    description: "the folders the filesystem tools may reach: a JSON array of absolute directory paths",
+    validate: |value: &str| Roots::parse(value).map(|_| ()).map_err(|e| e.to_string()),
+}
+
 /// Referenced by the `loadout-domains` hub so the linker keeps this crate.
 pub fn link() {}
 
@@ -462,7 +471,7 @@ pub async fn read_file(args: ReadArgs, ctx: &ToolContext) -> Result<FileContent,
                 resolved.lexical.display()
             )));
         }
-        let mut file = fs::File::open(&resolved.path).map_err(|e| io_error(&resolved.path, e))?;
+        let mut file = open_regular(&resolved, fs::OpenOptions::new().read(true))?;
         let size = file
             .metadata()
             .map_err(|e| io_error(&resolved.path, e))?
@@ -539,6 +548,7 @@ pub async fn write_file(args: WriteArgs, ctx: &ToolContext) -> Result<FileWritte
                     "`{display}` is a directory; give a file path"
                 )));
             }
+            require_regular(&resolved)?;
             if !args.overwrite {
                 return Err(ToolError::execution(format!(
                     "`{display}` already exists; pass overwrite: true to replace it"
@@ -559,7 +569,10 @@ pub async fn write_file(args: WriteArgs, ctx: &ToolContext) -> Result<FileWritte
             }
             fs::create_dir_all(parent).map_err(|e| io_error(parent, e))?;
         }
-        fs::write(&resolved.path, args.content.as_bytes())
+        let mut options = fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        let mut file = open_regular(&resolved, &mut options)?;
+        std::io::Write::write_all(&mut file, args.content.as_bytes())
             .map_err(|e| io_error(&resolved.path, e))?;
         Ok(FileWritten {
             path: resolved.path.display().to_string(),
@@ -610,6 +623,50 @@ fn require_exists(resolved: &Resolved) -> Result<(), ToolError> {
             resolved.lexical.display()
         )))
     }
+}
+
+/// Refuses, without opening it, anything but a regular file: a FIFO would block the
+/// call forever, a socket or a device is no file to read or write.
+fn require_regular(resolved: &Resolved) -> Result<(), ToolError> {
+    match fs::metadata(&resolved.path) {
+        Ok(metadata) if !metadata.is_file() && !metadata.is_dir() => {
+            Err(not_regular(resolved, metadata.file_type()))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn not_regular(resolved: &Resolved, file_type: fs::FileType) -> ToolError {
+    use std::os::unix::fs::FileTypeExt as _;
+    let kind = if file_type.is_fifo() {
+        "a named pipe (FIFO)"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else if file_type.is_block_device() || file_type.is_char_device() {
+        "a device"
+    } else {
+        "not a regular file"
+    };
+    ToolError::execution(format!(
+        "`{}` is {kind}; the file tools read and write regular files only",
+        resolved.lexical.display()
+    ))
+}
+
+/// Opens a regular file: checked before opening, then opened without blocking (a
+/// FIFO put there in between cannot hold the call) and checked again on the handle.
+fn open_regular(resolved: &Resolved, options: &mut fs::OpenOptions) -> Result<fs::File, ToolError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    require_regular(resolved)?;
+    let file = options
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(&resolved.path)
+        .map_err(|e| io_error(&resolved.path, e))?;
+    let metadata = file.metadata().map_err(|e| io_error(&resolved.path, e))?;
+    if !metadata.is_file() {
+        return Err(not_regular(resolved, metadata.file_type()));
+    }
+    Ok(file)
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> ToolError {

@@ -133,15 +133,41 @@ async fn malformed_roots_are_named() {
         (json!([file_root]).to_string(), "not a directory"),
         (format!("{}:relative", s(&h.root())), "not an absolute path"),
     ];
+    // Refused when set (issue 31), with the reason: the domain never looks active
+    // with roots that cannot work.
     for (value, expected) in cases {
-        h.set_roots(&value).await;
-        let message = h.err("browse_directory", json!({})).await;
+        let refused = h
+            .ctx
+            .settings()
+            .set("filesystem_roots", &value)
+            .await
+            .expect_err(&value)
+            .to_string();
         assert!(
-            message.contains("setting `filesystem_roots` is malformed")
-                && message.contains(expected),
-            "{value}: {message}"
+            refused.contains("setting `filesystem_roots` is malformed")
+                && refused.contains(expected),
+            "{value}: {refused}"
+        );
+        assert_eq!(
+            h.ctx
+                .settings()
+                .get("filesystem_roots")
+                .await
+                .expect("read"),
+            None
         );
     }
+    // A root that goes away after it was set is named when a tool runs.
+    let gone = h.dir.path().join("gone");
+    fs::create_dir_all(&gone).expect("mkdir");
+    h.set_roots(&json!([gone]).to_string()).await;
+    fs::remove_dir(&gone).expect("rmdir");
+    let message = h.err("browse_directory", json!({})).await;
+    assert!(
+        message.contains("setting `filesystem_roots` is malformed")
+            && message.contains("cannot be opened"),
+        "{message}"
+    );
     // Both accepted forms work, with several roots.
     h.set_roots(&format!("{}:{}", s(&h.root()), s(&h.root().join("docs"))))
         .await;
@@ -485,4 +511,43 @@ async fn write_create_overwrite_and_dirs() {
     h.ok("write_file", json!({"path": absolute, "content": "ok"}))
         .await;
     assert!(h.root().join("abs.txt").exists());
+}
+
+/// Issue 31, defect 2: a FIFO inside the roots blocked `read_file` and `write_file`
+/// forever (and with them stdio `loadout mcp`). They now refuse it without opening
+/// it, and so a Unix socket.
+#[tokio::test]
+async fn fifos_and_sockets_are_refused_without_blocking() {
+    let h = harness().await;
+    let fifo = h.root().join("pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    let socket = h.root().join("socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    for (path, kind) in [(&fifo, "named pipe"), (&socket, "socket")] {
+        let calls = [
+            ("read_file", json!({"path": s(path)})),
+            (
+                "write_file",
+                json!({"path": s(path), "content": "x", "overwrite": true}),
+            ),
+        ];
+        for (tool, args) in calls {
+            let answer =
+                tokio::time::timeout(std::time::Duration::from_secs(10), h.call(tool, args))
+                    .await
+                    .unwrap_or_else(|_| panic!("{tool} on a {kind} blocked"));
+            let message = answer.expect_err(tool).to_string();
+            assert!(
+                message.contains(kind) && message.contains("regular files"),
+                "{tool}: {message}"
+            );
+        }
+    }
+    // Details are still given.
+    let info = h.ok("file_info", json!({"path": s(&fifo)})).await;
+    assert_eq!(info["kind"], "other");
 }

@@ -89,6 +89,8 @@ impl ScratchpadEngine for Scratchpad<'_> {
 }
 
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Memory for each sort or hash of a `query_data` statement before it spills to disk.
+const QUERY_WORK_MEM: &str = "16MB";
 /// Longest text returned in one cell of a query result, in characters.
 const MAX_CELL_CHARS: usize = 10_000;
 
@@ -403,8 +405,10 @@ async fn run_query(
 ) -> Result<QueryResult, QueryFailure> {
     let tx = client.transaction().await?;
     // First, so that waiting for another query's grants (below) is bounded too.
+    // work_mem bounds each sort and hash of the query in the server's memory (past
+    // it they spill to disk), for every query of every session alike.
     tx.batch_execute(&format!(
-        "SET LOCAL statement_timeout = {}",
+        "SET LOCAL statement_timeout = {}; SET LOCAL work_mem = '{QUERY_WORK_MEM}'",
         timeout.as_millis().max(1)
     ))
     .await?;

@@ -7,8 +7,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use loadout::ToolError;
 use rusqlite::limits::Limit;
@@ -64,6 +63,15 @@ impl ScratchpadEngine for Scratchpad {
 }
 
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest string or blob a query may build (SQLITE_LIMIT_LENGTH): one
+/// `replace(hex(zeroblob(…)))` took 1.9 GB and ran 30 s in one step before it.
+pub const MAX_VALUE_BYTES: i32 = 8 * 1024 * 1024;
+/// The most memory SQLite may hold in this process, for every connection together
+/// (a process-wide limit: SQLite has none per connection). A query past it fails
+/// with "out of memory" instead of taking the machine's.
+pub const HEAP_LIMIT_BYTES: i64 = 512 * 1024 * 1024;
+/// Virtual-machine steps between two looks at the deadline.
+const PROGRESS_STEPS: i32 = 1_000;
 /// Largest scratch database: 64 MiB of 4 KiB pages.
 const MAX_PAGE_COUNT: i64 = 16_384;
 /// Longest text returned in one cell of a query result, in characters.
@@ -230,20 +238,14 @@ pub async fn query_data(
             // Create the (empty) database so the read-only connection can open it.
             drop(open_writer(&path)?);
         }
-        let conn = open_read_only(&path)?;
-        // Interrupt the statement if it outlives the timeout; dropping `done_tx`
-        // when the query ends wakes the watchdog early.
-        let interrupt = conn.get_interrupt_handle();
-        let (done_tx, done_rx) = mpsc::channel::<()>();
-        let watchdog = std::thread::spawn(move || {
-            if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(timeout) {
-                interrupt.interrupt();
-            }
-        });
-        let result = run_query(&conn, &sql, limit, timeout);
-        drop(done_tx);
-        let _ = watchdog.join();
-        result
+        let mut conn = open_read_only(&path)?;
+        // SQLite asks the handler every few hundred virtual-machine steps, and stops
+        // the statement once it answers true. No single step runs long: no value may
+        // outgrow MAX_VALUE_BYTES (see open_read_only).
+        let deadline = Instant::now() + timeout;
+        conn.progress_handler(PROGRESS_STEPS, Some(move || Instant::now() >= deadline))
+            .map_err(open_error)?;
+        run_query(&conn, &sql, limit, timeout)
     })
     .await
 }
@@ -310,6 +312,13 @@ fn query_error(e: rusqlite::Error, timeout: Duration) -> ToolError {
             "the query ran longer than {} s and was stopped; narrow it or add a LIMIT",
             timeout.as_secs_f64()
         )),
+        Some(ErrorCode::TooBig) => ToolError::execution(format!(
+            "the query built a value larger than {} MiB and was stopped; query_data returns data, not large computed strings",
+            MAX_VALUE_BYTES / (1024 * 1024)
+        )),
+        Some(ErrorCode::OutOfMemory) => ToolError::execution(
+            "the query needed more memory than query_data allows and was stopped; narrow it",
+        ),
         _ if matches!(e, rusqlite::Error::MultipleStatement) => ToolError::execution(
             "query_data runs exactly one statement; send one SELECT without a second statement after `;`",
         ),
@@ -445,6 +454,13 @@ pub(crate) fn open_read_only(path: &Path) -> Result<Connection, ToolError> {
     conn.pragma_update(None, "trusted_schema", "OFF")
         .map_err(open_error)?;
     conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0)
+        .map_err(open_error)?;
+    conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+        .map_err(open_error)?;
+    // Sorts and temporary tables spill to disk past a small cache.
+    conn.pragma_update(None, "cache_size", -8_192)
+        .map_err(open_error)?;
+    conn.pragma_update(None, "hard_heap_limit", HEAP_LIMIT_BYTES)
         .map_err(open_error)?;
     Ok(conn)
 }

@@ -411,6 +411,32 @@ async fn runaway_queries_are_interrupted() {
     drop(dir);
 }
 
+/// Issue 31, defect 4: one `replace(hex(zeroblob(…)))` took 1.9 GB of the server's
+/// memory and ran 30 s past the 5 s limit, in one step the interrupt never reached.
+/// Now no value may outgrow a bound, so it stops at once with the reason.
+#[tokio::test]
+async fn a_query_that_builds_a_huge_value_stops_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("scratchpad").join("huge.db");
+    let started = Instant::now();
+    let sql = "SELECT length(replace(hex(zeroblob(100000000)),'00','abcdefgh'))";
+    let error = crate::sqlite::query_data(path.clone(), sql.into(), 10, Duration::from_secs(5))
+        .await
+        .expect_err("refused");
+    assert!(error.to_string().contains("larger than"), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // Within the bound, the same shape of query still answers.
+    let sql = "SELECT length(replace(hex(zeroblob(1000)),'00','ab'))";
+    let answer = crate::sqlite::query_data(path, sql.into(), 10, Duration::from_secs(5))
+        .await
+        .expect("a small value");
+    assert_eq!(answer.rows, vec![vec![json!(2000)]]);
+}
+
 #[tokio::test]
 async fn each_session_has_its_own_database() {
     let (dir, harnesses) = harnesses().await;

@@ -5,7 +5,6 @@
 //! status and a JSON body. The dashboard is one embedded HTML page at `/`; the MCP
 //! server is mounted at `/mcp`.
 
-mod auth;
 pub mod chat;
 mod dashboard;
 mod domains;
@@ -24,7 +23,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt as _;
 
 use crate::app::App;
 use crate::log_writer::AuditWriter;
@@ -57,7 +55,7 @@ pub struct Args {
 pub struct HttpState {
     pub app: App,
     /// Required bearer token, when the server is reachable beyond loopback.
-    pub token: Option<Arc<str>>,
+    pub token: Option<BearerToken>,
     /// The audit log of tool calls (chat turns and `/mcp`).
     pub audit: AuditWriter,
     /// The model client, shared by every chat turn.
@@ -70,7 +68,7 @@ pub struct HttpState {
 
 impl HttpState {
     /// State without the MCP endpoint; starts the audit writer on the current runtime.
-    pub fn new(app: App, token: Option<Arc<str>>) -> HttpState {
+    pub fn new(app: App, token: Option<BearerToken>) -> HttpState {
         let audit = AuditWriter::new(app.store().clone());
         let openai_definitions = Arc::new(route::OpenAiDefinitions::new(&app.registry));
         HttpState {
@@ -168,11 +166,14 @@ pub fn app(state: HttpState) -> Router {
             "/api/chat",
             post(chat::chat)
                 .route_layer(axum::middleware::from_fn_with_state(CHAT_TIMEOUT, deadline)),
-        )
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_token,
-        ));
+        );
+    let api = match &state.token {
+        Some(token) => api.route_layer(axum::middleware::from_fn_with_state(
+            token.clone(),
+            crate::mcp::require_bearer,
+        )),
+        None => api,
+    };
     // The page holds no data: every call it makes goes through the API's auth.
     let page = Router::new().route("/", get(dashboard::page)).route_layer(
         axum::middleware::from_fn_with_state(REQUEST_TIMEOUT, deadline),
@@ -184,11 +185,8 @@ pub fn app(state: HttpState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state.clone());
     if let Some(mcp) = &state.mcp {
-        match state.token.as_deref().map(BearerToken::new).transpose() {
-            Ok(token) => router = router.merge(crate::mcp::http_router(mcp, token)),
-            // Never serve MCP without the token the API requires.
-            Err(e) => tracing::warn!("/mcp not mounted: {e}"),
-        }
+        // The same token as the API's, checked by the same middleware.
+        router = router.merge(crate::mcp::http_router(mcp, state.token.clone()));
     }
     router
 }
@@ -220,7 +218,7 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 }
 
 pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
-    let token = auth::token_for(args.addr)?;
+    let token = BearerToken::for_address(args.addr, "loadout")?;
     // Before anything is built from the registry: chat, `/api/route` and `/mcp` all
     // see the toolkit domains (a toolkit domain named like a linked one is skipped).
     let app = match &args.catalog {
@@ -241,28 +239,37 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.addr))?;
     let local = listener.local_addr()?;
-    // Small responses and SSE events go out at once instead of waiting on Nagle's
-    // algorithm for the client's delayed ACK.
-    let listener = listener.tap_io(|stream| {
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY not set: {e}");
-        }
-    });
     eprintln!("loadout: serving on http://{local} (dashboard at /, MCP at /mcp)");
     let stopping = state.clone();
-    let served = axum::serve(listener, self::app(state.clone()))
-        .with_graceful_shutdown(async move {
+    crate::listener::serve(
+        listener,
+        self::app(state.clone()),
+        crate::listener::Limits::default(),
+        async move {
             shutdown_signal().await;
             // Open MCP streams end here, which lets the graceful shutdown finish.
             if let Some(mcp) = &stopping.mcp {
                 mcp.shutdown().await;
             }
-        })
-        .await;
-    state.shutdown().await;
-    served?;
+        },
+    )
+    .await;
+    // Queued log rows are written; a stuck upstream server does not hold the exit.
+    if tokio::time::timeout(SHUTDOWN_GRACE, state.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "shutting down took longer than {} s: exiting",
+            SHUTDOWN_GRACE.as_secs()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
+
+/// How long the work after the listener closed (writing queued log rows, stopping
+/// upstream servers) may take before the process exits anyway.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Ctrl-C or SIGTERM: stop accepting, finish requests in flight.
 pub async fn shutdown_signal() {

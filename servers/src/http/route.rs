@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use loadout::Registry;
 use serde::Deserialize;
 
-use super::extract::ApiJson;
+use super::extract::{ApiJson, present};
 use super::{ApiError, HttpState};
 use crate::routing::{RouteError, RoutedTurn, TurnRequest};
 
@@ -16,13 +16,13 @@ use crate::routing::{RouteError, RoutedTurn, TurnRequest};
 #[serde(deny_unknown_fields)]
 pub struct RouteBody {
     /// Session id; omitted → a one-off message with no session state.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     session: Option<String>,
     message: String,
     /// Tools the client's model called since its previous turn.
     #[serde(default)]
     called: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     token_budget: Option<usize>,
 }
 

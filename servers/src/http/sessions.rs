@@ -1,11 +1,12 @@
 //! `/api/sessions`: create one, read one back with its messages and decisions.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use loadout_store::MessageRow;
 use serde_json::{Value, json};
 
+use super::extract::ApiPath;
 use super::{ApiError, HttpState};
 
 pub async fn create(State(state): State<HttpState>) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -15,7 +16,7 @@ pub async fn create(State(state): State<HttpState>) -> Result<(StatusCode, Json<
 
 pub async fn show(
     State(state): State<HttpState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     loadout_store::validate_session_id(&id)?;
     let store = state.app.store();

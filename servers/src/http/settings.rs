@@ -2,12 +2,12 @@
 //! shared settings cache, so the router sees them at once.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use loadout::{is_secret_key, mask_secret};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::extract::ApiJson;
+use super::extract::{ApiJson, ApiPath};
 use super::{ApiError, HttpState};
 
 fn shown(key: &str, value: &str) -> String {
@@ -29,7 +29,7 @@ pub async fn list(State(state): State<HttpState>) -> Result<Json<Value>, ApiErro
 
 pub async fn show(
     State(state): State<HttpState>,
-    Path(key): Path<String>,
+    ApiPath(key): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     loadout_store::validate_setting_key(&key)?;
     match state.app.settings.get(&key).await? {
@@ -48,7 +48,7 @@ pub struct PutBody {
 
 pub async fn put(
     State(state): State<HttpState>,
-    Path(key): Path<String>,
+    ApiPath(key): ApiPath<String>,
     ApiJson(body): ApiJson<PutBody>,
 ) -> Result<Json<Value>, ApiError> {
     state.app.settings.set(&key, &body.value).await?;
@@ -57,7 +57,7 @@ pub async fn put(
 
 pub async fn delete(
     State(state): State<HttpState>,
-    Path(key): Path<String>,
+    ApiPath(key): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     loadout_store::validate_setting_key(&key)?;
     if state.app.settings.unset(&key).await? {

@@ -28,7 +28,7 @@ use loadout::Registry;
 use rmcp::ServiceExt;
 use tokio::sync::{mpsc, watch};
 
-pub use auth::BearerToken;
+pub use auth::{BearerToken, require_bearer};
 use catalog::Catalog;
 pub use handler::McpHandler;
 use handler::Shared;
@@ -331,7 +331,8 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         None => serve_stdio(&server).await,
         Some(addr) => serve_http(&server, addr).await,
     };
-    server.shutdown().await;
+    // A stuck upstream server does not hold the exit.
+    let _ = tokio::time::timeout(crate::http::SHUTDOWN_GRACE, server.shutdown()).await;
     served.map(|()| ExitCode::SUCCESS)
 }
 
@@ -353,21 +354,7 @@ async fn serve_stdio(server: &McpServer) -> anyhow::Result<()> {
 }
 
 async fn serve_http(server: &McpServer, addr: SocketAddr) -> anyhow::Result<()> {
-    let token = if auth::needs_token(&addr) {
-        Some(match std::env::var("LOADOUT_TOKEN") {
-            Ok(token) if !token.trim().is_empty() => BearerToken::new(&token)?,
-            _ => {
-                let token = BearerToken::generate()?;
-                eprintln!(
-                    "loadout mcp: {addr} is not loopback, so requests need a bearer token; none was set (LOADOUT_TOKEN), generated: {}",
-                    token.as_str()
-                );
-                token
-            }
-        })
-    } else {
-        None
-    };
+    let token = BearerToken::for_address(addr, "loadout mcp")?;
     let router = http_router(server, token);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -376,14 +363,18 @@ async fn serve_http(server: &McpServer, addr: SocketAddr) -> anyhow::Result<()> 
     // Tests and scripts read this line to learn the port when ADDR ends in `:0`.
     eprintln!("loadout mcp: listening on http://{local}/mcp");
     let server = server.clone();
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
+    crate::listener::serve(
+        listener,
+        router,
+        crate::listener::Limits::default(),
+        async move {
             shutdown_signal().await;
             // Open SSE streams end here, which lets the graceful shutdown finish.
             server.shutdown().await;
-        })
-        .await
-        .context("HTTP server")
+        },
+    )
+    .await;
+    Ok(())
 }
 
 /// Ctrl-C or SIGTERM.

@@ -8,6 +8,7 @@
 mod audit;
 mod connection;
 mod decisions;
+mod integrity;
 mod migrations;
 mod sessions;
 mod settings;
@@ -67,6 +68,12 @@ impl From<Error> for StoreError {
             // Another process held the file past the busy timeout: worth a retry.
             Error::Sql(e) => match e.sqlite_error_code() {
                 Some(DatabaseBusy | DatabaseLocked) => StoreError::Unavailable(e.to_string()),
+                // Not an outage: retrying will not help, restoring will.
+                Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+                    StoreError::Database(format!(
+                        "the database file is damaged ({e}): stop loadout and restore it from a backup, or recover it with `sqlite3 FILE .recover` (README, Crash safety)"
+                    ))
+                }
                 _ => StoreError::Database(e.to_string()),
             },
         }
@@ -97,10 +104,23 @@ impl SqliteStore {
                 if let Some(parent) = opened.parent()
                     && !parent.as_os_str().is_empty()
                 {
-                    std::fs::create_dir_all(parent).map_err(|e| open_err(&e))?;
+                    private_dir(parent).map_err(|e| open_err(&e))?;
                 }
+                // A file that lost its contents is refused before SQLite opens it
+                // (and would initialize an empty one in its place).
+                let verdict = integrity::inspect(&opened)
+                    .map_err(|what| open_err(&integrity::refusal(&opened, &what)))?;
                 let mut conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
                 configure(&conn).map_err(|e| open_err(&e))?;
+                if let integrity::Verdict::CheckWhenOpen(what) = verdict {
+                    let check: String = conn
+                        .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+                        .unwrap_or_else(|e| e.to_string());
+                    if check != "ok" {
+                        let what = format!("{what}, and SQLite finds it damaged ({check})");
+                        return Err(open_err(&integrity::refusal(&opened, &what)));
+                    }
+                }
                 // Checkpoints run on the log connection, not inside a request's
                 // commit, where copying the WAL back stalled it.
                 conn.pragma_update(None, "wal_autocheckpoint", 0)
@@ -109,6 +129,9 @@ impl SqliteStore {
                 check_version(&conn, "main", SCHEMA_VERSION)?;
                 attach_decisions(&mut conn, &opened)?;
                 migrate(&mut conn, "main", MIGRATIONS, SCHEMA_VERSION)?;
+                // The files hold credentials and conversations: their user's only,
+                // also when an older loadout or another umask created them.
+                private_files(&opened).map_err(|e| open_err(&e))?;
                 let log_conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
                 configure(&log_conn).map_err(|e| open_err(&e))?;
                 attach(&log_conn, &decisions_path(&opened)).map_err(|e| open_err(&e))?;
@@ -155,4 +178,37 @@ impl SqliteStore {
     {
         self.log_conn.run(f).await
     }
+}
+
+/// Creates `dir` and its missing parents readable by their user only (0700); an
+/// existing folder is left as it is, since the operator may share it on purpose.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Makes the database's files (main, decision log, their WAL and shared memory)
+/// readable and writable by their user only (0600).
+fn private_files(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let decisions = decisions_path(path);
+    for base in [path, decisions.as_path()] {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut name = base.as_os_str().to_owned();
+            name.push(suffix);
+            let file = PathBuf::from(name);
+            match std::fs::metadata(&file) {
+                Ok(metadata) if metadata.permissions().mode() & 0o077 != 0 => {
+                    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }

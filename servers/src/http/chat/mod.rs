@@ -31,7 +31,7 @@ use turn::{Events, Turn};
 #[serde(deny_unknown_fields)]
 pub struct ChatBody {
     /// Session id; omitted → a new session, whose id the answer carries.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::extract::present")]
     session: Option<String>,
     message: String,
 }
