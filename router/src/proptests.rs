@@ -176,6 +176,7 @@ proptest! {
                 settings: &settings,
                 session: &session,
                 token_budget: budget,
+                learned: None,
             });
             let budget = budget.unwrap_or(router.config().token_budget);
             prop_assert_eq!(selection.tokens, selection.tools.iter().map(|t| t.tokens).sum::<usize>());

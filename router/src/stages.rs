@@ -757,10 +757,11 @@ impl<'a> Pass<'a> {
 
     /// A destructive tool (`destructive = true`, MCP's `destructiveHint`) is sent only
     /// on direct evidence for it: the message asks for that action (one of the tool's
-    /// keywords, or its verb with its object, or it is the best match of its domain's
-    /// tools), a workflow step, an explicit load or pin, or the last turn sent it on
-    /// such evidence (carry-over: "delete the 2023 backups" → "are you sure?" →
-    /// "yes"). Backfill, fallback or a match of its domain alone never send one.
+    /// keywords; its verb and object; a destructive verb while its domain is what the
+    /// message or the conversation is about; the best match of its domain's tools), a
+    /// workflow step, an explicit load or pin, or the last turn sent it on such
+    /// evidence (carry-over: "delete the 2023 backups" → "are you sure?" → "yes").
+    /// Backfill, fallback or a match of its domain alone never send one.
     pub(crate) fn destructive_guard(&mut self) {
         let router = self.router;
         if !router.config.destructive_needs_evidence {
@@ -770,10 +771,34 @@ impl<'a> Pass<'a> {
         crate::lexical::for_each_term(&self.input.message.to_lowercase(), |term| {
             message_words.push(term.to_owned())
         });
+        let asks_to_destroy = message_words.iter().any(|w| {
+            DESTRUCTIVE_VERBS
+                .iter()
+                .any(|v| crate::lexical::stem(v) == w)
+        });
         for t in self.sent.sorted() {
             let Some((stage, _)) = self.sent.get(t) else {
                 continue;
             };
+            let d = router.names.tool_domains[t];
+            let domain_stage = self.verdicts.get(d).map(|v| v.stage);
+            let about_its_domain = matches!(
+                domain_stage,
+                Some(
+                    Stage::Keyword
+                        | Stage::Bm25
+                        | Stage::Dense
+                        | Stage::Fused
+                        | Stage::Learned
+                        | Stage::Sticky
+                        | Stage::Pinned
+                        | Stage::Carried
+                )
+            );
+            let on_message_evidence = matches!(
+                domain_stage,
+                Some(Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused)
+            );
             if !router.destructive[t]
                 || matches!(
                     stage,
@@ -785,8 +810,13 @@ impl<'a> Pass<'a> {
                         | Stage::AlwaysOn
                 )
                 || self.evidence.tool_keyword_hits[t] > 0
-                || names_the_action(&router.names.tools[t], &message_words)
-                || self.is_best_of_its_domain(t)
+                || names_the_action(
+                    &router.names.tools[t],
+                    &router.names.domains[d],
+                    &message_words,
+                )
+                || (asks_to_destroy && about_its_domain)
+                || (on_message_evidence && self.is_top_match_of_its_domain(t))
             {
                 continue;
             }
@@ -796,14 +826,23 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// The tool has the best similarity of its domain's tools to the message.
-    fn is_best_of_its_domain(&self, t: usize) -> bool {
+    /// The tool is the most similar to the message of its domain's tools, and among
+    /// the few most similar of all: its own text matches, not just its domain's. Only
+    /// with the dense stage: BM25 alone ranks a short message's stray word too high
+    /// ("remind me to call mom at 6" ranks `reboot_server` among the first five).
+    fn is_top_match_of_its_domain(&self, t: usize) -> bool {
+        const TOP: usize = 5;
+        if !self.evidence.dense_on {
+            return false;
+        }
         let similarity = &self.evidence.tool_similarity;
         let own = similarity.get(t).copied().unwrap_or(0.0);
+        let domain = &self.router.tools_by_domain[self.router.names.tool_domains[t]];
         own > 0.0
-            && self.router.tools_by_domain[self.router.names.tool_domains[t]]
+            && domain
                 .iter()
                 .all(|&other| other == t || similarity.get(other).copied().unwrap_or(0.0) < own)
+            && similarity.iter().filter(|&&other| other > own).count() < TOP
     }
 
     /// Trims the lowest-scoring optional tools to the token budget: never core,
@@ -1083,16 +1122,78 @@ impl DomainVerdict {
     }
 }
 
-/// Whether the message names the tool's action: the first word of its name (the
-/// verb: `delete`, `reboot`) and, for a longer name, one of the others (the object:
-/// `backup`, `server`), each as a word of the message (stemmed).
-fn names_the_action(tool: &str, message_words: &[String]) -> bool {
-    let mut words = tool.split(['_', '-']).filter(|w| !w.is_empty());
+/// Verbs that ask to destroy, undo or stop something (English stems; Korean as the
+/// two-syllable windows the lexical stage makes of a word).
+const DESTRUCTIVE_VERBS: &[&str] = &[
+    "delete",
+    "remove",
+    "erase",
+    "clear",
+    "clean",
+    "drop",
+    "purge",
+    "prune",
+    "wipe",
+    "cancel",
+    "uninstall",
+    "destroy",
+    "kill",
+    "terminate",
+    "stop",
+    "reboot",
+    "restart",
+    "shutdown",
+    "restore",
+    "revert",
+    "rollback",
+    "reset",
+    "forget",
+    "discard",
+    "trash",
+    "revoke",
+    "unblock",
+    "block",
+    "ban",
+    "format",
+    "overwrite",
+    "empty",
+    "undo",
+    "roll",
+    "nuke",
+    "scrap",
+    "disable",
+    "deactivate",
+    "off",
+    "unsubscribe",
+    "unmount",
+    "eject",
+    "abort",
+    "reject",
+    "삭제",
+    "지워",
+    "지우",
+    "취소",
+    "제거",
+    "없애",
+    "초기",
+    "재부",
+];
+
+/// Whether the message names the tool's action: the first word of its name after
+/// the domain's (the verb: `delete`, `reboot`) and, for a longer name, one of the
+/// others (the object: `backup`, `server`), each as a word of the message (stemmed).
+fn names_the_action(tool: &str, domain: &str, message_words: &[String]) -> bool {
+    let mut words = tool
+        .split(['_', '-'])
+        .filter(|w| !w.is_empty())
+        .skip_while(|w| domain.split(['_', '-']).any(|d| d.eq_ignore_ascii_case(w)))
+        .peekable();
     let Some(verb) = words.next() else {
         return false;
     };
     let has = |word: &str| {
-        let stem = crate::lexical::stem(word);
+        let word = word.to_lowercase();
+        let stem = crate::lexical::stem(&word);
         message_words.iter().any(|w| w == stem)
     };
     let objects: Vec<&str> = words.collect();

@@ -1597,3 +1597,137 @@ fn a_learned_index_leaves_out_unknown_tools_and_empty_entries() {
     let t = router.registry().tool_idx("search_news").expect("tool");
     assert_eq!(index.tool_entries(t), 1);
 }
+
+/// The shared eval catalog beside the repository (`../shared/eval/catalog`); CI has
+/// it, a checkout alone may not.
+fn shared_catalog_router() -> Option<Router> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/eval/catalog");
+    if !dir.is_dir() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs beside ../shared/eval/catalog"
+        );
+        eprintln!("skipped: no {}", dir.display());
+        return None;
+    }
+    let toolkits = toolkit::load_dir(&dir).unwrap_or_else(|e| panic!("shared catalog: {e}"));
+    let mut builder = Registry::builder();
+    for toolkit in toolkits {
+        builder = builder.toolkit(toolkit);
+    }
+    let registry = builder
+        .build()
+        .unwrap_or_else(|e| panic!("shared registry: {e}"));
+    Some(Router::new(Arc::new(registry), RouterConfig::default()))
+}
+
+/// Routes with every settings key of the router's registry set.
+fn route_configured(router: &Router, message: &str, session: &SessionView) -> Selection {
+    let settings: BTreeMap<String, String> = router
+        .registry()
+        .domains()
+        .iter()
+        .flat_map(|d| {
+            d.settings_keys
+                .iter()
+                .map(|k| (k.to_string(), "set".to_owned()))
+        })
+        .collect();
+    router.select(&RouteInput {
+        message,
+        settings: &settings,
+        session,
+        token_budget: None,
+        learned: None,
+    })
+}
+
+fn sent_destructive(router: &Router, selection: &Selection) -> Vec<String> {
+    let registry = router.registry();
+    selection
+        .tools
+        .iter()
+        .filter(|t| {
+            registry
+                .tool(&t.name)
+                .is_some_and(|tool| tool.annotations.destructive == Some(true))
+        })
+        .map(|t| t.name.to_string())
+        .collect()
+}
+
+#[test]
+fn destructive_tools_go_out_only_on_direct_evidence() {
+    let Some(router) = shared_catalog_router() else {
+        return;
+    };
+    let view = SessionView::new(1);
+    for message in [
+        "remind me to call mom at 6",
+        "what's on my calendar next week",
+        "how much disk space is left",
+    ] {
+        let selection = route_configured(&router, message, &view);
+        assert_eq!(
+            sent_destructive(&router, &selection),
+            Vec::<String>::new(),
+            "{message}: {}",
+            selection.summary_line()
+        );
+    }
+    let reboot = route_configured(&router, "reboot the server now", &view);
+    assert!(
+        reboot.contains("reboot_server"),
+        "{}",
+        reboot.summary_line()
+    );
+    let held = route_configured(&router, "remind me to call mom at 6", &view);
+    assert!(
+        held.tool_decisions
+            .iter()
+            .any(|d| d.stage == Stage::NoDirectEvidence),
+        "the trace names the held-back tools"
+    );
+}
+
+#[test]
+fn a_confirmed_destructive_action_is_carried_to_the_yes() {
+    let Some(router) = shared_catalog_router() else {
+        return;
+    };
+    let mut view = SessionView::new(1);
+    let first = route_configured(&router, "delete the 2023 backups", &view);
+    assert!(first.contains("delete_backup"), "{}", first.summary_line());
+    // The model asked "are you sure?" and called nothing.
+    view.record_calls::<&str>(&router, &[]);
+    view.begin_turn(2, Some(&first));
+    let second = route_configured(&router, "yes", &view);
+    assert!(
+        second.contains("delete_backup"),
+        "{}",
+        second.summary_line()
+    );
+}
+
+#[test]
+fn without_the_rule_backfill_sends_destructive_tools() {
+    // The rule's test above could pass because nothing sends those tools anyway:
+    // without it, the same message sends some.
+    let Some(guarded) = shared_catalog_router() else {
+        return;
+    };
+    let router = Router::new(
+        guarded.registry().clone(),
+        RouterConfig {
+            destructive_needs_evidence: false,
+            ..RouterConfig::default()
+        },
+    );
+    let view = SessionView::new(1);
+    let selection = route_configured(&router, "remind me to call mom at 6", &view);
+    assert!(
+        !sent_destructive(&router, &selection).is_empty(),
+        "{}",
+        selection.summary_line()
+    );
+}
