@@ -369,6 +369,41 @@ async fn route_answers_with_openai_tools_hints_reasons_and_tokens() {
 }
 
 #[tokio::test]
+async fn route_names_an_unconfigured_domain_that_fits_the_message() {
+    let (_dir, app) = http_app(None).await;
+    let (status, routed) = send(
+        &app,
+        "POST",
+        "/api/route",
+        Some(json!({"message": "read the file notes.txt from my documents folder"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{routed}");
+    let unconfigured = &routed["selection"]["unconfigured"];
+    assert_eq!(unconfigured[0]["domain"], "filesystem", "{routed}");
+    assert_eq!(
+        unconfigured[0]["missing_settings"],
+        json!(["filesystem_roots"])
+    );
+    assert!(
+        routed["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("filesystem (not configured: set filesystem_roots)")),
+        "{}",
+        routed["summary"]
+    );
+    // A message about something configured names nothing.
+    let (_, other) = send(
+        &app,
+        "POST",
+        "/api/route",
+        Some(json!({"message": "remember that my parrot is called Polly"})),
+    )
+    .await;
+    assert!(other["selection"].get("unconfigured").is_none(), "{other}");
+}
+
+#[tokio::test]
 async fn route_refuses_bad_messages_and_names_with_clear_errors() {
     let (_dir, app) = http_app(None).await;
     let cases = [

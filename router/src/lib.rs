@@ -46,7 +46,8 @@ use serde::{Deserialize, Serialize};
 pub use embed::{DenseIndex, Embedder};
 pub use learned::{LearnedEntry, LearnedIndex};
 pub use selection::{
-    DomainDecision, Hint, Name, SelectedTool, Selection, Stage, ToolDecision, thousands,
+    DomainDecision, Hint, Name, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
+    thousands,
 };
 pub use session::{DomainState, SessionError, SessionView, carry_over};
 

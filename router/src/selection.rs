@@ -210,6 +210,30 @@ pub struct SelectedTool {
     pub(crate) tool_idx: usize,
 }
 
+/// A domain that is not configured but fits the message at least as well as what was
+/// sent (scored by the same stages): the model is told, so it can ask the user for
+/// the settings, e.g. `weather (not configured: set openweathermap_api_key)`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Unconfigured {
+    pub domain: Name,
+    /// The settings keys it still needs.
+    pub missing_settings: Vec<String>,
+    /// The stage whose evidence it has (keyword, bm25, dense, fused).
+    pub stage: Stage,
+    pub score: f32,
+}
+
+impl std::fmt::Display for Unconfigured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (not configured: set {})",
+            self.domain,
+            self.missing_settings.join(", ")
+        )
+    }
+}
+
 /// The compact line shown for an active tool that is not sent: enough for the model to
 /// ask for it with `load_tools`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -248,6 +272,10 @@ pub struct Selection {
     pub n_tools: usize,
     /// Tools of active domains: what the reference "send every active tool" rule sends.
     pub n_active_tools: usize,
+    /// Unconfigured domains that fit the message at least as well as what was sent,
+    /// best first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unconfigured: Vec<Unconfigured>,
     /// Notes about how the selection was made (e.g. the dense stage failing).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -300,6 +328,9 @@ impl Selection {
             } else {
                 line.push_str(&format!(" {}({})", decision.domain, decision.stage));
             }
+        }
+        for unconfigured in &self.unconfigured {
+            line.push_str(&format!(" | {unconfigured}"));
         }
         line
     }

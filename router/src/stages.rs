@@ -6,7 +6,9 @@
 use std::borrow::Cow;
 
 use crate::evidence::{Evidence, LearnedVote, Rank, ranks, rrf};
-use crate::selection::{DomainDecision, SelectedTool, Selection, Stage, ToolDecision};
+use crate::selection::{
+    DomainDecision, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
+};
 use crate::{RouteInput, Router, chitchat};
 
 /// One message being routed.
@@ -884,7 +886,71 @@ impl<'a> Pass<'a> {
 
     /// The selection: domain decisions as what is actually sent says, the sent tools
     /// (core first, then by score), and hints for the best of the rest.
+    /// Unconfigured domains with a keyword, or past a similarity gate, that score at
+    /// least as well as the best domain sent on the message's evidence: at most
+    /// `MAX_UNCONFIGURED`, best first. Never for chit-chat.
+    fn unconfigured_matches(&self) -> Vec<Unconfigured> {
+        const MAX_UNCONFIGURED: usize = 3;
+        let router = self.router;
+        let config = &router.config;
+        let evidence = &self.evidence;
+        if self.chit_chat {
+            return Vec::new();
+        }
+        let best_sent = self
+            .verdicts
+            .iter()
+            .filter(|v| {
+                v.included()
+                    && matches!(
+                        v.stage,
+                        Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Learned
+                    )
+            })
+            .map(|v| v.score)
+            .fold(0.0f32, f32::max);
+        let mut matches: Vec<Unconfigured> = Vec::new();
+        for (d, domain) in router.registry.domains().iter().enumerate() {
+            if evidence.active[d] || router.domain_is_core[d] {
+                continue;
+            }
+            let bm25 = evidence
+                .pieces
+                .iter()
+                .any(|p| p.domain_bm25[d] >= config.bm25_min_score);
+            let dense = evidence.dense_on
+                && evidence
+                    .pieces
+                    .iter()
+                    .any(|p| p.domain_dense[d] >= config.dense_min_score);
+            let hits = evidence.keyword_hits_in_domain[d];
+            let stage = match (hits > 0, bm25, dense) {
+                (true, ..) => Stage::Keyword,
+                (false, true, true) => Stage::Fused,
+                (false, true, false) => Stage::Bm25,
+                (false, false, true) => Stage::Dense,
+                (false, false, false) => continue,
+            };
+            let score = keyword_score(hits).max(evidence.domain_similarity[d]);
+            if score < best_sent {
+                continue;
+            }
+            matches.push(Unconfigured {
+                domain: router.names.domains[d].clone(),
+                missing_settings: router
+                    .registry
+                    .missing_settings(&domain.name, self.input.settings),
+                stage,
+                score,
+            });
+        }
+        matches.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.domain.cmp(&b.domain)));
+        matches.truncate(MAX_UNCONFIGURED);
+        matches
+    }
+
     pub(crate) fn finish(self) -> Selection {
+        let unconfigured = self.unconfigured_matches();
         let Pass {
             router,
             budget,
@@ -996,6 +1062,7 @@ impl<'a> Pass<'a> {
             all_tools_tokens: router.all_tools_tokens,
             token_budget: budget,
             n_active_tools,
+            unconfigured,
             notes,
         }
     }

@@ -144,6 +144,52 @@ fn inactive_domains_are_never_sent_and_name_their_missing_settings() {
 }
 
 #[test]
+fn an_unconfigured_domain_that_fits_the_message_is_named_with_its_keys() {
+    let router = router();
+    let unset = BTreeMap::new();
+    let route_with = |message: &str, settings: &BTreeMap<String, String>| {
+        router.select(&RouteInput {
+            message,
+            settings,
+            session: &SessionView::new(1),
+            token_budget: None,
+            learned: None,
+        })
+    };
+    let selection = route_with("what's the weather in Seoul tomorrow", &unset);
+    let named: Vec<String> = selection
+        .unconfigured
+        .iter()
+        .map(|u| u.to_string())
+        .collect();
+    assert_eq!(named, ["weather (not configured: set weather_key)"]);
+    assert!(
+        selection
+            .summary_line()
+            .ends_with("| weather (not configured: set weather_key)"),
+        "{}",
+        selection.summary_line()
+    );
+    assert!(!selection.contains("get_weather_forecast"));
+
+    // Configured, it is sent and not named; a message about something else names
+    // nothing; and a better-fitting active domain outranks a weaker unconfigured one.
+    let configured = route_with("what's the weather in Seoul tomorrow", &all_settings());
+    assert!(configured.unconfigured.is_empty());
+    assert!(configured.contains("get_weather_forecast"));
+    assert!(
+        route_with("turn on the lamp", &unset)
+            .unconfigured
+            .is_empty()
+    );
+    let lamp = route_with(
+        "turn on the light and the lamp, then check the weather",
+        &unset,
+    );
+    assert!(lamp.unconfigured.is_empty(), "{:?}", lamp.unconfigured);
+}
+
+#[test]
 fn korean_keywords_route() {
     let router = router();
     let selection = route(&router, "부산 지금 날씨 어때", &SessionView::new(1));

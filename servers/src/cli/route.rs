@@ -78,6 +78,9 @@ async fn route_and_print(app: &App, args: &Args) -> anyhow::Result<()> {
                 tool.name, tool.domain, tool.stage, tool.score, tool.tokens
             );
         }
+        for unconfigured in &selection.unconfigured {
+            println!("not sent: {unconfigured}");
+        }
         if !selection.hints.is_empty() {
             println!("hints ({} tokens):", selection.hint_tokens);
             for hint in &selection.hints {

@@ -122,6 +122,21 @@ impl SessionControl for TurnControl {
             let hints = encoder_work(router, || {
                 router.search(query, Some(&state.routed.settings), None, limit)
             });
+            // Matches in domains that are not configured: named with the keys to ask for.
+            let everything = encoder_work(router, || router.search(query, None, None, limit));
+            let registry = router.registry();
+            let mut not_configured: Vec<String> = Vec::new();
+            for hint in &everything {
+                let missing = registry.missing_settings(&hint.domain, &state.routed.settings);
+                let line = format!(
+                    "{} (not configured: set {})",
+                    hint.domain,
+                    missing.join(", ")
+                );
+                if !missing.is_empty() && !not_configured.contains(&line) {
+                    not_configured.push(line);
+                }
+            }
             let results: Vec<Value> = hints
                 .into_iter()
                 .map(|hint| {
@@ -135,7 +150,11 @@ impl SessionControl for TurnControl {
             } else {
                 "Call load_tools with the names (or a domain) you need; they are callable right after."
             };
-            Ok(json!({"results": results, "note": note}))
+            let mut result = json!({"results": results, "note": note});
+            if !not_configured.is_empty() {
+                result["not_configured"] = json!(not_configured);
+            }
+            Ok(result)
         })
     }
 

@@ -394,6 +394,12 @@ pub fn system_prompt(selection: &Selection, registry: &loadout::Registry) -> Str
         .iter()
         .filter(|d| !d.included && d.stage != Stage::Inactive)
         .collect();
+    if !selection.unconfigured.is_empty() {
+        prompt.push_str("Domains that fit this message but are not configured (ask the user for these settings; credentials they give you can be stored with set_setting):\n");
+        for unconfigured in &selection.unconfigured {
+            prompt.push_str(&format!("- {unconfigured}\n"));
+        }
+    }
     if selection.hints.is_empty() && other_domains.is_empty() {
         prompt.push_str("Every active tool is in your tool list.\n");
         return prompt;
@@ -441,7 +447,11 @@ pub fn selection_event(step: usize, turn: i64, selection: &Selection) -> Value {
     let domains: Vec<Value> = selection
         .domains
         .iter()
-        .filter(|d| d.stage != Stage::Inactive || d.included)
+        .filter(|d| {
+            d.stage != Stage::Inactive
+                || d.included
+                || selection.unconfigured.iter().any(|u| u.domain == d.domain)
+        })
         .map(|d| json!({"domain": d.domain, "included": d.included, "stage": d.stage, "score": d.score, "reason": d.reason}))
         .collect();
     json!({
@@ -456,6 +466,7 @@ pub fn selection_event(step: usize, turn: i64, selection: &Selection) -> Value {
         "all_tools_tokens": selection.all_tools_tokens,
         "n_hints": selection.hints.len(),
         "domains": domains,
+        "unconfigured": selection.unconfigured,
     })
 }
 
