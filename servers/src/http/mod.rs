@@ -5,6 +5,7 @@
 //! status and a JSON body. The dashboard is one embedded HTML page at `/`; the MCP
 //! server is mounted at `/mcp`.
 
+mod audit;
 pub mod chat;
 mod dashboard;
 mod domains;
@@ -156,6 +157,7 @@ pub fn app(state: HttpState) -> Router {
                 .delete(settings::delete),
         )
         .route("/api/domains", get(domains::list))
+        .route("/api/audit", get(audit::tail))
         .route("/api/route", post(route::route))
         .route("/openapi.json", get(openapi::document))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -175,9 +177,14 @@ pub fn app(state: HttpState) -> Router {
         None => api,
     };
     // The page holds no data: every call it makes goes through the API's auth.
-    let page = Router::new().route("/", get(dashboard::page)).route_layer(
-        axum::middleware::from_fn_with_state(REQUEST_TIMEOUT, deadline),
-    );
+    let page = Router::new()
+        .route("/", get(dashboard::page))
+        .route("/favicon.svg", get(dashboard::favicon))
+        .route("/favicon.ico", get(dashboard::favicon))
+        .route_layer(axum::middleware::from_fn_with_state(
+            REQUEST_TIMEOUT,
+            deadline,
+        ));
     let mut router = api
         .merge(page)
         .fallback(not_found)
