@@ -951,3 +951,94 @@ async fn upstream_tools_are_routed_and_called_in_chat() {
     assert!(body.to_string().contains("fake__extra"), "{body}");
     state.shutdown().await;
 }
+
+/// The value of one series (name and labels exactly as rendered) in Prometheus text.
+fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?;
+        rest.strip_prefix(' ')?.trim().parse().ok()
+    })
+}
+
+/// Issue 32: `GET /metrics` after a routed turn whose model repaired a miss with
+/// load_tools. The recorder is per process, so other tests add to the same series:
+/// values are checked as lower bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_turns_calls_and_repaired_misses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(load_script(root.path())).await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "m1", "message": "remember that my parrot is called Polly"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    loadout_server::metrics::set_learned_entries(7);
+
+    let (status, body) = send(&state, "GET", "/metrics", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let text = body.as_str().expect("text");
+    let at_least = |series: &str, n: f64| {
+        let value = series_value(text, series);
+        assert!(
+            value.is_some_and(|v| v >= n),
+            "{series} = {value:?} in\n{text}"
+        );
+    };
+    at_least(
+        r#"loadout_tool_calls_total{tool="write_file",outcome="invalid"}"#,
+        1.0,
+    );
+    at_least(
+        r#"loadout_tool_calls_total{tool="write_file",outcome="ok"}"#,
+        1.0,
+    );
+    at_least(
+        r#"loadout_tool_calls_total{tool="load_tools",outcome="ok"}"#,
+        1.0,
+    );
+    at_least(r#"loadout_misses_repaired_total{via="load_tools"}"#, 1.0);
+    at_least(r#"loadout_route_seconds_count{path="lexical"}"#, 1.0);
+    at_least(
+        r#"loadout_route_seconds_bucket{path="lexical",le="+Inf"}"#,
+        1.0,
+    );
+    at_least("loadout_turn_tools_count", 1.0);
+    at_least(r#"loadout_turn_tokens_bucket{le="+Inf"}"#, 1.0);
+    assert_eq!(
+        series_value(text, "loadout_learned_entries"),
+        Some(7.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE loadout_route_seconds histogram"),
+        "{text}"
+    );
+}
+
+/// Issue 32: each upstream server's health is a gauge of `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_upstream_health() {
+    let Some(dir) = crate::support::data_dir_with_fake_upstream() else {
+        return;
+    };
+    let state = open(dir.path())
+        .await
+        .with_mcp()
+        .await
+        .expect("mcp")
+        .with_upstream_tools();
+    let (status, body) = send(&state, "GET", "/metrics", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let text = body.as_str().expect("text");
+    assert_eq!(
+        series_value(text, r#"loadout_upstream_up{server="fake"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    state.shutdown().await;
+}

@@ -136,6 +136,7 @@ async fn openapi_document_lists_every_endpoint_the_app_serves() {
         ("/api/route", "post"),
         ("/api/chat", "post"),
         ("/api/audit", "get"),
+        ("/metrics", "get"),
         ("/openapi.json", "get"),
         ("/", "get"),
     ];
@@ -672,4 +673,24 @@ async fn the_dashboard_has_an_icon() {
             "{path}"
         );
     }
+}
+
+/// Issue 32: `/metrics` needs the bearer token beyond loopback, like the API.
+#[tokio::test]
+async fn metrics_need_the_token_when_one_is_configured() {
+    let (_dir, app) = http_app(Some("0123456789abcdef-token")).await;
+    let (status, body) = send(&app, "GET", "/metrics", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(body["error"]["kind"], "unauthorized");
+    let request = Request::get("/metrics")
+        .header("authorization", "Bearer 0123456789abcdef-token")
+        .body(Body::empty())
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .is_ok_and(|t| t.starts_with("text/plain; version=0.0.4"))
+    );
 }

@@ -224,6 +224,7 @@ impl AuditWriter {
     /// Writes the row; a failure is logged, never returned: the call itself has
     /// happened, and its answer goes out either way.
     pub async fn record(&self, row: AuditRow) {
+        crate::metrics::record_tool_call(&row.tool, &row.outcome);
         if let Err(e) = self.store.audit_insert(vec![row]).await {
             tracing::warn!("audit log: a row was not written: {e}");
         }

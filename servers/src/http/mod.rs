@@ -12,6 +12,7 @@ mod domains;
 mod error;
 mod extract;
 mod openapi;
+mod prometheus;
 mod route;
 mod sessions;
 mod settings;
@@ -146,6 +147,8 @@ async fn follow_upstream_tools(app: App, mut changes: crate::mcp::RegistryChange
 
 /// The whole HTTP application.
 pub fn app(state: HttpState) -> Router {
+    // Before any request: calls and turns are counted from the first one.
+    crate::metrics::install();
     let api = Router::new()
         .route("/api/sessions", post(sessions::create))
         .route("/api/sessions/{id}", get(sessions::show))
@@ -158,6 +161,7 @@ pub fn app(state: HttpState) -> Router {
         )
         .route("/api/domains", get(domains::list))
         .route("/api/audit", get(audit::tail))
+        .route("/metrics", get(prometheus::metrics))
         .route("/api/route", post(route::route))
         .route("/openapi.json", get(openapi::document))
         .route_layer(axum::middleware::from_fn_with_state(

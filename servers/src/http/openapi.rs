@@ -73,6 +73,8 @@ pub fn spec() -> Value {
             "/api/domains": {"get": {"summary": "Domains: active or not and why, tools, tokens",
                 "responses": {"200": {"description": "Domains", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
             "/api/audit": audit_path(),
+            "/metrics": {"get": {"summary": "Prometheus text: routing latency by path, tools and tokens per turn, tool calls by tool and outcome, misses repaired, upstream health, learned entries",
+                "responses": {"200": {"description": "Text exposition format 0.0.4", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
             "/openapi.json": {"get": {"summary": "This document",
                 "responses": {"200": {"description": "OpenAPI 3 document", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
         },

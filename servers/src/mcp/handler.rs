@@ -458,6 +458,7 @@ impl ServerHandler for McpHandler {
                 return Ok(result.into());
             }
         };
+        let listed = state.listed.iter().any(|tool| *tool.name == *inner);
         let result = match self.run(&state, &inner, inner_args, &client, started).await {
             // The name is `call_tool`'s argument: a mistake the model can fix.
             Err(e) if e.code == ErrorCode::INVALID_PARAMS => tool_error(format!(
@@ -466,6 +467,11 @@ impl ServerHandler for McpHandler {
             )),
             other => other?,
         };
+        // A tool the connection's list left out, run: a routing miss repaired.
+        if !listed && result.is_error != Some(true) && state.catalog.registry.tool(&inner).is_some()
+        {
+            crate::metrics::record_miss_repaired("call_tool");
+        }
         Ok(result.into())
     }
 

@@ -349,6 +349,16 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
+    /// The server's name in `[servers]`.
+    pub fn name(&self) -> &str {
+        &self.slug
+    }
+
+    /// Connected now (a live session); false while (re)connecting.
+    pub fn is_connected(&self) -> bool {
+        lock(&self.peer).is_some()
+    }
+
     pub fn domain_name(&self) -> String {
         format!("mcp_{}", self.slug)
     }

@@ -232,20 +232,27 @@ impl Turn {
             serde_json::from_str(&call.arguments).map_err(|e| e.to_string())
         };
         let (result, outcome) = if !sent {
-            let message = if registry.tool(&call.name).is_some() {
-                format!(
-                    "refused: tool `{name}` is not loaded this turn, so it did not run. Call load_tools with [\"{name}\"] first, then call it again.",
-                    name = call.name
+            // A name no tool has is audited as the registry would (`unknown_tool`).
+            let (message, kind) = if registry.tool(&call.name).is_some() {
+                (
+                    format!(
+                        "refused: tool `{name}` is not loaded this turn, so it did not run. Call load_tools with [\"{name}\"] first, then call it again.",
+                        name = call.name
+                    ),
+                    "refused",
                 )
             } else {
-                format!(
-                    "refused: there is no tool named `{}`; search_tools finds tools by what they do.",
-                    cut(&call.name, 64)
+                (
+                    format!(
+                        "refused: there is no tool named `{}`; search_tools finds tools by what they do.",
+                        cut(&call.name, 64)
+                    ),
+                    "unknown_tool",
                 )
             };
             (
                 CallResult::refused(message.clone()),
-                ("refused".to_owned(), Some(message)),
+                (kind.to_owned(), Some(message)),
             )
         } else {
             match args {
