@@ -1042,3 +1042,73 @@ async fn metrics_show_upstream_health() {
     );
     state.shutdown().await;
 }
+
+/// Issue 32: the event stream's error said `model` where the JSON error says
+/// `model_error`; the session's error message held an object where the user's
+/// message holds text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_failure_has_one_kind_and_a_text_message_in_history() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(Arc::new(|_: &Value| {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"error": {"message": "model crashed"}}),
+        )
+    }))
+    .await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "err", "message": "hello"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    let json_kind = body["error"]["kind"].clone();
+    assert_eq!(json_kind, "model_error");
+
+    let request = Request::builder()
+        .method("POST")
+        .uri("/api/chat")
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .body(Body::from(
+            json!({"session": "err", "message": "hello again"}).to_string(),
+        ))
+        .expect("request");
+    let response = app(state.clone()).oneshot(request).await.expect("response");
+    let bytes = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        response.into_body().collect(),
+    )
+    .await
+    .expect("stream ends")
+    .expect("body")
+    .to_bytes();
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    let error = lines
+        .iter()
+        .position(|l| *l == "event: error")
+        .and_then(|i| lines[i + 1..].iter().find_map(|l| l.strip_prefix("data: ")))
+        .expect("an error event");
+    let error: Value = serde_json::from_str(error).expect("JSON data");
+    assert_eq!(error["kind"], json_kind, "{error}");
+
+    let (_, session) = send(&state, "GET", "/api/sessions/err", None).await;
+    let messages = session["messages"].as_array().expect("messages");
+    let errors: Vec<&Value> = messages.iter().filter(|m| m["role"] == "error").collect();
+    assert_eq!(errors.len(), 2, "{session}");
+    for error in errors {
+        let content = error["content"].as_str().unwrap_or_default();
+        assert!(content.contains("model crashed"), "{error}");
+    }
+    assert!(
+        messages
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .all(|m| m["content"].is_string())
+    );
+}

@@ -754,3 +754,79 @@ fn call_is_audited_with_iso_times_and_only_secret_values_masked() {
         "{text}"
     );
 }
+
+/// Issue 32: `loadout tools` ignored `[servers]`; an upstream server's stderr reached
+/// the terminal of `loadout route`; log lines carried colour codes into pipes.
+#[test]
+fn tools_lists_upstream_servers_and_their_stderr_stays_in_the_log() {
+    let Some(dir) = crate::support::data_dir_with_fake_upstream() else {
+        return;
+    };
+    let names = |extra: &[&str]| -> Vec<String> {
+        let out = stdout_of(
+            loadout(dir.path())
+                .args(["tools", "--json"])
+                .args(extra)
+                .output()
+                .expect("run loadout"),
+        );
+        let listing: Value = serde_json::from_str(&out).expect("json");
+        listing["domains"]
+            .as_array()
+            .expect("domains")
+            .iter()
+            .flat_map(|d| d["tools"].as_array().into_iter().flatten())
+            .filter_map(|t| t["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let with = names(&[]);
+    assert!(with.iter().any(|n| n == "fake__echo"), "{with:?}");
+    assert!(with.iter().any(|n| n == "calculate"), "{with:?}");
+    let without = names(&["--no-upstream"]);
+    assert!(!without.iter().any(|n| n == "fake__echo"), "{without:?}");
+    let table = stdout_of(
+        loadout(dir.path())
+            .arg("tools")
+            .output()
+            .expect("run loadout"),
+    );
+    assert!(
+        table.contains("mcp_fake") && table.contains("fake__echo"),
+        "{table}"
+    );
+
+    // The fake server writes a line to its stderr at every start.
+    let banner = "fake-upstream: serving on stdio";
+    for args in [
+        &["route", "echo this back to me", "--lexical"][..],
+        &["tools"][..],
+    ] {
+        let output = loadout(dir.path())
+            .args(args)
+            .env("LOADOUT_LOG", "info")
+            .output()
+            .expect("run loadout");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        assert!(
+            !stdout.contains(banner) && !stderr.contains(banner),
+            "{args:?}: {stdout}\n{stderr}"
+        );
+        assert!(
+            !stderr.contains('\u{1b}'),
+            "{args:?}: colour codes in a pipe: {stderr:?}"
+        );
+    }
+    // In the log at debug level.
+    let output = loadout(dir.path())
+        .args(["route", "echo this back to me", "--lexical"])
+        .env("LOADOUT_LOG", "loadout_server=debug")
+        .output()
+        .expect("run loadout");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("upstream `fake` stderr: fake-upstream: serving on stdio"),
+        "{stderr}"
+    );
+}

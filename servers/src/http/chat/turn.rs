@@ -137,12 +137,13 @@ impl Turn {
                 Ok(reply) => reply,
                 Err(error) => {
                     let message = error.to_string();
+                    // The kind the JSON answer's error carries (`ApiError::BadGateway`).
                     events.emit(
                         "error",
-                        json!({"step": step, "kind": "model", "message": message}),
+                        json!({"step": step, "kind": "model_error", "message": message}),
                     );
-                    self.append(&store, "error", &json!({"message": message}))
-                        .await;
+                    // Text, as a user message's content is.
+                    self.append(&store, "error", &Value::String(message)).await;
                     return Err(error);
                 }
             };
@@ -584,7 +585,7 @@ mod tests {
                 {"id": "b", "type": "function", "function": {"name": "calculate", "arguments": "{}"}}]}),
             ),
             row("tool", json!({"tool_call_id": "a", "content": "2"})),
-            row("error", json!({"message": "model down"})),
+            row("error", json!("model down")),
             row("assistant", json!({"content": "two", "tool_calls": []})),
         ];
         let messages = history(&rows);
