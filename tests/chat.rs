@@ -1112,3 +1112,47 @@ async fn a_model_failure_has_one_kind_and_a_text_message_in_history() {
             .all(|m| m["content"].is_string())
     );
 }
+
+/// A miss the model found with `search_tools`, then loaded, is counted as repaired by
+/// search (the counter is per process: compared before and after).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_a_miss_found_by_search_then_loaded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(Arc::new(|request: &Value| {
+        let message = last_user_message(request);
+        match (message.contains("cat"), step_of(request)) {
+            (true, 0) => call("s1", "search_tools", json!({"query": "write a file"})),
+            (true, 1) => call("s2", "load_tools", json!({"names": ["write_file"]})),
+            _ => answer("done"),
+        }
+    }))
+    .await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let repaired = |text: &str, via: &str| {
+        series_value(
+            text,
+            &format!("loadout_misses_repaired_total{{via=\"{via}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let metrics = || async {
+        let (status, body) = send(&state, "GET", "/metrics", None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body.as_str().expect("text").to_owned()
+    };
+    let before = metrics().await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "cat", "message": "remember that my cat is called Tom"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let after = metrics().await;
+    assert!(
+        repaired(&after, "search_tools") >= repaired(&before, "search_tools") + 1.0,
+        "{after}"
+    );
+}
