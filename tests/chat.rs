@@ -951,3 +951,208 @@ async fn upstream_tools_are_routed_and_called_in_chat() {
     assert!(body.to_string().contains("fake__extra"), "{body}");
     state.shutdown().await;
 }
+
+/// The value of one series (name and labels exactly as rendered) in Prometheus text.
+fn series_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?;
+        rest.strip_prefix(' ')?.trim().parse().ok()
+    })
+}
+
+/// Issue 32: `GET /metrics` after a routed turn whose model repaired a miss with
+/// load_tools. The recorder is per process, so other tests add to the same series:
+/// values are checked as lower bounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_turns_calls_and_repaired_misses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(load_script(root.path())).await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "m1", "message": "remember that my parrot is called Polly"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    loadout_server::metrics::set_learned_entries(7);
+
+    let (status, body) = send(&state, "GET", "/metrics", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let text = body.as_str().expect("text");
+    let at_least = |series: &str, n: f64| {
+        let value = series_value(text, series);
+        assert!(
+            value.is_some_and(|v| v >= n),
+            "{series} = {value:?} in\n{text}"
+        );
+    };
+    at_least(
+        r#"loadout_tool_calls_total{tool="write_file",outcome="invalid"}"#,
+        1.0,
+    );
+    at_least(
+        r#"loadout_tool_calls_total{tool="write_file",outcome="ok"}"#,
+        1.0,
+    );
+    at_least(
+        r#"loadout_tool_calls_total{tool="load_tools",outcome="ok"}"#,
+        1.0,
+    );
+    at_least(r#"loadout_misses_repaired_total{via="load_tools"}"#, 1.0);
+    at_least(r#"loadout_route_seconds_count{path="lexical"}"#, 1.0);
+    at_least(
+        r#"loadout_route_seconds_bucket{path="lexical",le="+Inf"}"#,
+        1.0,
+    );
+    at_least("loadout_turn_tools_count", 1.0);
+    at_least(r#"loadout_turn_tokens_bucket{le="+Inf"}"#, 1.0);
+    assert_eq!(
+        series_value(text, "loadout_learned_entries"),
+        Some(7.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE loadout_route_seconds histogram"),
+        "{text}"
+    );
+}
+
+/// Issue 32: each upstream server's health is a gauge of `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_upstream_health() {
+    let Some(dir) = crate::support::data_dir_with_fake_upstream() else {
+        return;
+    };
+    let state = open(dir.path())
+        .await
+        .with_mcp()
+        .await
+        .expect("mcp")
+        .with_upstream_tools();
+    let (status, body) = send(&state, "GET", "/metrics", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let text = body.as_str().expect("text");
+    assert_eq!(
+        series_value(text, r#"loadout_upstream_up{server="fake"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    state.shutdown().await;
+}
+
+/// Issue 32: the event stream's error said `model` where the JSON error says
+/// `model_error`; the session's error message held an object where the user's
+/// message holds text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_failure_has_one_kind_and_a_text_message_in_history() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(Arc::new(|_: &Value| {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({"error": {"message": "model crashed"}}),
+        )
+    }))
+    .await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "err", "message": "hello"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    let json_kind = body["error"]["kind"].clone();
+    assert_eq!(json_kind, "model_error");
+
+    let request = Request::builder()
+        .method("POST")
+        .uri("/api/chat")
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .body(Body::from(
+            json!({"session": "err", "message": "hello again"}).to_string(),
+        ))
+        .expect("request");
+    let response = app(state.clone()).oneshot(request).await.expect("response");
+    let bytes = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        response.into_body().collect(),
+    )
+    .await
+    .expect("stream ends")
+    .expect("body")
+    .to_bytes();
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    let error = lines
+        .iter()
+        .position(|l| *l == "event: error")
+        .and_then(|i| lines[i + 1..].iter().find_map(|l| l.strip_prefix("data: ")))
+        .expect("an error event");
+    let error: Value = serde_json::from_str(error).expect("JSON data");
+    assert_eq!(error["kind"], json_kind, "{error}");
+
+    let (_, session) = send(&state, "GET", "/api/sessions/err", None).await;
+    let messages = session["messages"].as_array().expect("messages");
+    let errors: Vec<&Value> = messages.iter().filter(|m| m["role"] == "error").collect();
+    assert_eq!(errors.len(), 2, "{session}");
+    for error in errors {
+        let content = error["content"].as_str().unwrap_or_default();
+        assert!(content.contains("model crashed"), "{error}");
+    }
+    assert!(
+        messages
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .all(|m| m["content"].is_string())
+    );
+}
+
+/// A miss the model found with `search_tools`, then loaded, is counted as repaired by
+/// search (the counter is per process: compared before and after).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_a_miss_found_by_search_then_loaded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(Arc::new(|request: &Value| {
+        let message = last_user_message(request);
+        match (message.contains("cat"), step_of(request)) {
+            (true, 0) => call("s1", "search_tools", json!({"query": "write a file"})),
+            (true, 1) => call("s2", "load_tools", json!({"names": ["write_file"]})),
+            _ => answer("done"),
+        }
+    }))
+    .await;
+    let state = configured(dir.path(), &model, root.path()).await;
+    let repaired = |text: &str, via: &str| {
+        series_value(
+            text,
+            &format!("loadout_misses_repaired_total{{via=\"{via}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let metrics = || async {
+        let (status, body) = send(&state, "GET", "/metrics", None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body.as_str().expect("text").to_owned()
+    };
+    let before = metrics().await;
+    let (status, body) = send(
+        &state,
+        "POST",
+        "/api/chat",
+        Some(json!({"session": "cat", "message": "remember that my cat is called Tom"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let after = metrics().await;
+    assert!(
+        repaired(&after, "search_tools") >= repaired(&before, "search_tools") + 1.0,
+        "{after}"
+    );
+}

@@ -662,3 +662,171 @@ fn decisions_prints_the_logged_rows_with_their_reasons() {
         "{text}"
     );
 }
+
+/// `2026-11-26T23:41:07.123Z`: ISO 8601 UTC with milliseconds.
+fn is_iso_utc_millis(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.len() == 24
+        && bytes.iter().enumerate().all(|(i, b)| match i {
+            4 | 7 => *b == b'-',
+            10 => *b == b'T',
+            13 | 16 => *b == b':',
+            19 => *b == b'.',
+            23 => *b == b'Z',
+            _ => b.is_ascii_digit(),
+        })
+}
+
+/// Issue 32: `loadout call` was never audited, audit times were epoch milliseconds,
+/// and a setting's name was masked as if it were the secret (`********oots`).
+#[test]
+fn call_is_audited_with_iso_times_and_only_secret_values_masked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let call = |tool: &str, args: &str| {
+        loadout(dir.path())
+            .args(["call", tool, "--args", args])
+            .output()
+            .expect("run loadout")
+    };
+    assert!(
+        call("calculate", r#"{"expression": "2+3"}"#)
+            .status
+            .success()
+    );
+    assert_eq!(
+        call("calculate", r#"{"expression": 12}"#).status.code(),
+        Some(2)
+    );
+    // An operator key: the model's tool refuses it, and the refusal is audited too.
+    call(
+        "set_setting",
+        r#"{"key": "filesystem_roots", "value": "/srv/data"}"#,
+    );
+    assert!(
+        call(
+            "set_setting",
+            r#"{"key": "llm_api_key", "value": "sk-123456789abcdef"}"#
+        )
+        .status
+        .success()
+    );
+    let out = stdout_of(
+        loadout(dir.path())
+            .args(["audit", "--json"])
+            .output()
+            .expect("run loadout"),
+    );
+    let rows: Vec<Value> = out
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON row"))
+        .collect();
+    let tools: Vec<&str> = rows.iter().filter_map(|r| r["tool"].as_str()).collect();
+    assert_eq!(
+        tools,
+        ["calculate", "calculate", "set_setting", "set_setting"],
+        "{out}"
+    );
+    for row in &rows {
+        assert_eq!(row["client"], "cli", "{row}");
+        let at = row["at"].as_str().unwrap_or_default();
+        assert!(is_iso_utc_millis(at), "{row}");
+        assert!(row.get("at_ms").is_none(), "{row}");
+    }
+    assert_eq!(rows[0]["outcome"], "ok");
+    assert_eq!(rows[0]["args"], serde_json::json!({"expression": "2+3"}));
+    assert_eq!(rows[1]["outcome"], "invalid_args", "{}", rows[1]);
+    assert_eq!(rows[2]["args"]["key"], "filesystem_roots", "{}", rows[2]);
+    assert_eq!(rows[2]["args"]["value"], "/srv/data", "{}", rows[2]);
+    assert_eq!(rows[3]["args"]["key"], "llm_api_key", "{}", rows[3]);
+    assert_eq!(rows[3]["args"]["value"], "********cdef", "{}", rows[3]);
+    assert!(!out.contains("123456789"), "{out}");
+
+    let text = stdout_of(
+        loadout(dir.path())
+            .args(["audit", "--tail", "1"])
+            .output()
+            .expect("run loadout"),
+    );
+    let first = text.split_whitespace().next().unwrap_or_default();
+    assert!(is_iso_utc_millis(first), "{text}");
+    assert!(
+        text.contains("llm_api_key") && !text.contains("123456789"),
+        "{text}"
+    );
+}
+
+/// Issue 32: `loadout tools` ignored `[servers]`; an upstream server's stderr reached
+/// the terminal of `loadout route`; log lines carried colour codes into pipes.
+#[test]
+fn tools_lists_upstream_servers_and_their_stderr_stays_in_the_log() {
+    let Some(dir) = crate::support::data_dir_with_fake_upstream() else {
+        return;
+    };
+    let names = |extra: &[&str]| -> Vec<String> {
+        let out = stdout_of(
+            loadout(dir.path())
+                .args(["tools", "--json"])
+                .args(extra)
+                .output()
+                .expect("run loadout"),
+        );
+        let listing: Value = serde_json::from_str(&out).expect("json");
+        listing["domains"]
+            .as_array()
+            .expect("domains")
+            .iter()
+            .flat_map(|d| d["tools"].as_array().into_iter().flatten())
+            .filter_map(|t| t["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let with = names(&[]);
+    assert!(with.iter().any(|n| n == "fake__echo"), "{with:?}");
+    assert!(with.iter().any(|n| n == "calculate"), "{with:?}");
+    let without = names(&["--no-upstream"]);
+    assert!(!without.iter().any(|n| n == "fake__echo"), "{without:?}");
+    let table = stdout_of(
+        loadout(dir.path())
+            .arg("tools")
+            .output()
+            .expect("run loadout"),
+    );
+    assert!(
+        table.contains("mcp_fake") && table.contains("fake__echo"),
+        "{table}"
+    );
+
+    // The fake server writes a line to its stderr at every start.
+    let banner = "fake-upstream: serving on stdio";
+    for args in [
+        &["route", "echo this back to me", "--lexical"][..],
+        &["tools"][..],
+    ] {
+        let output = loadout(dir.path())
+            .args(args)
+            .env("LOADOUT_LOG", "info")
+            .output()
+            .expect("run loadout");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        assert!(
+            !stdout.contains(banner) && !stderr.contains(banner),
+            "{args:?}: {stdout}\n{stderr}"
+        );
+        assert!(
+            !stderr.contains('\u{1b}'),
+            "{args:?}: colour codes in a pipe: {stderr:?}"
+        );
+    }
+    // In the log at debug level.
+    let output = loadout(dir.path())
+        .args(["route", "echo this back to me", "--lexical"])
+        .env("LOADOUT_LOG", "loadout_server=debug")
+        .output()
+        .expect("run loadout");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("upstream `fake` stderr: fake-upstream: serving on stdio"),
+        "{stderr}"
+    );
+}

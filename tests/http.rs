@@ -135,6 +135,8 @@ async fn openapi_document_lists_every_endpoint_the_app_serves() {
         ("/api/domains", "get"),
         ("/api/route", "post"),
         ("/api/chat", "post"),
+        ("/api/audit", "get"),
+        ("/metrics", "get"),
         ("/openapi.json", "get"),
         ("/", "get"),
     ];
@@ -641,5 +643,89 @@ async fn random_requests_get_json_answers_and_never_a_server_error() {
     assert!(
         seen.contains_key(&200) && seen.contains_key(&400),
         "{seen:?}"
+    );
+}
+
+/// Issue 32: audit times are shown as ISO 8601 UTC (stored as epoch milliseconds).
+#[tokio::test]
+async fn the_audit_endpoint_shows_calls_with_iso_times() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = loadout_server::app::Config::in_data_dir(dir.path().to_path_buf());
+    let app_state = loadout_server::app::App::open(&config)
+        .await
+        .expect("open app");
+    let row = |at_ms: i64, tool: &str| loadout_store::AuditRow {
+        at_ms,
+        client: "chat".into(),
+        tool: tool.into(),
+        args: json!({"key": "filesystem_roots"}),
+        outcome: "ok".into(),
+        detail: None,
+        duration_ms: 1.5,
+    };
+    app_state
+        .store()
+        .audit_insert(vec![
+            row(1_795_736_467_123, "get_setting"),
+            row(1_795_736_468_000, "calculate"),
+        ])
+        .await
+        .expect("insert");
+    let app = loadout_server::http::app(loadout_server::http::HttpState::new(app_state, None));
+    let (status, body) = send(&app, "GET", "/api/audit", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let calls = body["calls"].as_array().expect("calls");
+    assert_eq!(calls.len(), 2, "{body}");
+    assert_eq!(calls[0]["at"], "2026-11-26T23:41:07.123Z");
+    assert_eq!(calls[0]["tool"], "get_setting");
+    assert_eq!(calls[0]["args"]["key"], "filesystem_roots");
+    assert_eq!(calls[1]["at"], "2026-11-26T23:41:08.000Z");
+    let (_, body) = send(&app, "GET", "/api/audit?tail=1", None).await;
+    assert_eq!(body["calls"][0]["tool"], "calculate", "{body}");
+    let (status, body) = send(&app, "GET", "/api/audit?tail=0", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["kind"], "bad_request");
+}
+
+/// Issue 32: browsers asked for `/favicon.ico` and got a 404.
+#[tokio::test]
+async fn the_dashboard_has_an_icon() {
+    let (_dir, app) = http_app(Some("0123456789abcdef-token")).await;
+    let (status, page) = send(&app, "GET", "/", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.as_str()
+            .is_some_and(|p| p.contains(r#"rel="icon""#) && p.contains("/favicon.svg")),
+        "the page names no icon"
+    );
+    for path in ["/favicon.svg", "/favicon.ico"] {
+        let request = Request::get(path).body(Body::empty()).expect("request");
+        let response = app.clone().oneshot(request).await.expect("response");
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "image/svg+xml",
+            "{path}"
+        );
+    }
+}
+
+/// Issue 32: `/metrics` needs the bearer token beyond loopback, like the API.
+#[tokio::test]
+async fn metrics_need_the_token_when_one_is_configured() {
+    let (_dir, app) = http_app(Some("0123456789abcdef-token")).await;
+    let (status, body) = send(&app, "GET", "/metrics", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(body["error"]["kind"], "unauthorized");
+    let request = Request::get("/metrics")
+        .header("authorization", "Bearer 0123456789abcdef-token")
+        .body(Body::empty())
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .is_ok_and(|t| t.starts_with("text/plain; version=0.0.4"))
     );
 }

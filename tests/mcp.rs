@@ -1690,3 +1690,36 @@ async fn http_endpoints_per_domain_set_and_json_rpc_errors() {
     every.close().await;
     memory.close().await;
 }
+
+/// Issue 32: `DELETE /mcp` answered 202, which the Python SDK reports as "Session
+/// termination failed: 202" on every close; it takes 200 and 204.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ending_a_session_answers_204() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let server = start_http(data.path(), &[]).await;
+    let (status, _, _, session) = post(&server.url, None, INITIALIZE).await;
+    assert_eq!(status, 200);
+    let session = session.expect("a session id");
+    let delete = |session: String| {
+        let url = server.url.clone();
+        async move {
+            reqwest::Client::new()
+                .delete(url)
+                .header("mcp-session-id", session)
+                .send()
+                .await
+                .expect("DELETE")
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(delete(session.clone()).await, 204);
+    // The session is gone: a request on it is refused.
+    let (status, _, _, _) = post(
+        &server.url,
+        Some(&session),
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+    )
+    .await;
+    assert!(status >= 400, "{status}");
+}

@@ -280,7 +280,10 @@ pub fn mask_secret(value: &str) -> String {
     }
 }
 
-/// Masks secret-looking values anywhere inside a JSON value (for audit logs).
+/// Masks secret-looking values anywhere inside a JSON value (for audit logs). Only
+/// values are masked: a field named `key` holds a setting's name (`set_setting`,
+/// `get_setting`), which stays readable although the word `key` marks a secret in
+/// a field's name (`api_key`).
 pub fn mask_json_secrets(value: &serde_json::Value) -> serde_json::Value {
     match value {
         serde_json::Value::Object(map) => {
@@ -295,7 +298,8 @@ pub fn mask_json_secrets(value: &serde_json::Value) -> serde_json::Value {
                     .map(|(k, v)| {
                         let masked = match v {
                             serde_json::Value::String(s)
-                                if is_secret_key(k) || (value_is_secret && k == "value") =>
+                                if (k != "key" && is_secret_key(k))
+                                    || (value_is_secret && k == "value") =>
                             {
                                 serde_json::Value::String(mask_secret(s))
                             }
@@ -335,5 +339,19 @@ mod tests {
         );
         assert_eq!(masked["api_key"], "********6789");
         assert_eq!(masked["value"], "********");
+    }
+
+    #[test]
+    fn setting_names_stay_readable_only_secret_values_are_masked() {
+        let secret = mask_json_secrets(
+            &serde_json::json!({"key": "llm_api_key", "value": "sk-123456789abcdef"}),
+        );
+        assert_eq!(secret["key"], "llm_api_key");
+        assert_eq!(secret["value"], "********cdef");
+        let plain = mask_json_secrets(
+            &serde_json::json!({"key": "filesystem_roots", "value": "/srv/data"}),
+        );
+        assert_eq!(plain["key"], "filesystem_roots");
+        assert_eq!(plain["value"], "/srv/data");
     }
 }

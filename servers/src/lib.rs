@@ -11,6 +11,7 @@ pub mod http;
 pub mod listener;
 pub mod log_writer;
 pub mod mcp;
+pub mod metrics;
 pub mod retention;
 pub mod routing;
 pub mod settings;

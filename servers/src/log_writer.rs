@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use loadout::ToolError;
+use loadout::settings::mask_json_secrets;
 use loadout_store::{AuditRow, DecisionRow, Store};
+use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -157,6 +160,56 @@ async fn insert(store: &Store, batch: &mut Vec<DecisionRow>, n_dropped: &AtomicU
     }
 }
 
+/// Longest argument JSON kept whole in the audit log; longer ones are cut.
+pub const MAX_AUDIT_ARGS_BYTES: usize = 8 * 1024;
+
+/// Arguments as the audit log keeps them: secret values masked (setting names stay
+/// readable), size bounded.
+pub fn audit_args(args: &Value) -> Value {
+    let masked = mask_json_secrets(args);
+    let text = masked.to_string();
+    if text.len() <= MAX_AUDIT_ARGS_BYTES {
+        return masked;
+    }
+    let mut cut = MAX_AUDIT_ARGS_BYTES;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    json!({"truncated": true, "bytes": text.len(), "prefix": &text[..cut]})
+}
+
+/// The `kind` tag of a tool error (`invalid_args`, `not_configured`, ...), the
+/// audit row's outcome.
+pub fn error_kind(error: &ToolError) -> String {
+    serde_json::to_value(error)
+        .ok()
+        .and_then(|v| v.get("kind").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "error".into())
+}
+
+/// Epoch milliseconds as ISO 8601 UTC with milliseconds (`2026-11-26T23:41:07.123Z`);
+/// the raw number when it is out of chrono's range.
+pub fn iso_utc(at_ms: i64) -> String {
+    match chrono::DateTime::from_timestamp_millis(at_ms) {
+        Some(at) => at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        None => at_ms.to_string(),
+    }
+}
+
+/// An audit row as `loadout audit --json` and `GET /api/audit` show it: the time
+/// as ISO 8601 UTC (`at`) instead of the stored epoch milliseconds.
+pub fn audit_json(row: &AuditRow) -> Value {
+    json!({
+        "at": iso_utc(row.at_ms),
+        "client": row.client,
+        "tool": row.tool,
+        "args": row.args,
+        "outcome": row.outcome,
+        "detail": row.detail,
+        "duration_ms": row.duration_ms,
+    })
+}
+
 /// Writes each tool call's audit row before the call's answer goes out.
 #[derive(Clone, Debug)]
 pub struct AuditWriter {
@@ -171,6 +224,7 @@ impl AuditWriter {
     /// Writes the row; a failure is logged, never returned: the call itself has
     /// happened, and its answer goes out either way.
     pub async fn record(&self, row: AuditRow) {
+        crate::metrics::record_tool_call(&row.tool, &row.outcome);
         if let Err(e) = self.store.audit_insert(vec![row]).await {
             tracing::warn!("audit log: a row was not written: {e}");
         }
@@ -193,6 +247,25 @@ mod tests {
             tokens: 1,
             reasons: Reasons::default(),
         }
+    }
+
+    #[test]
+    fn audit_times_are_iso_8601_utc() {
+        assert_eq!(iso_utc(1_795_736_467_123), "2026-11-26T23:41:07.123Z");
+        assert_eq!(iso_utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso_utc(i64::MAX), i64::MAX.to_string());
+    }
+
+    #[test]
+    fn audit_args_mask_secret_values_keep_names_and_stay_small() {
+        let masked = audit_args(&json!({"key": "llm_api_key", "value": "sk-123456789abcdef"}));
+        assert_eq!(
+            masked,
+            json!({"key": "llm_api_key", "value": "********cdef"})
+        );
+        let big = audit_args(&json!({"content": "x".repeat(100_000)}));
+        assert_eq!(big["truncated"], true);
+        assert!(big.to_string().len() < 2 * MAX_AUDIT_ARGS_BYTES);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

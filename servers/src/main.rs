@@ -1,5 +1,6 @@
 //! The `loadout` binary: parses the command line and runs it on a tokio runtime.
 
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -25,6 +26,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=error")),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: escape codes in a log file or a pipe are noise.
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

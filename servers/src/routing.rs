@@ -180,6 +180,7 @@ impl Routing {
                     .await,
             );
             self.log(&settings, &selection, None, 1, message);
+            crate::metrics::record_turn(selection.n_tools, selection.tokens);
             return Ok(RoutedTurn {
                 router,
                 turn: 1,
@@ -234,6 +235,7 @@ impl Routing {
             store.session_carry_put(session, turn, &carry).await?;
         }
         self.log(&settings, &selection, Some(session), turn, message);
+        crate::metrics::record_turn(selection.n_tools, selection.tokens);
         Ok(RoutedTurn {
             router,
             turn,
@@ -361,13 +363,16 @@ fn select(
     message: &str,
     token_budget: Option<usize>,
 ) -> Selection {
-    router.select(&RouteInput {
+    let started = std::time::Instant::now();
+    let selection = router.select(&RouteInput {
         message,
         settings,
         session: view,
         token_budget,
         learned: None,
-    })
+    });
+    crate::metrics::record_route(router.dense().is_some(), started.elapsed());
+    selection
 }
 
 /// Runs `f`, which may run the dense encoder (milliseconds), without holding up the

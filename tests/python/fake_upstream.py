@@ -74,6 +74,10 @@ def send(message):
 
 
 def main():
+    # Real servers announce themselves on stderr; Loadout must keep it out of its
+    # own output (it goes to the log at debug level).
+    sys.stderr.write("fake-upstream: serving on stdio\n")
+    sys.stderr.flush()
     log = os.environ.get("FAKE_UPSTREAM_LOG")
     if log:
         with open(log, "a", encoding="utf-8") as f:

@@ -9,6 +9,7 @@ LOADOUT_SCREENSHOT=PATH keeps a screenshot of the final page.
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -253,5 +254,10 @@ def test_a_chat_turn_streams_its_steps_live(server, browser):
         wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#log .msg.final")))
         assert "The answer is 42." in browser.find_element(By.CSS_SELECTOR, "#log .msg.final").text
         wait.until(lambda driver: driver.find_element(By.ID, "send").is_enabled())
+
+        # The audit log's newest call: the tool that ran, at an ISO 8601 UTC time.
+        wait.until(EC.text_to_be_present_in_element((By.ID, "audit"), "calculate"))
+        stamp = browser.find_element(By.CSS_SELECTOR, "#audit tbody tr time").get_attribute("datetime")
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp or ""), stamp
     finally:
         model.close()

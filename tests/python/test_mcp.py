@@ -379,3 +379,18 @@ def test_real_upstream_server_becomes_a_domain(data_dir):
                 assert invalid.is_error and "`timezone`" in text_of(invalid)
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_closing_an_http_session_logs_no_warning(data_dir, caplog):
+    """Issue 32: `DELETE /mcp` answered 202, and the SDK logged "Session termination
+    failed: 202" on every close (it takes 200 and 204)."""
+
+    async def scenario():
+        with http_server(data_dir) as url:
+            async with Client(url, mode="legacy", read_timeout_seconds=TIMEOUT) as client:
+                await client.list_tools()
+
+    with caplog.at_level("DEBUG"):
+        asyncio.run(asyncio.wait_for(scenario(), 60))
+    failures = [r.getMessage() for r in caplog.records if "termination failed" in r.getMessage()]
+    assert not failures, failures

@@ -50,6 +50,8 @@ pub struct Memory {
 pub struct RecalledMemory {
     #[serde(flatten)]
     pub memory: Memory,
+    /// From the engine, the raw rank (BM25, `ts_rank`); from `recall`, relevance from
+    /// 0 to 1 relative to the query's best match (see [`relative_scores`]).
     pub score: f64,
 }
 
@@ -211,7 +213,26 @@ pub async fn recall(args: RecallArgs, ctx: &ToolContext) -> Result<Vec<RecalledM
     }
     let limit = bounded_limit(args.limit, 10, 100)?;
     let tag = args.tag.as_deref().map(normalize_tag).transpose()?;
-    engine(ctx)?.recall(&args.query, tag, limit).await
+    let mut found = engine(ctx)?.recall(&args.query, tag, limit).await?;
+    relative_scores(&mut found);
+    Ok(found)
+}
+
+/// Replaces the engines' raw ranks with relevance from 0 to 1 relative to the best
+/// match (1), rounded to 3 decimals. Raw ranks mean nothing to a reader: SQLite's
+/// BM25 of a word that most memories contain is clamped to about 1e-6, and
+/// PostgreSQL's `ts_rank` is on another scale altogether.
+pub fn relative_scores(found: &mut [RecalledMemory]) {
+    let best = found.iter().map(|m| m.score).fold(0.0_f64, f64::max);
+    for memory in found {
+        let relative = if best > 0.0 && memory.score.is_finite() {
+            (memory.score / best).clamp(0.0, 1.0)
+        } else {
+            // No positive rank to compare with: the engine ranked them alike.
+            1.0
+        };
+        memory.score = (relative * 1000.0).round() / 1000.0;
+    }
 }
 
 /// Changes the text or tags of a stored memory, by id.

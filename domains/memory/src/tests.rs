@@ -104,7 +104,31 @@ async fn recall_ranks_by_relevance() {
             .await;
         assert_eq!(filtered.as_array().map(Vec::len), Some(1));
         assert_eq!(filtered[0]["id"], coffee);
-        assert!(filtered[0]["score"].as_f64().expect("score") > 0.0);
+        assert_eq!(filtered[0]["score"], json!(1.0));
+        // Scores are relevance from 0 to 1 relative to the best match, 3 decimals:
+        // not the raw BM25 of a word every memory has (about 2e-6).
+        let ranked = h.ok("recall", json!({"query": "Mina window seat"})).await;
+        let scores: Vec<f64> = ranked
+            .as_array()
+            .expect("array")
+            .iter()
+            .filter_map(|m| m["score"].as_f64())
+            .collect();
+        assert_eq!(scores.len(), 3, "{ranked}");
+        assert_eq!(scores[0], 1.0, "{ranked}");
+        for pair in scores.windows(2) {
+            assert!(pair[0] >= pair[1], "{ranked}");
+        }
+        for score in &scores {
+            assert!(
+                (0.0..=1.0).contains(score) && (score * 1000.0).fract() == 0.0,
+                "{ranked}"
+            );
+        }
+        assert!(
+            scores[2] < 0.9,
+            "the memory matching only `Mina` ranks well below: {ranked}"
+        );
 
         let limited = h.ok("recall", json!({"query": "Mina", "limit": 2})).await;
         assert_eq!(limited.as_array().map(Vec::len), Some(2));

@@ -1,8 +1,10 @@
-//! `loadout audit [--tail N]`: the newest tool calls from the audit log.
+//! `loadout audit [--tail N]`: the newest tool calls from the audit log, times in
+//! ISO 8601 UTC.
 
 use std::process::ExitCode;
 
 use crate::app::App;
+use crate::log_writer::{audit_json, iso_utc};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -18,11 +20,16 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     let rows = app.store().audit_tail(args.tail).await?;
     for row in rows {
         if args.json {
-            println!("{}", serde_json::to_string(&row)?);
+            println!("{}", serde_json::to_string(&audit_json(&row))?);
         } else {
             println!(
                 "{} {:<12} {:<20} {:<14} {:>8.1}ms {}",
-                row.at_ms, row.client, row.tool, row.outcome, row.duration_ms, row.args
+                iso_utc(row.at_ms),
+                row.client,
+                row.tool,
+                row.outcome,
+                row.duration_ms,
+                row.args
             );
         }
     }

@@ -1,10 +1,14 @@
-//! `loadout call TOOL --args JSON`: one tool call through the registry, validated.
+//! `loadout call TOOL --args JSON`: one tool call through the registry, validated,
+//! and audited like a served call (client `cli`).
 
 use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::Context as _;
+use loadout_store::{AuditRow, now_ms};
 
 use crate::app::App;
+use crate::log_writer::{AuditWriter, audit_args, error_kind};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -26,7 +30,26 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         app.store().session_ensure(&session).await?;
         ctx = ctx.with_session(session);
     }
-    match app.registry.call(&args.tool, arguments, ctx).await {
+    let started = Instant::now();
+    let result = app.registry.call(&args.tool, arguments.clone(), ctx).await;
+    // Written before the result is printed, as a served call's row is written before
+    // its answer goes out.
+    let (outcome, detail) = match &result {
+        Ok(_) => ("ok".to_owned(), None),
+        Err(error) => (error_kind(error), Some(error.to_string())),
+    };
+    AuditWriter::new(app.store().clone())
+        .record(AuditRow {
+            at_ms: now_ms(),
+            client: "cli".into(),
+            tool: args.tool.chars().take(128).collect(),
+            args: audit_args(&arguments),
+            outcome,
+            detail,
+            duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+        })
+        .await;
+    match result {
         Ok(value) => {
             println!("{}", serde_json::to_string_pretty(&value)?);
             Ok(ExitCode::SUCCESS)

@@ -1,4 +1,6 @@
-//! `loadout tools`: every domain and tool, active or not and why, token cost.
+//! `loadout tools`: every domain and tool, active or not and why, token cost; the
+//! upstream MCP servers' (`[servers]` of `loadout.toml`) included, as `serve` and
+//! `mcp` serve them.
 
 use std::process::ExitCode;
 
@@ -16,9 +18,20 @@ pub struct Args {
     /// With --json: also print each definition in this format (mcp, openai, anthropic).
     #[arg(long, value_parser = clap::value_parser!(String))]
     format: Option<String>,
+    /// Leave out the upstream MCP servers of `loadout.toml` (by default they are
+    /// started, or connected, and their tools listed).
+    #[arg(long)]
+    no_upstream: bool,
 }
 
 pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
+    let (app, upstreams) = super::as_served(app, None, args.no_upstream).await?;
+    let printed = list(&app, &args).await;
+    upstreams.shutdown().await;
+    printed
+}
+
+async fn list(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     let settings = app.settings.snapshot().await?;
     let registry = &app.registry;
     let format = args

@@ -5,12 +5,14 @@
 //! status and a JSON body. The dashboard is one embedded HTML page at `/`; the MCP
 //! server is mounted at `/mcp`.
 
+mod audit;
 pub mod chat;
 mod dashboard;
 mod domains;
 mod error;
 mod extract;
 mod openapi;
+mod prometheus;
 mod route;
 mod sessions;
 mod settings;
@@ -145,6 +147,8 @@ async fn follow_upstream_tools(app: App, mut changes: crate::mcp::RegistryChange
 
 /// The whole HTTP application.
 pub fn app(state: HttpState) -> Router {
+    // Before any request: calls and turns are counted from the first one.
+    crate::metrics::install();
     let api = Router::new()
         .route("/api/sessions", post(sessions::create))
         .route("/api/sessions/{id}", get(sessions::show))
@@ -156,6 +160,8 @@ pub fn app(state: HttpState) -> Router {
                 .delete(settings::delete),
         )
         .route("/api/domains", get(domains::list))
+        .route("/api/audit", get(audit::tail))
+        .route("/metrics", get(prometheus::metrics))
         .route("/api/route", post(route::route))
         .route("/openapi.json", get(openapi::document))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -175,9 +181,14 @@ pub fn app(state: HttpState) -> Router {
         None => api,
     };
     // The page holds no data: every call it makes goes through the API's auth.
-    let page = Router::new().route("/", get(dashboard::page)).route_layer(
-        axum::middleware::from_fn_with_state(REQUEST_TIMEOUT, deadline),
-    );
+    let page = Router::new()
+        .route("/", get(dashboard::page))
+        .route("/favicon.svg", get(dashboard::favicon))
+        .route("/favicon.ico", get(dashboard::favicon))
+        .route_layer(axum::middleware::from_fn_with_state(
+            REQUEST_TIMEOUT,
+            deadline,
+        ));
     let mut router = api
         .merge(page)
         .fallback(not_found)

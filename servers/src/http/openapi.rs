@@ -11,6 +11,18 @@ fn error_response(description: &str) -> Value {
     json!({"description": description, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
 }
 
+/// `/api/audit`, apart: one `json!` for the whole document would pass the macro's
+/// recursion limit.
+fn audit_path() -> Value {
+    json!({"get": {"summary": "The newest tool calls from the audit log (chat, /mcp, CLI), oldest first; `at` in ISO 8601 UTC, secret values masked",
+                "parameters": [{"name": "tail", "in": "query", "required": false, "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 50}}],
+                "responses": {"200": {"description": "Calls", "content": {"application/json": {"schema": {"type": "object", "required": ["calls"], "properties": {"calls": {"type": "array", "items": {"type": "object",
+                    "required": ["at", "client", "tool", "args", "outcome", "duration_ms"],
+                    "properties": {"at": {"type": "string", "format": "date-time"}, "client": {"type": "string"}, "tool": {"type": "string"}, "args": {},
+                                   "outcome": {"type": "string"}, "detail": {"type": "string", "nullable": true}, "duration_ms": {"type": "number"}}}}}}}}},
+                              "400": error_response("Malformed or out-of-range tail, or an unknown parameter")}}})
+}
+
 pub fn spec() -> Value {
     let key_param = json!([{"name": "key", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[a-z0-9_.]{1,128}$"}}]);
     let id_param = json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}}]);
@@ -60,6 +72,9 @@ pub fn spec() -> Value {
                 "responses": {"200": {"description": "The page", "content": {"text/html": {"schema": {"type": "string"}}}}}}},
             "/api/domains": {"get": {"summary": "Domains: active or not and why, tools, tokens",
                 "responses": {"200": {"description": "Domains", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+            "/api/audit": audit_path(),
+            "/metrics": {"get": {"summary": "Prometheus text: routing latency by path, tools and tokens per turn, tool calls by tool and outcome, misses repaired, upstream health, learned entries",
+                "responses": {"200": {"description": "Text exposition format 0.0.4", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
             "/openapi.json": {"get": {"summary": "This document",
                 "responses": {"200": {"description": "OpenAPI 3 document", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
         },

@@ -27,6 +27,7 @@ pub async fn show(
     let decisions = store.decisions(&id).await?;
     let domains = store.session_domains(&id).await?;
     let tool_calls = tool_calls(&messages);
+    let messages: Vec<MessageRow> = messages.into_iter().map(error_as_text).collect();
     Ok(Json(json!({
         "id": id,
         "turn": store.session_turn(&id).await?,
@@ -35,6 +36,17 @@ pub async fn show(
         "selections": decisions,
         "domains": domains,
     })))
+}
+
+/// An `error` message's content as text, as new rows store it; rows written before
+/// that hold `{"message": ...}`.
+fn error_as_text(mut row: MessageRow) -> MessageRow {
+    if row.role == "error"
+        && let Some(message) = row.content.get("message").and_then(Value::as_str)
+    {
+        row.content = Value::String(message.to_owned());
+    }
+    row
 }
 
 /// Every tool call of the chat turns with its result: each stored assistant message's

@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
-use loadout::settings::mask_json_secrets;
 use loadout::{CallOutput, ToolContext, ToolError};
 use loadout_store::{AuditRow, now_ms};
 use rmcp::model::{
@@ -33,10 +32,8 @@ use super::jsonrpc;
 use super::meta;
 use super::view::{View, ViewState};
 use crate::app::App;
-use crate::log_writer::AuditWriter;
+use crate::log_writer::{AuditWriter, audit_args, error_kind};
 
-/// Longest argument JSON kept whole in the audit log; longer ones are cut.
-const MAX_AUDIT_ARGS_BYTES: usize = 8 * 1024;
 /// A domain's use is written to the store at most this often (the warm rule only
 /// needs the day it was last used).
 const DOMAIN_USE_WRITE_INTERVAL_MS: i64 = 5 * 60 * 1000;
@@ -461,6 +458,7 @@ impl ServerHandler for McpHandler {
                 return Ok(result.into());
             }
         };
+        let listed = state.listed.iter().any(|tool| *tool.name == *inner);
         let result = match self.run(&state, &inner, inner_args, &client, started).await {
             // The name is `call_tool`'s argument: a mistake the model can fix.
             Err(e) if e.code == ErrorCode::INVALID_PARAMS => tool_error(format!(
@@ -469,6 +467,11 @@ impl ServerHandler for McpHandler {
             )),
             other => other?,
         };
+        // A tool the connection's list left out, run: a routing miss repaired.
+        if !listed && result.is_error != Some(true) && state.catalog.registry.tool(&inner).is_some()
+        {
+            crate::metrics::record_miss_repaired("call_tool");
+        }
         Ok(result.into())
     }
 
@@ -614,14 +617,6 @@ fn first_text(result: &CallToolResult) -> Option<String> {
         .map(|t| t.text.chars().take(1000).collect())
 }
 
-/// The `kind` tag of a tool error (`invalid_args`, `not_configured`, ...).
-fn error_kind(error: &ToolError) -> String {
-    serde_json::to_value(error)
-        .ok()
-        .and_then(|v| v.get("kind").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| "error".into())
-}
-
 /// The client's name from its `initialize` (or the request's metadata), for the
 /// audit log; `mcp` when it gave none.
 fn client_name(context: &RequestContext<RoleServer>) -> String {
@@ -630,20 +625,6 @@ fn client_name(context: &RequestContext<RoleServer>) -> String {
         .map(|info| info.name.chars().take(64).collect::<String>())
         .filter(|name| !name.trim().is_empty())
         .unwrap_or_else(|| "mcp".into())
-}
-
-/// Arguments as the audit log keeps them: secrets masked, size bounded.
-fn audit_args(args: &Value) -> Value {
-    let masked = mask_json_secrets(args);
-    let text = masked.to_string();
-    if text.len() <= MAX_AUDIT_ARGS_BYTES {
-        return masked;
-    }
-    let mut cut = MAX_AUDIT_ARGS_BYTES;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    json!({"truncated": true, "bytes": text.len(), "prefix": &text[..cut]})
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -777,14 +758,5 @@ mod tests {
             malformed_request("tools/frobnicate", None).code,
             ErrorCode::METHOD_NOT_FOUND
         );
-    }
-
-    #[test]
-    fn audit_args_mask_secrets_and_stay_small() {
-        let masked = audit_args(&json!({"key": "llm_api_key", "value": "sk-123456789abcdef"}));
-        assert!(!masked.to_string().contains("123456789"));
-        let big = audit_args(&json!({"content": "x".repeat(100_000)}));
-        assert_eq!(big["truncated"], json!(true));
-        assert!(big.to_string().len() < 2 * MAX_AUDIT_ARGS_BYTES);
     }
 }

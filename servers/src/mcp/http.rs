@@ -153,8 +153,21 @@ async fn domain_set_endpoint(
 /// Answers a POSTed JSON body that is not an MCP message: unparsable (-32700) or
 /// not a message (-32600, or -32602 for a standard request's bad params), status 400
 /// with the JSON-RPC error; an unknown notification is accepted and dropped (202).
+/// A session ended by `DELETE` answers 204 where rmcp answers 202: the Python SDK
+/// takes only 200 and 204 as success and warns on every close otherwise.
 /// Everything else goes on to rmcp unchanged.
 async fn jsonrpc_guard(request: Request, next: Next) -> Response {
+    if request.method() == Method::DELETE {
+        let response = next.run(request).await;
+        if response.status() != StatusCode::ACCEPTED {
+            return response;
+        }
+        let (mut parts, _) = response.into_parts();
+        parts.status = StatusCode::NO_CONTENT;
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.remove(header::CONTENT_TYPE);
+        return Response::from_parts(parts, Body::empty());
+    }
     let is_json = request
         .headers()
         .get(header::CONTENT_TYPE)

@@ -158,6 +158,15 @@ impl McpServer {
         }
     }
 
+    /// Each configured upstream server's name, and whether it is connected now.
+    pub fn upstream_health(&self) -> Vec<(String, bool)> {
+        self.upstreams
+            .servers()
+            .iter()
+            .map(|server| (server.name().to_owned(), server.is_connected()))
+            .collect()
+    }
+
     /// A handler for one connection to the server's view.
     pub fn handler(&self) -> McpHandler {
         McpHandler::new(self.shared.clone(), self.view.clone())

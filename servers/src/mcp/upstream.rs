@@ -349,6 +349,16 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
+    /// The server's name in `[servers]`.
+    pub fn name(&self) -> &str {
+        &self.slug
+    }
+
+    /// Connected now (a live session); false while (re)connecting.
+    pub fn is_connected(&self) -> bool {
+        lock(&self.peer).is_some()
+    }
+
     pub fn domain_name(&self) -> String {
         format!("mcp_{}", self.slug)
     }
@@ -393,7 +403,7 @@ impl Upstream {
             Endpoint::Stdio => {
                 let command = self.config.command.clone().unwrap_or_default();
                 let config = self.config.clone();
-                let transport = TokioChildProcess::new(
+                let (transport, stderr) = TokioChildProcess::builder(
                     tokio::process::Command::new(&command).configure(|cmd| {
                         cmd.args(&config.args).envs(&config.env).kill_on_drop(true);
                         if let Some(cwd) = &config.cwd {
@@ -401,7 +411,14 @@ impl Upstream {
                         }
                     }),
                 )
+                // The child's stderr is its log, not our output: it goes to our log
+                // at debug level, never to the terminal of `loadout route`.
+                .stderr(std::process::Stdio::piped())
+                .spawn()
                 .with_context(|| format!("cannot start `{command}`"))?;
+                if let Some(stderr) = stderr {
+                    tokio::spawn(log_stderr(self.slug.clone(), stderr));
+                }
                 tokio::time::timeout(CONNECT_TIMEOUT, client.serve(transport)).await
             }
             Endpoint::Http { url, headers } => {
@@ -717,6 +734,34 @@ impl Upstream {
             // The last tool list stays: calls meanwhile answer "not connected" (or
             // wait for the reconnection) rather than "unknown tool".
             *lock(&self.last_error) = Some(reason);
+        }
+    }
+}
+
+/// Longest line of an upstream's stderr logged as one; longer ones are cut.
+const MAX_STDERR_LINE: u64 = 4096;
+
+/// Logs a stdio upstream's stderr at debug level, line by line, until it closes
+/// (the child exited).
+async fn log_stderr(server: String, stderr: tokio::process::ChildStderr) {
+    use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut reader)
+            .take(MAX_STDERR_LINE)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim_end();
+                if !text.is_empty() {
+                    tracing::debug!("upstream `{server}` stderr: {text}");
+                }
+            }
         }
     }
 }

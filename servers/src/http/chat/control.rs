@@ -6,6 +6,7 @@
 //! selection and the next request, on any replica, sees the new session state.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use loadout::{ControlFuture, SessionControl};
@@ -31,6 +32,9 @@ pub struct TurnControl {
     store: Store,
     session: String,
     message: String,
+    /// The model called `search_tools` this turn (a later load repairs a miss found
+    /// by searching).
+    searched: Arc<AtomicBool>,
 }
 
 impl TurnControl {
@@ -50,6 +54,7 @@ impl TurnControl {
             store,
             session,
             message,
+            searched: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -116,6 +121,7 @@ impl TurnControl {
 impl SessionControl for TurnControl {
     fn search<'a>(&'a self, query: &'a str, limit: usize) -> ControlFuture<'a> {
         Box::pin(async move {
+            self.searched.store(true, Ordering::Relaxed);
             let state = self.lock();
             let selection = &state.routed.selection;
             let router = &state.routed.router;
@@ -160,6 +166,7 @@ impl SessionControl for TurnControl {
 
     fn load<'a>(&'a self, names: &'a [String]) -> ControlFuture<'a> {
         Box::pin(async move {
+            let before = self.lock().routed.selection.clone();
             let selection = self
                 .change(|routed| routed.view.load(&routed.router, names))
                 .await
@@ -174,6 +181,15 @@ impl SessionControl for TurnControl {
                         .is_some_and(|t| names.iter().any(|n| *n == t.name || *n == t.domain))
                 })
                 .collect();
+            // A tool the router had not sent is now callable: a routing miss repaired.
+            if available.iter().any(|tool| !before.contains(tool)) {
+                let via = if self.searched.load(Ordering::Relaxed) {
+                    "search_tools"
+                } else {
+                    "load_tools"
+                };
+                crate::metrics::record_miss_repaired(via);
+            }
             let mut result = json!({
                 "loaded": names,
                 "now_available": available,

@@ -13,8 +13,6 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use loadout::ToolError;
-use loadout::settings::mask_json_secrets;
 use loadout_router::{Selection, Stage};
 use loadout_store::Store;
 use loadout_store::{AuditRow, now_ms};
@@ -24,6 +22,7 @@ use tokio::sync::mpsc;
 use super::control::TurnControl;
 use super::llm::{LlmConfig, LlmError, Reply, ToolCall, cut};
 use crate::http::HttpState;
+use crate::log_writer::error_kind;
 
 /// Most model steps in one turn; the turn ends with a note when it is reached.
 pub const MAX_STEPS: usize = 8;
@@ -33,8 +32,6 @@ const MAX_HISTORY_MESSAGES: usize = 60;
 const MAX_PROMPT_HINTS: usize = 40;
 /// Longest tool result given to the model, in bytes.
 const MAX_RESULT_BYTES: usize = 16 * 1024;
-/// Longest argument JSON kept whole in the audit log.
-const MAX_AUDIT_ARGS_BYTES: usize = 8 * 1024;
 
 /// Where a turn's step events go: collected for a JSON answer, or sent to an SSE
 /// stream as they happen.
@@ -140,12 +137,13 @@ impl Turn {
                 Ok(reply) => reply,
                 Err(error) => {
                     let message = error.to_string();
+                    // The kind the JSON answer's error carries (`ApiError::BadGateway`).
                     events.emit(
                         "error",
-                        json!({"step": step, "kind": "model", "message": message}),
+                        json!({"step": step, "kind": "model_error", "message": message}),
                     );
-                    self.append(&store, "error", &json!({"message": message}))
-                        .await;
+                    // Text, as a user message's content is.
+                    self.append(&store, "error", &Value::String(message)).await;
                     return Err(error);
                 }
             };
@@ -235,20 +233,27 @@ impl Turn {
             serde_json::from_str(&call.arguments).map_err(|e| e.to_string())
         };
         let (result, outcome) = if !sent {
-            let message = if registry.tool(&call.name).is_some() {
-                format!(
-                    "refused: tool `{name}` is not loaded this turn, so it did not run. Call load_tools with [\"{name}\"] first, then call it again.",
-                    name = call.name
+            // A name no tool has is audited as the registry would (`unknown_tool`).
+            let (message, kind) = if registry.tool(&call.name).is_some() {
+                (
+                    format!(
+                        "refused: tool `{name}` is not loaded this turn, so it did not run. Call load_tools with [\"{name}\"] first, then call it again.",
+                        name = call.name
+                    ),
+                    "refused",
                 )
             } else {
-                format!(
-                    "refused: there is no tool named `{}`; search_tools finds tools by what they do.",
-                    cut(&call.name, 64)
+                (
+                    format!(
+                        "refused: there is no tool named `{}`; search_tools finds tools by what they do.",
+                        cut(&call.name, 64)
+                    ),
+                    "unknown_tool",
                 )
             };
             (
                 CallResult::refused(message.clone()),
-                ("refused".to_owned(), Some(message)),
+                (kind.to_owned(), Some(message)),
             )
         } else {
             match args {
@@ -558,24 +563,11 @@ pub fn history(rows: &[loadout_store::MessageRow]) -> Vec<Value> {
     messages
 }
 
-fn error_kind(error: &ToolError) -> String {
-    serde_json::to_value(error)
-        .ok()
-        .and_then(|v| v.get("kind").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| "error".into())
-}
-
-/// Arguments as the audit log keeps them: secrets masked, size bounded.
+/// Arguments as the audit log keeps them; text that is not JSON is kept as a string.
 fn audit_args(arguments: &str) -> Value {
     let value =
         serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_owned()));
-    let masked = mask_json_secrets(&value);
-    let text = masked.to_string();
-    if text.len() <= MAX_AUDIT_ARGS_BYTES {
-        masked
-    } else {
-        json!({"truncated": true, "bytes": text.len(), "prefix": cut(&text, MAX_AUDIT_ARGS_BYTES)})
-    }
+    crate::log_writer::audit_args(&value)
 }
 
 #[cfg(test)]
@@ -604,7 +596,7 @@ mod tests {
                 {"id": "b", "type": "function", "function": {"name": "calculate", "arguments": "{}"}}]}),
             ),
             row("tool", json!({"tool_call_id": "a", "content": "2"})),
-            row("error", json!({"message": "model down"})),
+            row("error", json!("model down")),
             row("assistant", json!({"content": "two", "tool_calls": []})),
         ];
         let messages = history(&rows);
