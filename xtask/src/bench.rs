@@ -114,8 +114,9 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         rounds,
     )?;
     if options.embedder == EmbedderChoice::Builtin {
-        bench_dense(&options, registry, &messages)?;
+        bench_dense(&options, registry.clone(), &messages)?;
     }
+    bench_learned(&options, registry, &messages)?;
 
     let synthetic_messages = synthetic_messages(200);
     for scale in [1usize, 4, 16] {
@@ -321,6 +322,101 @@ fn bench_dense(
         );
     }
     let _ = std::fs::remove_dir_all(&cache_root);
+    Ok(())
+}
+
+/// The learned stage's cost: routing each dev message with and without 20,000 learned
+/// entries (the dev turns' messages and tools, repeated with a distinct word and, on
+/// the dense path, their vectors jittered), lexical-only and with the built-in
+/// encoder; and what the entries take in memory.
+fn bench_learned(
+    options: &Options,
+    registry: Arc<Registry>,
+    messages: &[String],
+) -> anyhow::Result<()> {
+    const ENTRIES: usize = 20_000;
+    let text = std::fs::read_to_string(&options.cases)
+        .with_context(|| format!("reading {}", options.cases.display()))?;
+    let cases = loadout_router::replay::cases_from_json_lines(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", options.cases.display()))?;
+    let turns = loadout_router::replay::learned_turns(&cases);
+    anyhow::ensure!(!turns.is_empty(), "no labeled turns to learn from");
+    let settings: BTreeMap<String, String> = registry
+        .domains()
+        .iter()
+        .flat_map(|d| {
+            d.settings_keys
+                .iter()
+                .map(|k| (k.clone(), "set".to_owned()))
+        })
+        .collect();
+    let session = SessionView::new(1);
+    let rounds = if options.quick { 1 } else { 3 };
+    println!("\nlearned stage ({ENTRIES} entries, per dev message)");
+    let mut paths = vec![("lexical", EmbedderChoice::None)];
+    if options.embedder == EmbedderChoice::Builtin {
+        paths.push(("dense", EmbedderChoice::Builtin));
+    }
+    for (path, embedder) in paths {
+        let router = Router::new(registry.clone(), RouterConfig::default());
+        let cache = tempfile_dir("loadout-bench-learned")?;
+        attach_embedder(&router, &embedder, Some(&cache))?;
+        let distinct: Vec<String> = turns.iter().map(|(m, _)| m.clone()).collect();
+        let (vectors, model_id) = match router.dense() {
+            Some(dense) => {
+                let (vectors, _) =
+                    loadout_embed::embed_all(dense.embedder().as_ref(), &distinct, None)
+                        .map_err(anyhow::Error::msg)?;
+                (Some(vectors), Some(dense.model_id().to_owned()))
+            }
+            None => (None, None),
+        };
+        let mut rng = Lcg(7);
+        let entries: Vec<loadout_router::LearnedEntry> = (0..ENTRIES)
+            .map(|i| {
+                let j = i % turns.len();
+                let (message, tools) = &turns[j];
+                let vector = vectors.as_ref().map(|v| {
+                    v[j].iter()
+                        .map(|x| x + (rng.below(1000) as f32 / 1000.0 - 0.5) * 0.02)
+                        .collect()
+                });
+                loadout_router::LearnedEntry {
+                    message: format!("{message} v{i}"),
+                    tools: tools.clone(),
+                    vector,
+                }
+            })
+            .collect();
+        let built = Instant::now();
+        let index = loadout_router::LearnedIndex::new(&router, model_id.as_deref(), &entries);
+        let build_time = built.elapsed();
+        let time = |learned: Option<&loadout_router::LearnedIndex>| {
+            time_per_message(messages, rounds, |m| {
+                black_box(router.select(&RouteInput {
+                    message: m,
+                    settings: &settings,
+                    session: &session,
+                    token_budget: None,
+                    learned,
+                }));
+            })
+        };
+        let without = time(None);
+        let with = time(Some(&index));
+        let (p50_without, p50_with) = (percentile(&without, 0.5), percentile(&with, 0.5));
+        println!(
+            "  {path:<8} without p50 {}  p95 {}   with p50 {}  p95 {}   added p50 {}   index {:.1} MB, built in {:.0} ms",
+            micros(p50_without),
+            micros(percentile(&without, 0.95)),
+            micros(p50_with),
+            micros(percentile(&with, 0.95)),
+            micros(p50_with.saturating_sub(p50_without)),
+            index.approx_bytes() as f64 / 1e6,
+            build_time.as_secs_f64() * 1000.0
+        );
+        let _ = std::fs::remove_dir_all(&cache);
+    }
     Ok(())
 }
 
