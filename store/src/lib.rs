@@ -12,6 +12,7 @@
 //! feature, to build decision rows from selections); never on a domain or a server.
 
 mod decisions;
+mod learned;
 pub mod postgres;
 pub mod sqlite;
 #[doc(hidden)]
@@ -26,6 +27,10 @@ use serde::Serialize;
 pub use deadpool_postgres;
 pub use decisions::{
     DecisionRow, DomainReason, LOGGED_NOT_SENT, MessageLogging, Reasons, ToolReason, sha256_hex,
+};
+pub use learned::{
+    LearnOutcome, LearnedRow, LearnedToolSummary, LearnedWrite, MAX_LEARNED_MESSAGE_BYTES,
+    MERGE_MIN_COSINE, normalized_text, summarize as summarize_learned,
 };
 pub use loadout::{SettingsChange, StoreError, validate_setting_key};
 pub use postgres::{PostgresStore, describe_error as describe_pg_error, is_connection_error};
@@ -431,6 +436,61 @@ impl Store {
     /// The newest `n` audit rows, oldest first.
     pub async fn audit_tail(&self, n: usize) -> Result<Vec<AuditRow>, StoreError> {
         dispatch!(self, s => s.audit_tail(n).await)
+    }
+
+    /// Learns a message and the tools its turn called with success, within the
+    /// learned memory's bounds, in one transaction: tools `write.session` already
+    /// taught today are dropped (a session counts once per tool per day, so that one
+    /// user cannot steer routing for everyone; a write with no session, an example or
+    /// an import, is exempt); a near-duplicate (the same tools, and the same words or
+    /// vectors of one model at least [`MERGE_MIN_COSINE`] alike) moves the stored
+    /// entry's time and count instead of adding one; and each tool keeps its newest
+    /// `per_tool` entries (an entry left with no tool is deleted).
+    pub async fn learned_insert(
+        &self,
+        write: LearnedWrite,
+        per_tool: usize,
+    ) -> Result<LearnOutcome, StoreError> {
+        let write = learned::checked(write)?;
+        if write.tools.is_empty() {
+            return Ok(LearnOutcome::Nothing);
+        }
+        dispatch!(self, s => s.learned_insert(write, per_tool).await)
+    }
+
+    /// The learned entries, oldest first, with their tools: all of them, or those
+    /// naming `tool`. Vectors come only for entries of encoder `vectors_of`.
+    pub async fn learned_rows(
+        &self,
+        tool: Option<&str>,
+        vectors_of: Option<&str>,
+    ) -> Result<Vec<LearnedRow>, StoreError> {
+        dispatch!(self, s => s.learned_rows(tool, vectors_of).await)
+    }
+
+    /// What was learned, per tool (or for `tool` only).
+    pub async fn learned_summary(
+        &self,
+        tool: Option<&str>,
+    ) -> Result<Vec<LearnedToolSummary>, StoreError> {
+        let rows = self.learned_rows(tool, None).await?;
+        let mut summary = learned::summarize(&rows);
+        if let Some(tool) = tool {
+            summary.retain(|s| s.tool == tool);
+        }
+        Ok(summary)
+    }
+
+    /// Forgets what was learned for `tool` (`None`: everything); returns how many
+    /// entry links went.
+    pub async fn learned_forget(&self, tool: Option<&str>) -> Result<usize, StoreError> {
+        dispatch!(self, s => s.learned_forget(tool).await)
+    }
+
+    /// A counter every write of the learned memory moves, by any process: replicas
+    /// poll it to know when to rebuild their index.
+    pub async fn learned_version(&self) -> Result<i64, StoreError> {
+        dispatch!(self, s => s.learned_version().await)
     }
 
     /// The newest `n` rows of the decision log, oldest first.

@@ -9,6 +9,7 @@ mod audit;
 mod connection;
 mod decisions;
 mod integrity;
+mod learned;
 mod migrations;
 mod sessions;
 mod settings;
