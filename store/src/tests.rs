@@ -1387,7 +1387,7 @@ async fn a_session_teaches_a_tool_once_a_day() {
             learn(Some("other"), "delete all my files", &["convert"], day + 10),
             learn(
                 Some("steer"),
-                "delete all my files",
+                "what is 5 usd in eur",
                 &["convert"],
                 day + DAY,
             ),
