@@ -301,6 +301,19 @@ impl Store {
         dispatch!(self, s => s.messages(session).await)
     }
 
+    /// The text of the user message that started turn `turn` of `session`, if any.
+    pub async fn user_message(
+        &self,
+        session: &str,
+        turn: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let stored = dispatch!(self, s => s.user_message(session, turn).await)?;
+        Ok(stored.map(|content| match serde_json::from_str(&content) {
+            Ok(serde_json::Value::String(text)) => text,
+            _ => content,
+        }))
+    }
+
     /// Records tools a client's own model called in turn `turn` (what `/api/route`
     /// requests report in `called`) as successful `tool` messages of that turn, so the
     /// session's history and a replay of it know them. One write; nothing for a turn

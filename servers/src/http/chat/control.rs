@@ -27,6 +27,9 @@ pub struct TurnState {
 #[derive(Clone)]
 pub struct TurnControl {
     pub state: Arc<Mutex<TurnState>>,
+    /// Tools the model fetched this turn with `load_tools` or found with
+    /// `search_tools`: called with success, they teach the repair signal.
+    pub fetched: Arc<Mutex<BTreeSet<String>>>,
     routing: Routing,
     store: Store,
     session: String,
@@ -46,6 +49,7 @@ impl TurnControl {
                 routed,
                 changed: false,
             })),
+            fetched: Arc::default(),
             routing,
             store,
             session,
@@ -120,8 +124,17 @@ impl SessionControl for TurnControl {
             let selection = &state.routed.selection;
             let router = &state.routed.router;
             let hints = encoder_work(router, || {
-                router.search(query, Some(&state.routed.settings), None, limit)
+                router.search(
+                    query,
+                    Some(&state.routed.settings),
+                    state.routed.learned.as_deref(),
+                    limit,
+                )
             });
+            self.fetched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(hints.iter().map(|hint| hint.name.to_string()));
             let results: Vec<Value> = hints
                 .into_iter()
                 .map(|hint| {
@@ -155,6 +168,10 @@ impl SessionControl for TurnControl {
                         .is_some_and(|t| names.iter().any(|n| *n == t.name || *n == t.domain))
                 })
                 .collect();
+            self.fetched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(available.iter().map(|name| (*name).to_owned()));
             let mut result = json!({
                 "loaded": names,
                 "now_available": available,
