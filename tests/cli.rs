@@ -673,7 +673,7 @@ fn learn_imports_labeled_turns_and_learned_lists_and_forgets_them() {
     let cases = dir.path().join("cases.jsonl");
     let lines = [
         serde_json::json!({"id": "a", "configured": "all", "turns": [
-            {"user": "zorblax the quarterly ledgers", "needed": ["list_tables"]},
+            {"user": "remember to zorblax the quarterly ledgers", "needed": ["list_tables"]},
             {"user": "and what is 17 times 3", "needed": ["calculate"], "called": ["calculate"]},
             {"user": "thanks", "needed": []},
         ]}),
@@ -706,11 +706,14 @@ fn learn_imports_labeled_turns_and_learned_lists_and_forgets_them() {
     let names: Vec<&str> = tools.iter().filter_map(|t| t["tool"].as_str()).collect();
     assert_eq!(names, ["calculate", "list_tables"], "{listed}");
     assert_eq!(tools[1]["sources"]["import"], 1, "{listed}");
-    assert_eq!(tools[1]["example"], "zorblax the quarterly ledgers");
+    assert_eq!(
+        tools[1]["example"],
+        "remember to zorblax the quarterly ledgers"
+    );
 
     let one = stdout_of(run(&["learned", "--tool", "list_tables"]));
     assert!(
-        one.contains("zorblax the quarterly ledgers") && one.contains("import"),
+        one.contains("remember to zorblax the quarterly ledgers") && one.contains("import"),
         "{one}"
     );
     // Imported twice, a turn merges into its entry instead of being added again.
@@ -718,6 +721,23 @@ fn learn_imports_labeled_turns_and_learned_lists_and_forgets_them() {
     assert!(
         again.contains("learned 0 turns") && again.contains("2 merged"),
         "{again}"
+    );
+
+    // `loadout route` routes with what was learned, as the server does.
+    let routed = stdout_of(run(&[
+        "route",
+        "remember to zorblax the monthly ledgers",
+        "--lexical",
+        "--json",
+    ]));
+    let selection: Value = serde_json::from_str(&routed).expect("selection JSON");
+    assert!(
+        selection["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["name"] == "list_tables" && t["stage"] == "learned"),
+        "{routed}"
     );
 
     assert!(stdout_of(run(&["learned", "--forget", "list_tables"])).contains("forgot 1"));
