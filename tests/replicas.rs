@@ -845,6 +845,7 @@ async fn serve_routes_and_serves_the_toolkit_files_it_is_given() {
         "tools": [{
             "name": "find_recipe",
             "description": "Find a recipe in the family cookbook by dish or ingredient.",
+            "examples": ["what can I cook with leftover rice"],
             "input_schema": {"type": "object",
                              "properties": {"dish": {"type": "string", "description": "The dish"}},
                              "required": ["dish"]}
@@ -879,6 +880,22 @@ async fn serve_routes_and_serves_the_toolkit_files_it_is_given() {
         .await;
     let text = response.text().await.expect("tools/call body");
     assert!(text.contains("no backend"), "{text}");
+
+    // Issue 29: the toolkit tool's examples are learned at start (source `example`).
+    let data_dir = replica._data_dir.path().to_owned();
+    within(WAIT, "the toolkit's example learned", || {
+        let data_dir = data_dir.clone();
+        async move {
+            let output = loadout()
+                .args(["learned", "--json", "--tool", "find_recipe"])
+                .env("LOADOUT_DATA_DIR", &data_dir)
+                .output()
+                .expect("run loadout learned");
+            let text = String::from_utf8_lossy(&output.stdout);
+            text.contains("\"example\":1") && text.contains("leftover rice")
+        }
+    })
+    .await;
 }
 
 /// `SIGHUP` reads `loadout.toml` again: new `[router]` tunables route the turns that
