@@ -734,6 +734,29 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The latest `search_tools` of a connection.
+struct LastSearch {
+    at: Instant,
+    query: String,
+    tools: Vec<String>,
+}
+
+/// A connection's id for the learned memory: `mcp-` and 32 hex digits, unguessable
+/// enough to keep connections apart (it names no stored session).
+fn connection_id() -> String {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let word = |salt: u64| {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(n ^ salt);
+        hasher.write_i64(now_ms());
+        hasher.write_u32(std::process::id());
+        hasher.finish()
+    };
+    format!("mcp-{:016x}{:016x}", word(0), word(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -869,27 +892,4 @@ mod tests {
         assert_eq!(big["truncated"], json!(true));
         assert!(big.to_string().len() < 2 * MAX_AUDIT_ARGS_BYTES);
     }
-}
-
-/// The latest `search_tools` of a connection.
-struct LastSearch {
-    at: Instant,
-    query: String,
-    tools: Vec<String>,
-}
-
-/// A connection's id for the learned memory: `mcp-` and 32 hex digits, unguessable
-/// enough to keep connections apart (it names no stored session).
-fn connection_id() -> String {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let word = |salt: u64| {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(n ^ salt);
-        hasher.write_i64(now_ms());
-        hasher.write_u32(std::process::id());
-        hasher.finish()
-    };
-    format!("mcp-{:016x}{:016x}", word(0), word(u64::MAX))
 }
