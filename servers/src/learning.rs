@@ -378,6 +378,10 @@ async fn refresh(inner: &Inner) {
             return;
         }
     };
+    let mut rows = rows;
+    if let (Some(model), Some(dense)) = (&model, router.dense()) {
+        embed_missing(inner, model, dense.embedder().clone(), &mut rows).await;
+    }
     let entries: Vec<LearnedEntry> = rows
         .into_iter()
         .map(|r| LearnedEntry {
@@ -405,9 +409,159 @@ async fn refresh(inner: &Inner) {
     inner.n_builds.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Entries embedded per index build at most, for those learned without a vector
+/// (imports, examples queued before the dense stage attached, `loadout mcp`'s
+/// lexical search router): the rest follow at the next builds.
+const EMBED_PER_BUILD: usize = 256;
+
+/// Embeds entries never embedded (of no model) with the dense stage's encoder, and
+/// stores their vectors for every replica; entries of another encoder stay as they
+/// are (lexical here).
+async fn embed_missing(
+    inner: &Inner,
+    model: &str,
+    embedder: Arc<dyn loadout_router::Embedder>,
+    rows: &mut [loadout_store::LearnedRow],
+) {
+    let missing: Vec<usize> = rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.model.is_none() && r.vector.is_none())
+        .map(|(i, _)| i)
+        .take(EMBED_PER_BUILD)
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let texts: Vec<String> = missing.iter().map(|&i| rows[i].message.clone()).collect();
+    let embedded = tokio::task::spawn_blocking(move || {
+        let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+        embedder.embed(&texts)
+    })
+    .await;
+    let vectors = match embedded {
+        Ok(Ok(vectors)) if vectors.len() == missing.len() => vectors,
+        Ok(Err(e)) => {
+            tracing::debug!("learning: entries not embedded ({e}); kept lexical");
+            return;
+        }
+        _ => return,
+    };
+    let mut updates = Vec::with_capacity(vectors.len());
+    for (&i, vector) in missing.iter().zip(vectors) {
+        rows[i].vector = Some(vector.clone());
+        rows[i].model = Some(model.to_owned());
+        updates.push((rows[i].id, vector));
+    }
+    if let Err(e) = inner.store.learned_set_vectors(model, updates).await {
+        tracing::debug!("learning: vectors not stored: {e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use loadout_router::{DenseIndex, Embedder, RouterConfig};
+
     use super::*;
+
+    /// Two dimensions: the text's length and 1.
+    struct LengthEmbedder;
+
+    impl Embedder for LengthEmbedder {
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+            Ok(texts.iter().map(|t| vec![t.len() as f32, 1.0]).collect())
+        }
+        fn model_id(&self) -> &str {
+            "length"
+        }
+    }
+
+    fn router(dense: bool) -> Arc<Router> {
+        let registry = Arc::new(loadout_domains::registry().expect("registry"));
+        let router = Router::new(registry, RouterConfig::default());
+        if dense {
+            let rows = vec![vec![0.0, 1.0]; router.dense_texts().len()];
+            assert!(
+                router
+                    .attach_dense(DenseIndex::new(Arc::new(LengthEmbedder), rows))
+                    .is_ok()
+            );
+        }
+        Arc::new(router)
+    }
+
+    /// What is learned is embedded with the dense stage's encoder; an entry imported
+    /// without a vector gets one at the next build; the index is built for the
+    /// router in force, and again for one that replaces it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn events_are_embedded_and_the_index_follows_the_store_and_the_router() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open_dir(dir.path()).await.expect("store");
+        let first = router(true);
+        let cell = Arc::new(RwLock::new(first.clone()));
+        let learner = Learner::start(store.clone(), cell.clone());
+        store
+            .learned_insert(
+                LearnedWrite {
+                    at_ms: 1,
+                    session: None,
+                    source: "import".into(),
+                    message: "swap my euros".into(),
+                    tools: vec!["list_tables".into()],
+                    model: None,
+                    vector: None,
+                },
+                ENTRIES_PER_TOOL,
+            )
+            .await
+            .expect("import");
+        learner.record(LearnEvent {
+            message: LearnText::Message("make a table of my runs".into()),
+            tools: vec![
+                "create_table".into(),
+                "load_tools".into(),
+                "no_such_tool".into(),
+            ],
+            session: Some("s".into()),
+            source: LearnSource::Chat,
+        });
+        learner.flush().await;
+        learner.refresh().await;
+        let rows = store
+            .learned_rows(None, Some("length"))
+            .await
+            .expect("rows");
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(
+            rows[1].tools,
+            ["create_table"],
+            "only the router's own tools"
+        );
+        assert_eq!(rows[1].vector, Some(vec![23.0, 1.0]));
+        assert_eq!(
+            rows[0].vector,
+            Some(vec![13.0, 1.0]),
+            "the import was embedded"
+        );
+        let index = learner.index_for(&first).expect("an index for the router");
+        assert_eq!((index.len(), index.n_vectors()), (2, 2));
+
+        let second = router(false);
+        *cell.write().expect("cell") = second.clone();
+        assert!(
+            learner.index_for(&second).is_none(),
+            "built for the old router"
+        );
+        learner.refresh().await;
+        let index = learner
+            .index_for(&second)
+            .expect("rebuilt for the new router");
+        assert_eq!(
+            (index.len(), index.n_vectors()),
+            (2, 0),
+            "lexical-only router"
+        );
+    }
 
     #[test]
     fn hash_or_off_decision_logs_and_learning_off_stop_learning() {

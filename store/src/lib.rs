@@ -500,6 +500,24 @@ impl Store {
         dispatch!(self, s => s.learned_forget(tool).await)
     }
 
+    /// Gives entries learned without a vector (imports, a process without the dense
+    /// stage) their vector from encoder `model`; an entry that has one keeps it.
+    /// Returns how many were set.
+    pub async fn learned_set_vectors(
+        &self,
+        model: &str,
+        vectors: Vec<(i64, Vec<f32>)>,
+    ) -> Result<usize, StoreError> {
+        let vectors: Vec<(i64, Vec<f32>)> = vectors
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty() && v.iter().all(|x| x.is_finite()))
+            .collect();
+        if vectors.is_empty() {
+            return Ok(0);
+        }
+        dispatch!(self, s => s.learned_set_vectors(model, vectors).await)
+    }
+
     /// A counter every write of the learned memory moves, by any process: replicas
     /// poll it to know when to rebuild their index.
     pub async fn learned_version(&self) -> Result<i64, StoreError> {

@@ -1534,3 +1534,48 @@ async fn each_tool_keeps_its_newest_entries() {
         assert_eq!(all[0].tools, ["write_note"], "{}", t.name);
     }
 }
+
+/// Issue 29: an entry learned without a vector gets one later (the version moves);
+/// one that has a vector keeps it.
+#[tokio::test]
+async fn vectors_are_set_on_entries_without_one() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        let LearnOutcome::Added { id: plain, .. } = store
+            .learned_insert(learn(None, "swap euros for yen", &["convert"], 1), 100)
+            .await
+            .expect("insert")
+        else {
+            panic!("not added");
+        };
+        let LearnOutcome::Added { id: embedded, .. } = store
+            .learned_insert(
+                with_vector(
+                    learn(None, "weather in oslo", &["get_weather"], 2),
+                    "old",
+                    &[1.0, 0.0],
+                ),
+                100,
+            )
+            .await
+            .expect("insert")
+        else {
+            panic!("not added");
+        };
+        let before = store.learned_version().await.expect("version");
+        let n = store
+            .learned_set_vectors(
+                "enc",
+                vec![(plain, vec![0.0, 1.0]), (embedded, vec![0.5, 0.5])],
+            )
+            .await
+            .expect("set");
+        assert_eq!(n, 1, "{}", t.name);
+        assert!(store.learned_version().await.expect("version") > before);
+        let rows = store.learned_rows(None, Some("enc")).await.expect("rows");
+        assert_eq!(rows[0].vector, Some(vec![0.0, 1.0]), "{}", t.name);
+        assert_eq!(rows[1].model.as_deref(), Some("old"), "{}", t.name);
+        assert_eq!(rows[1].vector, None, "{}: not of `enc`", t.name);
+    }
+}

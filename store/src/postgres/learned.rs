@@ -111,6 +111,38 @@ impl PostgresStore {
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
+    pub async fn learned_set_vectors(
+        &self,
+        model: &str,
+        vectors: Vec<(i64, Vec<f32>)>,
+    ) -> Result<usize, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| self.error(e))?;
+        let set = async {
+            let mut n = 0;
+            for (id, vector) in &vectors {
+                n += tx
+                    .execute(
+                        "UPDATE learned_entries SET model = $2, vector = $3
+                         WHERE id = $1 AND vector IS NULL",
+                        &[id, &model, &vector_bytes(vector)],
+                    )
+                    .await?;
+            }
+            if n > 0 {
+                tx.execute(
+                    "UPDATE learned_version SET version = version + 1 WHERE id = 1",
+                    &[],
+                )
+                .await?;
+            }
+            Ok::<u64, tokio_postgres::Error>(n)
+        };
+        let n = set.await.map_err(|e| self.error(e))?;
+        tx.commit().await.map_err(|e| self.error(e))?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
     pub async fn learned_version(&self) -> Result<i64, StoreError> {
         match self
             .query_opt("SELECT version FROM learned_version WHERE id = 1", &[])

@@ -103,6 +103,35 @@ impl SqliteStore {
         .await
     }
 
+    pub async fn learned_set_vectors(
+        &self,
+        model: &str,
+        vectors: Vec<(i64, Vec<f32>)>,
+    ) -> Result<usize, StoreError> {
+        let model = model.to_owned();
+        self.call_log(move |c| {
+            let tx = c.transaction()?;
+            let mut n = 0;
+            for (id, vector) in &vectors {
+                n += tx
+                    .prepare_cached(
+                        "UPDATE learned_entries SET model = ?2, vector = ?3
+                         WHERE id = ?1 AND vector IS NULL",
+                    )?
+                    .execute(params![id, model, vector_bytes(vector)])?;
+            }
+            if n > 0 {
+                tx.execute(
+                    "UPDATE learned_version SET version = version + 1 WHERE id = 1",
+                    [],
+                )?;
+            }
+            tx.commit()?;
+            Ok(n)
+        })
+        .await
+    }
+
     pub async fn learned_version(&self) -> Result<i64, StoreError> {
         self.call(|c| {
             Ok(
