@@ -1,5 +1,6 @@
-//! The learned memory on SQLite, written on the log writer's connection: learning
-//! runs in the background and never holds the lock a request waits on.
+//! The learned memory on SQLite, written and read on the log writer's connection:
+//! learning and index builds run in the background, and a build's read of every
+//! vector never holds up the requests queued on the request connection.
 
 use rusqlite::{OptionalExtension, Transaction, params};
 
@@ -35,7 +36,7 @@ impl SqliteStore {
         vectors_of: Option<&str>,
     ) -> Result<Vec<LearnedRow>, StoreError> {
         let (tool, vectors_of) = (tool.map(str::to_owned), vectors_of.map(str::to_owned));
-        self.call(move |c| {
+        self.call_log(move |c| {
             let filter = "(?1 IS NULL OR id IN (SELECT entry_id FROM learned_tools WHERE tool = ?1))";
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT id, at_ms, session, source, message, model,
