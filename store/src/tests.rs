@@ -1579,3 +1579,66 @@ async fn vectors_are_set_on_entries_without_one() {
         assert_eq!(rows[1].vector, None, "{}: not of `enc`", t.name);
     }
 }
+
+/// Figures for docs/performance.md, not a test (it asserts nothing about time):
+/// `cargo test --release -p loadout-store --lib -- --ignored learned_memory_figures
+/// --nocapture`. Writes 5,000 entries over 50 tools (384-dimensional vectors, a
+/// session each; every 10th repeats the words of the one before, for another tool,
+/// so it is kept apart), reads them back for an index
+/// build, and builds the index.
+#[cfg(feature = "router")]
+#[tokio::test]
+#[ignore]
+async fn learned_memory_figures() {
+    let (_dir, stores) = stores().await;
+    let tools: Vec<String> = (0..50).map(|t| format!("tool_{t}")).collect();
+    let tool_refs: Vec<&str> = tools.iter().map(String::as_str).collect();
+    let router = log_test_router(&[("bench", &tool_refs)]);
+    for t in stores {
+        let store = &t.store;
+        let started = Instant::now();
+        let n = 5_000;
+        for i in 0..n {
+            let text = if i % 10 == 9 {
+                format!("message number {}", i - 1)
+            } else {
+                format!("message number {i}")
+            };
+            let vector: Vec<f32> = (0..384)
+                .map(|d| ((i * 31 + d * 7 + i * d) % 97) as f32 - 48.0)
+                .collect();
+            let write = with_vector(
+                learn(Some(&format!("s{i}")), &text, &[&tools[i % 50]], i as i64),
+                "enc",
+                &vector,
+            );
+            store.learned_insert(write, 200).await.expect("insert");
+        }
+        let inserted = started.elapsed();
+        let started = Instant::now();
+        let rows = store.learned_rows(None, Some("enc")).await.expect("rows");
+        let read = started.elapsed();
+        let entries: Vec<loadout_router::LearnedEntry> = rows
+            .into_iter()
+            .map(|r| loadout_router::LearnedEntry {
+                message: r.message,
+                tools: r.tools,
+                vector: r.vector,
+            })
+            .collect();
+        let started = Instant::now();
+        let index = loadout_router::LearnedIndex::new(&router, Some("enc"), &entries);
+        let built = started.elapsed();
+        println!(
+            "{}: {n} writes in {:.2} s ({:.0} µs each); {} entries read in {:.0} ms; index built in {:.0} ms ({:?}, {} KB)",
+            t.name,
+            inserted.as_secs_f64(),
+            inserted.as_secs_f64() * 1e6 / n as f64,
+            entries.len(),
+            read.as_secs_f64() * 1e3,
+            built.as_secs_f64() * 1e3,
+            index,
+            index.approx_bytes() / 1024
+        );
+    }
+}
