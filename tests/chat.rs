@@ -268,6 +268,22 @@ async fn only_routed_tools_are_sent_and_unrouted_calls_are_refused_until_loaded(
             .as_array()
             .is_some_and(|t| t.contains(&json!("write_file")))
     );
+
+    // Issue 29: the miss the model repaired (`write_file`, fetched with load_tools
+    // after routing, then called with success) is learned from the turn's message,
+    // as a repair; the meta-tool is not learned.
+    state.app.routing().learner.flush().await;
+    let rows = state
+        .app
+        .store()
+        .learned_rows(None, None)
+        .await
+        .expect("learned rows");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].tools, ["write_file"]);
+    assert_eq!(rows[0].source, "repair");
+    assert_eq!(rows[0].message, "remember that my parrot is called Polly");
+    assert_eq!(rows[0].session.as_deref(), Some("s1"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -830,3 +830,100 @@ fn tools_lists_upstream_servers_and_their_stderr_stays_in_the_log() {
         "{stderr}"
     );
 }
+
+/// Issue 29: `loadout learn --cases` imports labeled turns (tools no tool has are
+/// left out, with a warning); `loadout learned` says what was learned and from what;
+/// `--forget TOOL` and `--forget-all` take it back; with `learning = off` nothing is
+/// imported.
+#[test]
+fn learn_imports_labeled_turns_and_learned_lists_and_forgets_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases = dir.path().join("cases.jsonl");
+    let lines = [
+        serde_json::json!({"id": "a", "configured": "all", "turns": [
+            {"user": "remember to zorblax the quarterly ledgers", "needed": ["list_tables"]},
+            {"user": "and what is 17 times 3", "needed": ["calculate"], "called": ["calculate"]},
+            {"user": "thanks", "needed": []},
+        ]}),
+        serde_json::json!({"id": "b", "configured": [], "turns": [
+            {"user": "frob the widgets", "needed": ["no_such_tool"]},
+        ]}),
+    ];
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&cases, text.join("\n")).expect("write cases");
+    let run = |args: &[&str]| {
+        loadout(dir.path())
+            .args(args)
+            .output()
+            .expect("run loadout")
+    };
+    let cases_arg = cases.to_str().expect("utf-8 path");
+
+    assert!(stdout_of(run(&["learned"])).contains("nothing learned yet"));
+    let imported = run(&["learn", "--cases", cases_arg]);
+    let stderr = String::from_utf8_lossy(&imported.stderr).into_owned();
+    let stdout = stdout_of(imported);
+    assert!(stdout.contains("learned 2 turns"), "{stdout}");
+    assert!(stderr.contains("no_such_tool"), "{stderr}");
+
+    let listed = stdout_of(run(&["learned", "--json"]));
+    let tools: Vec<Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let names: Vec<&str> = tools.iter().filter_map(|t| t["tool"].as_str()).collect();
+    assert_eq!(names, ["calculate", "list_tables"], "{listed}");
+    assert_eq!(tools[1]["sources"]["import"], 1, "{listed}");
+    assert_eq!(
+        tools[1]["example"],
+        "remember to zorblax the quarterly ledgers"
+    );
+
+    let one = stdout_of(run(&["learned", "--tool", "list_tables"]));
+    assert!(
+        one.contains("remember to zorblax the quarterly ledgers") && one.contains("import"),
+        "{one}"
+    );
+    // Imported twice, a turn merges into its entry instead of being added again.
+    let again = stdout_of(run(&["learn", "--cases", cases_arg]));
+    assert!(
+        again.contains("learned 0 turns") && again.contains("2 merged"),
+        "{again}"
+    );
+
+    // `loadout route` routes with what was learned, as the server does.
+    let routed = stdout_of(run(&[
+        "route",
+        "remember to zorblax the monthly ledgers",
+        "--lexical",
+        "--json",
+    ]));
+    let selection: Value = serde_json::from_str(&routed).expect("selection JSON");
+    assert!(
+        selection["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["name"] == "list_tables" && t["stage"] == "learned"),
+        "{routed}"
+    );
+
+    assert!(stdout_of(run(&["learned", "--forget", "list_tables"])).contains("forgot 1"));
+    let listed = stdout_of(run(&["learned", "--json"]));
+    assert!(
+        !listed.contains("list_tables") && listed.contains("calculate"),
+        "{listed}"
+    );
+    stdout_of(run(&["learned", "--forget-all"]));
+    assert!(stdout_of(run(&["learned"])).contains("nothing learned yet"));
+
+    stdout_of(run(&["settings", "set", "learning", "off"]));
+    let refused = run(&["learn", "--cases", cases_arg]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("learning is off"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(stdout_of(run(&["learned"])).contains("nothing learned yet"));
+}

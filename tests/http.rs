@@ -729,3 +729,127 @@ async fn metrics_need_the_token_when_one_is_configured() {
             .is_ok_and(|t| t.starts_with("text/plain; version=0.0.4"))
     );
 }
+
+/// A one-off `/api/route` of `message`: its selection.
+async fn route_once(app: &axum::Router, message: &str) -> Value {
+    let (status, body) = send(app, "POST", "/api/route", Some(json!({"message": message}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body
+}
+
+fn sent_tools(routed: &Value) -> Vec<String> {
+    routed["selection"]["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// An app whose [`App`](loadout_server::app::App) the test keeps (its learner, its
+/// store).
+async fn http_app_with_state() -> (tempfile::TempDir, loadout_server::app::App, axum::Router) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = loadout_server::app::Config::in_data_dir(dir.path().to_path_buf());
+    let app_state = loadout_server::app::App::open(&config)
+        .await
+        .expect("open app");
+    let router = loadout_server::http::app(loadout_server::http::HttpState::new(
+        app_state.clone(),
+        None,
+    ));
+    (dir, app_state, router)
+}
+
+/// Issue 29: what a client's model called for a message (`/api/route`'s `called`,
+/// reported with the next turn) is learned; a later message like it, in another
+/// session, gets that tool from the learned stage, which its reasons name. Before
+/// anything was learned the same message did not get it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_called_for_a_message_is_routed_to_a_similar_message_later() {
+    let (_dir, app_state, app) = http_app_with_state().await;
+    let taught = "remember to zorblax the quarterly frobnication ledgers";
+    let probe = "remember to zorblax the monthly frobnication ledgers";
+    let before = route_once(&app, probe).await;
+    assert!(
+        !sent_tools(&before).iter().any(|t| t == "list_tables"),
+        "list_tables was sent before anything was learned: {before}"
+    );
+    for (message, called) in [(taught, json!([])), ("thanks", json!(["list_tables"]))] {
+        let (status, body) = send(
+            &app,
+            "POST",
+            "/api/route",
+            Some(json!({"session": "teacher", "message": message, "called": called})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    app_state.routing().learner.flush().await;
+    let rows = app_state
+        .store()
+        .learned_rows(Some("list_tables"), None)
+        .await
+        .expect("learned rows");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].message, taught);
+    assert_eq!(rows[0].source, "route");
+    assert_eq!(rows[0].session.as_deref(), Some("teacher"));
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let after = loop {
+        let routed = route_once(&app, probe).await;
+        if sent_tools(&routed).iter().any(|t| t == "list_tables") {
+            break routed;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "list_tables never routed from what was learned: {routed}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let tool = after["selection"]["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["name"] == "list_tables")
+        .expect("list_tables");
+    assert_eq!(tool["stage"], "learned", "{tool}");
+}
+
+/// Issue 29: with `decision_log = hash`, or `learning = off`, nothing of a message
+/// is learned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_learned_when_the_decision_log_hashes_or_learning_is_off() {
+    for (key, value) in [("decision_log", "hash"), ("learning", "off")] {
+        let (_dir, app_state, app) = http_app_with_state().await;
+        let (status, body) = send(
+            &app,
+            "PUT",
+            &format!("/api/settings/{key}"),
+            Some(json!({"value": value})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        for (message, called) in [
+            ("zorblax the quarterly frobnication ledgers", json!([])),
+            ("thanks", json!(["list_tables"])),
+        ] {
+            let (status, body) = send(
+                &app,
+                "POST",
+                "/api/route",
+                Some(json!({"session": "private", "message": message, "called": called})),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+        app_state.routing().learner.flush().await;
+        let rows = app_state
+            .store()
+            .learned_rows(None, None)
+            .await
+            .expect("learned rows");
+        assert!(rows.is_empty(), "{key} = {value}: {rows:?}");
+    }
+}

@@ -1723,3 +1723,46 @@ async fn ending_a_session_answers_204() {
     .await;
     assert!(status >= 400, "{status}");
 }
+
+/// Issue 29: over MCP, a `search_tools` query followed by a successful call (here
+/// through `call_tool`) of a tool it returned teaches that query the tool (source
+/// `mcp_search`); a call of a tool the search did not return teaches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_followed_by_a_call_of_a_found_tool_is_learned() {
+    let data = tempfile::tempdir().expect("tempdir");
+    assert!(
+        loadout(data.path(), &["settings", "set", "router_dense", "off"])
+            .status
+            .success()
+    );
+    let mcp = start(data.path(), &["--dynamic"]).await;
+    let query = "which tables have I made so far";
+    let found = mcp
+        .call("search_tools", json!({"query": query, "limit": 5}))
+        .await
+        .expect("tools/call");
+    let found = found.structured_content.expect("structured results");
+    assert!(
+        found["results"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|hit| hit["name"] == "list_tables")),
+        "list_tables not found: {found}"
+    );
+    mcp.call_ok("call_tool", json!({"name": "list_tables", "arguments": {}}))
+        .await;
+    mcp.call_ok("calculate", json!({"expression": "2 + 2"}))
+        .await;
+    mcp.close().await;
+
+    let listed = loadout(data.path(), &["learned", "--json"]);
+    assert!(listed.status.success());
+    let text = String::from_utf8_lossy(&listed.stdout);
+    let tools: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let names: Vec<&str> = tools.iter().filter_map(|t| t["tool"].as_str()).collect();
+    assert_eq!(names, ["list_tables"], "{text}");
+    assert_eq!(tools[0]["sources"]["mcp_search"], 1, "{text}");
+    assert_eq!(tools[0]["example"], query, "{text}");
+}

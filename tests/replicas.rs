@@ -845,6 +845,7 @@ async fn serve_routes_and_serves_the_toolkit_files_it_is_given() {
         "tools": [{
             "name": "find_recipe",
             "description": "Find a recipe in the family cookbook by dish or ingredient.",
+            "examples": ["what can I cook with leftover rice"],
             "input_schema": {"type": "object",
                              "properties": {"dish": {"type": "string", "description": "The dish"}},
                              "required": ["dish"]}
@@ -879,6 +880,22 @@ async fn serve_routes_and_serves_the_toolkit_files_it_is_given() {
         .await;
     let text = response.text().await.expect("tools/call body");
     assert!(text.contains("no backend"), "{text}");
+
+    // Issue 29: the toolkit tool's examples are learned at start (source `example`).
+    let data_dir = replica._data_dir.path().to_owned();
+    within(WAIT, "the toolkit's example learned", || {
+        let data_dir = data_dir.clone();
+        async move {
+            let output = loadout()
+                .args(["learned", "--json", "--tool", "find_recipe"])
+                .env("LOADOUT_DATA_DIR", &data_dir)
+                .output()
+                .expect("run loadout learned");
+            let text = String::from_utf8_lossy(&output.stdout);
+            text.contains("\"example\":1") && text.contains("leftover rice")
+        }
+    })
+    .await;
 }
 
 /// `SIGHUP` reads `loadout.toml` again: new `[router]` tunables route the turns that
@@ -983,5 +1000,55 @@ async fn a_hangup_connects_and_stops_the_upstream_servers_of_the_file() {
     assert!(
         log.contains("upstream MCP servers removed fake") && !log.contains("panicked"),
         "{log}"
+    );
+}
+
+/// Issue 29: what one replica learns (a client's model reported calling
+/// `list_tables` for a message) reaches another replica's router through the shared
+/// database: a similar message routed by B, in no session, gets the tool from the
+/// learned stage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_one_replica_learns_another_routes_with() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(db) = postgres_database(dir.path(), "learning replicas test").await else {
+        return;
+    };
+    db.store
+        .setting_set("router_dense", "off")
+        .await
+        .expect("set router_dense");
+    let a = Replica::start("a", &db.url).await;
+    let b = Replica::start("b", &db.url).await;
+    a.route(
+        "teacher",
+        "remember to zorblax the quarterly frobnication ledgers",
+        &[],
+    )
+    .await;
+    a.route("teacher", "thanks", &["list_tables"]).await;
+    let learned_by_b = || async {
+        let routed = b
+            .ok(
+                "POST",
+                "/api/route",
+                Some(json!({"message": "remember to zorblax the monthly frobnication ledgers"})),
+            )
+            .await;
+        routed["selection"]["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["name"] == "list_tables" && t["stage"] == "learned")
+    };
+    within(WAIT, "B routing with what A learned", learned_by_b).await;
+    let rows = db
+        .store
+        .learned_rows(Some("list_tables"), None)
+        .await
+        .expect("learned rows");
+    assert!(
+        rows.iter()
+            .any(|r| r.source == "route" && r.session.as_deref() == Some("teacher")),
+        "{rows:?}"
     );
 }

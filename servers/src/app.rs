@@ -185,6 +185,10 @@ impl App {
     /// Flushes the decision log if anything was routed.
     pub async fn shutdown_routing(&self) {
         if let Some(routing) = self.routing.get() {
+            // What was learned goes to the store first, then the log is flushed.
+            let _ =
+                tokio::time::timeout(std::time::Duration::from_secs(5), routing.learner.flush())
+                    .await;
             routing.decisions.shutdown().await;
         }
     }

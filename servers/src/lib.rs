@@ -8,6 +8,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod learning;
 pub mod listener;
 pub mod log_writer;
 pub mod mcp;
@@ -60,6 +61,12 @@ enum Command {
     Audit(cli::audit::Args),
     /// Prints the newest routing decisions from the decision log, with their reasons.
     Decisions(cli::decisions::Args),
+    /// What the router learned from use, and from what; `--forget TOOL`,
+    /// `--forget-all`.
+    Learned(cli::learned::Args),
+    /// Imports labeled turns (the eval format `loadout replay --export` writes) into
+    /// the learned memory.
+    Learn(cli::learned::LearnArgs),
     /// Serves the chat API and dashboard.
     Serve(http::Args),
     /// Serves every tool over MCP (stdio by default).
@@ -82,6 +89,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Settings(command) => cli::settings::run(&app, command).await,
         Command::Audit(args) => cli::audit::run(&app, args).await,
         Command::Decisions(args) => cli::decisions::run(&app, args).await,
+        Command::Learned(args) => cli::learned::run(&app, args).await,
+        Command::Learn(args) => cli::learned::learn(&app, args).await,
         Command::Mcp(args) => mcp::run(&app, args).await,
         Command::Serve(args) => http::run(app, args).await,
     }

@@ -9,10 +9,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use loadout::StoreError;
-use loadout_router::{DomainState, RouteInput, Router, Selection, SessionView, carry_over};
+use loadout_router::{
+    DomainState, LearnedIndex, RouteInput, Router, Selection, SessionView, carry_over,
+};
 use loadout_store::Store;
 use loadout_store::{DecisionRow, MessageLogging, SessionDomainState, now_ms};
 
+use crate::learning::{LearnEvent, LearnSource, LearnText, Learner, learning_allowed};
 use crate::log_writer::DecisionWriter;
 
 /// The router's memory of a domain, as the store keeps it.
@@ -72,6 +75,8 @@ pub struct RoutedTurn {
     pub carry: Vec<String>,
     pub view: SessionView,
     pub settings: Arc<BTreeMap<String, String>>,
+    /// The learned memory this turn routes with (also for `search_tools`).
+    pub learned: Option<Arc<LearnedIndex>>,
 }
 
 /// Routing plus the writers it needs; one per process.
@@ -81,6 +86,8 @@ pub struct Routing {
     /// upstream MCP server's tool list).
     router: Arc<RwLock<Arc<Router>>>,
     pub decisions: DecisionWriter,
+    /// Learns from the turns' calls and keeps the learned index of the router.
+    pub learner: Learner,
     /// Selections that run the dense stage in flight at once: one per core. See
     /// [`Routing::select_off_runtime`].
     dense_slots: Arc<tokio::sync::Semaphore>,
@@ -96,8 +103,10 @@ pub type SessionGuard = tokio::sync::OwnedMutexGuard<()>;
 
 impl Routing {
     pub fn new(router: Arc<Router>, store: Store) -> Routing {
+        let router = Arc::new(RwLock::new(router));
         Routing {
-            router: Arc::new(RwLock::new(router)),
+            learner: Learner::start(store.clone(), router.clone()),
+            router,
             decisions: DecisionWriter::start(store),
             dense_slots: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -120,6 +129,8 @@ impl Routing {
             .router
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = router;
+        // Its tools are numbered anew: the learned index is built again for it.
+        self.learner.rebuild_soon();
     }
 
     /// Waits until no other turn of `session` runs in this process, and holds that
@@ -162,6 +173,7 @@ impl Routing {
             return Err(RouteError::MessageTooLarge(message.len()));
         }
         let router = self.router();
+        let learned = self.learner.index_for(&router);
         let registry = router.registry();
         let unknown: Vec<String> = request
             .called
@@ -176,8 +188,15 @@ impl Routing {
         let Some(session) = request.session else {
             let view = SessionView::new(1);
             let selection = Arc::new(
-                self.select_off_runtime(&router, &settings, &view, message, request.token_budget)
-                    .await,
+                self.select_off_runtime(
+                    &router,
+                    &settings,
+                    &view,
+                    message,
+                    request.token_budget,
+                    &learned,
+                )
+                .await,
             );
             self.log(&settings, &selection, None, 1, message);
             crate::metrics::record_turn(selection.n_tools, selection.tokens);
@@ -189,6 +208,7 @@ impl Routing {
                 carry: Vec::new(),
                 view,
                 settings,
+                learned,
             });
         };
         // Reads of a session that does not exist yet are empty; `turn_append` below
@@ -208,6 +228,19 @@ impl Routing {
             store
                 .calls_reported(session, snapshot.turn, request.called)
                 .await?;
+            // What the client's model called answers its previous message: that
+            // message teaches those tools (read and written in the background).
+            if snapshot.turn >= 1 && learning_allowed(&settings) {
+                self.learner.record(LearnEvent {
+                    message: LearnText::Turn {
+                        session: session.to_owned(),
+                        turn: snapshot.turn,
+                    },
+                    tools: request.called.to_vec(),
+                    session: Some(session.to_owned()),
+                    source: LearnSource::Route,
+                });
+            }
         }
         // Routed as the next turn before the message is stored, so that the message and
         // what this turn carries into the next go to the store in one write.
@@ -215,8 +248,15 @@ impl Routing {
         view.begin_turn(expected, None);
         view.carried_tools = snapshot.carry;
         let mut selection = Arc::new(
-            self.select_off_runtime(&router, &settings, &view, message, request.token_budget)
-                .await,
+            self.select_off_runtime(
+                &router,
+                &settings,
+                &view,
+                message,
+                request.token_budget,
+                &learned,
+            )
+            .await,
         );
         let mut carry = carry_over(&selection);
         let message_json = serde_json::Value::String(message.to_owned());
@@ -228,8 +268,15 @@ impl Routing {
             view.begin_turn(turn, None);
             view.carried_tools = carried;
             selection = Arc::new(
-                self.select_off_runtime(&router, &settings, &view, message, request.token_budget)
-                    .await,
+                self.select_off_runtime(
+                    &router,
+                    &settings,
+                    &view,
+                    message,
+                    request.token_budget,
+                    &learned,
+                )
+                .await,
             );
             carry = carry_over(&selection);
             store.session_carry_put(session, turn, &carry).await?;
@@ -243,6 +290,7 @@ impl Routing {
             carry,
             view,
             settings,
+            learned,
         })
     }
 
@@ -258,6 +306,7 @@ impl Routing {
                 &routed.view,
                 message,
                 None,
+                routed.learned.as_deref(),
             )
         }));
         routed.carry = carry_over(&routed.selection);
@@ -310,27 +359,61 @@ impl Routing {
         view: &SessionView,
         message: &str,
         token_budget: Option<usize>,
+        learned: &Option<Arc<LearnedIndex>>,
     ) -> Selection {
         if router.dense().is_none() {
-            return select(router, settings, view, message, token_budget);
+            return select(
+                router,
+                settings,
+                view,
+                message,
+                token_budget,
+                learned.as_deref(),
+            );
         }
         // The semaphore is never closed; were it, routing inline is still correct.
         let Ok(slot) = self.dense_slots.clone().acquire_owned().await else {
-            return select(router, settings, view, message, token_budget);
+            return select(
+                router,
+                settings,
+                view,
+                message,
+                token_budget,
+                learned.as_deref(),
+            );
         };
-        let owned = (settings.clone(), view.clone(), message.to_owned());
+        let owned = (
+            settings.clone(),
+            view.clone(),
+            message.to_owned(),
+            learned.clone(),
+        );
         let blocking_router = router.clone();
         let selected = tokio::task::spawn_blocking(move || {
             let _slot = slot;
-            let (settings, view, message) = owned;
-            select(&blocking_router, &settings, &view, &message, token_budget)
+            let (settings, view, message, learned) = owned;
+            select(
+                &blocking_router,
+                &settings,
+                &view,
+                &message,
+                token_budget,
+                learned.as_deref(),
+            )
         })
         .await;
         match selected {
             Ok(selection) => selection,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             // Cancelled: the runtime is shutting down.
-            Err(_) => select(router, settings, view, message, token_budget),
+            Err(_) => select(
+                router,
+                settings,
+                view,
+                message,
+                token_budget,
+                learned.as_deref(),
+            ),
         }
     }
 
@@ -362,6 +445,7 @@ fn select(
     view: &SessionView,
     message: &str,
     token_budget: Option<usize>,
+    learned: Option<&LearnedIndex>,
 ) -> Selection {
     let started = std::time::Instant::now();
     let selection = router.select(&RouteInput {
@@ -369,7 +453,7 @@ fn select(
         settings,
         session: view,
         token_budget,
-        learned: None,
+        learned,
     });
     crate::metrics::record_route(router.dense().is_some(), started.elapsed());
     selection

@@ -12,6 +12,7 @@
 //! feature, to build decision rows from selections); never on a domain or a server.
 
 mod decisions;
+mod learned;
 pub mod postgres;
 pub mod sqlite;
 #[doc(hidden)]
@@ -26,6 +27,10 @@ use serde::Serialize;
 pub use deadpool_postgres;
 pub use decisions::{
     DecisionRow, DomainReason, LOGGED_NOT_SENT, MessageLogging, Reasons, ToolReason, sha256_hex,
+};
+pub use learned::{
+    LearnOutcome, LearnedRow, LearnedToolSummary, LearnedWrite, MAX_LEARNED_MESSAGE_BYTES,
+    MERGE_MIN_COSINE, normalized_text, summarize as summarize_learned,
 };
 pub use loadout::{SettingsChange, StoreError, validate_setting_key};
 pub use postgres::{PostgresStore, describe_error as describe_pg_error, is_connection_error};
@@ -296,6 +301,19 @@ impl Store {
         dispatch!(self, s => s.messages(session).await)
     }
 
+    /// The text of the user message that started turn `turn` of `session`, if any.
+    pub async fn user_message(
+        &self,
+        session: &str,
+        turn: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let stored = dispatch!(self, s => s.user_message(session, turn).await)?;
+        Ok(stored.map(|content| match serde_json::from_str(&content) {
+            Ok(serde_json::Value::String(text)) => text,
+            _ => content,
+        }))
+    }
+
     /// Records tools a client's own model called in turn `turn` (what `/api/route`
     /// requests report in `called`) as successful `tool` messages of that turn, so the
     /// session's history and a replay of it know them. One write; nothing for a turn
@@ -431,6 +449,79 @@ impl Store {
     /// The newest `n` audit rows, oldest first.
     pub async fn audit_tail(&self, n: usize) -> Result<Vec<AuditRow>, StoreError> {
         dispatch!(self, s => s.audit_tail(n).await)
+    }
+
+    /// Learns a message and the tools its turn called with success, within the
+    /// learned memory's bounds, in one transaction: tools `write.session` already
+    /// taught today are dropped (a session counts once per tool per day, so that one
+    /// user cannot steer routing for everyone; a write with no session, an example or
+    /// an import, is exempt); a near-duplicate (the same tools, and the same words or
+    /// vectors of one model at least [`MERGE_MIN_COSINE`] alike) moves the stored
+    /// entry's time and count instead of adding one; and each tool keeps its newest
+    /// `per_tool` entries (an entry left with no tool is deleted).
+    pub async fn learned_insert(
+        &self,
+        write: LearnedWrite,
+        per_tool: usize,
+    ) -> Result<LearnOutcome, StoreError> {
+        let write = learned::checked(write)?;
+        if write.tools.is_empty() {
+            return Ok(LearnOutcome::Nothing);
+        }
+        dispatch!(self, s => s.learned_insert(write, per_tool).await)
+    }
+
+    /// The learned entries, oldest first, with their tools: all of them, or those
+    /// naming `tool`. Vectors come only for entries of encoder `vectors_of`.
+    pub async fn learned_rows(
+        &self,
+        tool: Option<&str>,
+        vectors_of: Option<&str>,
+    ) -> Result<Vec<LearnedRow>, StoreError> {
+        dispatch!(self, s => s.learned_rows(tool, vectors_of).await)
+    }
+
+    /// What was learned, per tool (or for `tool` only).
+    pub async fn learned_summary(
+        &self,
+        tool: Option<&str>,
+    ) -> Result<Vec<LearnedToolSummary>, StoreError> {
+        let rows = self.learned_rows(tool, None).await?;
+        let mut summary = learned::summarize(&rows);
+        if let Some(tool) = tool {
+            summary.retain(|s| s.tool == tool);
+        }
+        Ok(summary)
+    }
+
+    /// Forgets what was learned for `tool` (`None`: everything); returns how many
+    /// entry links went.
+    pub async fn learned_forget(&self, tool: Option<&str>) -> Result<usize, StoreError> {
+        dispatch!(self, s => s.learned_forget(tool).await)
+    }
+
+    /// Gives entries learned without a vector (imports, a process without the dense
+    /// stage) their vector from encoder `model`; an entry that has one keeps it.
+    /// Returns how many were set.
+    pub async fn learned_set_vectors(
+        &self,
+        model: &str,
+        vectors: Vec<(i64, Vec<f32>)>,
+    ) -> Result<usize, StoreError> {
+        let vectors: Vec<(i64, Vec<f32>)> = vectors
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty() && v.iter().all(|x| x.is_finite()))
+            .collect();
+        if vectors.is_empty() {
+            return Ok(0);
+        }
+        dispatch!(self, s => s.learned_set_vectors(model, vectors).await)
+    }
+
+    /// A counter every write of the learned memory moves, by any process: replicas
+    /// poll it to know when to rebuild their index.
+    pub async fn learned_version(&self) -> Result<i64, StoreError> {
+        dispatch!(self, s => s.learned_version().await)
     }
 
     /// The newest `n` rows of the decision log, oldest first.

@@ -1220,3 +1220,425 @@ async fn reported_calls_join_their_turn_and_sessions_list_by_activity() {
         );
     }
 }
+
+fn learn(session: Option<&str>, message: &str, tools: &[&str], at_ms: i64) -> LearnedWrite {
+    LearnedWrite {
+        at_ms,
+        session: session.map(str::to_owned),
+        source: "route".into(),
+        message: message.into(),
+        tools: tools.iter().map(|t| (*t).to_owned()).collect(),
+        model: None,
+        vector: None,
+    }
+}
+
+fn with_vector(mut write: LearnedWrite, model: &str, vector: &[f32]) -> LearnedWrite {
+    write.model = Some(model.into());
+    write.vector = Some(vector.to_vec());
+    write
+}
+
+/// Issue 29: entries read back with their tools, source and vectors (only of the
+/// model asked for); every write moves the version; forgetting a tool keeps entries
+/// that still name another.
+#[tokio::test]
+async fn learned_entries_roundtrip_and_are_forgotten() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        let v0 = store.learned_version().await.expect("version");
+        let added = store
+            .learned_insert(
+                with_vector(
+                    learn(
+                        Some("s1"),
+                        "  what's the weather in Oslo ",
+                        &["get_weather"],
+                        1_000,
+                    ),
+                    "enc",
+                    &[1.0, 0.0, 0.5],
+                ),
+                100,
+            )
+            .await
+            .expect("insert");
+        assert!(
+            matches!(added, LearnOutcome::Added { .. }),
+            "{}: {added:?}",
+            t.name
+        );
+        store
+            .learned_insert(
+                learn(
+                    None,
+                    "note it and remind me",
+                    &["write_note", "set_reminder"],
+                    2_000,
+                ),
+                100,
+            )
+            .await
+            .expect("insert");
+        let v1 = store.learned_version().await.expect("version");
+        assert!(v1 > v0, "{}", t.name);
+
+        let rows = store.learned_rows(None, Some("enc")).await.expect("rows");
+        assert_eq!(rows.len(), 2, "{}", t.name);
+        assert_eq!(rows[0].message, "what's the weather in Oslo");
+        assert_eq!(rows[0].tools, vec!["get_weather".to_owned()]);
+        assert_eq!(rows[0].session.as_deref(), Some("s1"));
+        assert_eq!(rows[0].source, "route");
+        assert_eq!(rows[0].vector, Some(vec![1.0, 0.0, 0.5]), "{}", t.name);
+        assert_eq!(
+            rows[1].tools,
+            vec!["set_reminder".to_owned(), "write_note".to_owned()]
+        );
+        let other_model = store.learned_rows(None, Some("other")).await.expect("rows");
+        assert_eq!(other_model[0].vector, None, "{}", t.name);
+        let one_tool = store
+            .learned_rows(Some("write_note"), None)
+            .await
+            .expect("rows");
+        assert_eq!(one_tool.len(), 1);
+        assert_eq!(one_tool[0].tools.len(), 2, "an entry keeps all its tools");
+
+        let summary = store.learned_summary(None).await.expect("summary");
+        let names: Vec<&str> = summary.iter().map(|s| s.tool.as_str()).collect();
+        assert_eq!(
+            names,
+            ["get_weather", "set_reminder", "write_note"],
+            "{}",
+            t.name
+        );
+        assert_eq!(summary[0].sources.get("route"), Some(&1));
+
+        assert_eq!(
+            store
+                .learned_forget(Some("write_note"))
+                .await
+                .expect("forget"),
+            1
+        );
+        let rows = store.learned_rows(None, None).await.expect("rows");
+        assert_eq!(
+            rows.len(),
+            2,
+            "{}: the entry still names set_reminder",
+            t.name
+        );
+        assert_eq!(rows[1].tools, vec!["set_reminder".to_owned()]);
+        assert!(store.learned_version().await.expect("version") > v1);
+        store.learned_forget(None).await.expect("forget all");
+        assert!(
+            store
+                .learned_rows(None, None)
+                .await
+                .expect("rows")
+                .is_empty()
+        );
+    }
+}
+
+/// Issue 29: a session teaches a tool at most once a day; another session, the next
+/// day, or a write with no session (examples, imports) still teach it.
+#[tokio::test]
+async fn a_session_teaches_a_tool_once_a_day() {
+    let (_dir, stores) = stores().await;
+    const DAY: i64 = 24 * 60 * 60 * 1000;
+    for t in stores {
+        let store = &t.store;
+        let day = 20_000 * DAY;
+        let first = store
+            .learned_insert(
+                learn(Some("steer"), "convert 5 usd", &["convert"], day),
+                100,
+            )
+            .await
+            .expect("insert");
+        assert!(matches!(first, LearnOutcome::Added { .. }));
+        let again = store
+            .learned_insert(
+                learn(Some("steer"), "delete all my files", &["convert"], day + 5),
+                100,
+            )
+            .await
+            .expect("insert");
+        assert_eq!(again, LearnOutcome::Nothing, "{}", t.name);
+        // Of a turn naming two tools, only the one not taught today is learned.
+        let partly = store
+            .learned_insert(
+                learn(
+                    Some("steer"),
+                    "convert and note it",
+                    &["convert", "write_note"],
+                    day + 9,
+                ),
+                100,
+            )
+            .await
+            .expect("insert");
+        match partly {
+            LearnOutcome::Added { tools, .. } => assert_eq!(tools, ["write_note"]),
+            other => panic!("{}: {other:?}", t.name),
+        }
+        for write in [
+            learn(Some("other"), "delete all my files", &["convert"], day + 10),
+            learn(
+                Some("steer"),
+                "what is 5 usd in eur",
+                &["convert"],
+                day + DAY,
+            ),
+            learn(None, "swap euros for yen", &["convert"], day + 11),
+            learn(None, "swap dollars for yen", &["convert"], day + 12),
+        ] {
+            let outcome = store
+                .learned_insert(write.clone(), 100)
+                .await
+                .expect("insert");
+            assert!(
+                matches!(outcome, LearnOutcome::Added { .. }),
+                "{}: {write:?} → {outcome:?}",
+                t.name
+            );
+        }
+        assert_eq!(
+            store
+                .learned_rows(Some("convert"), None)
+                .await
+                .expect("rows")
+                .len(),
+            5,
+            "{}",
+            t.name
+        );
+    }
+}
+
+/// Issue 29: a repeat (same words up to case and punctuation, or a near-identical
+/// vector of the same encoder) with the same tools merges into the stored entry; the
+/// same words for other tools, or a vector of another encoder, do not.
+#[tokio::test]
+async fn near_duplicates_merge() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        let LearnOutcome::Added { id, .. } = store
+            .learned_insert(
+                with_vector(
+                    learn(None, "Weather in Oslo?", &["get_weather"], 10),
+                    "enc",
+                    &[1.0, 0.0],
+                ),
+                100,
+            )
+            .await
+            .expect("insert")
+        else {
+            panic!("not added");
+        };
+        let same_words = store
+            .learned_insert(learn(None, "weather   in oslo", &["get_weather"], 20), 100)
+            .await
+            .expect("insert");
+        assert!(
+            matches!(same_words, LearnOutcome::Merged { id: m, .. } if m == id),
+            "{}: {same_words:?}",
+            t.name
+        );
+        let close_vector = store
+            .learned_insert(
+                with_vector(
+                    learn(None, "is it raining in Oslo", &["get_weather"], 30),
+                    "enc",
+                    &[0.99, 0.05],
+                ),
+                100,
+            )
+            .await
+            .expect("insert");
+        assert!(
+            matches!(close_vector, LearnOutcome::Merged { id: m, .. } if m == id),
+            "{}: {close_vector:?}",
+            t.name
+        );
+        for write in [
+            with_vector(
+                learn(None, "is it sunny in Oslo", &["get_weather"], 40),
+                "other",
+                &[1.0, 0.0],
+            ),
+            learn(None, "weather in oslo", &["get_weather", "write_note"], 50),
+            with_vector(
+                learn(None, "how warm is Bergen", &["get_weather"], 60),
+                "enc",
+                &[0.0, 1.0],
+            ),
+        ] {
+            let outcome = store
+                .learned_insert(write.clone(), 100)
+                .await
+                .expect("insert");
+            assert!(
+                matches!(outcome, LearnOutcome::Added { .. }),
+                "{}: {write:?} → {outcome:?}",
+                t.name
+            );
+        }
+        let rows = store.learned_rows(None, None).await.expect("rows");
+        let merged = rows.iter().find(|r| r.id == id).expect("merged entry");
+        assert_eq!(merged.n_merged, 3, "{}", t.name);
+        assert_eq!(merged.at_ms, 30, "{}: the merge moves its time", t.name);
+        assert_eq!(rows.len(), 4, "{}", t.name);
+    }
+}
+
+/// Issue 29: each tool keeps its newest entries; an entry that loses its last tool
+/// goes, one that still names another tool stays.
+#[tokio::test]
+async fn each_tool_keeps_its_newest_entries() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        store
+            .learned_insert(
+                learn(None, "convert and note", &["convert", "write_note"], 1),
+                3,
+            )
+            .await
+            .expect("insert");
+        for i in 2..=6 {
+            store
+                .learned_insert(
+                    learn(None, &format!("convert sum number {i}"), &["convert"], i),
+                    3,
+                )
+                .await
+                .expect("insert");
+        }
+        let convert = store
+            .learned_rows(Some("convert"), None)
+            .await
+            .expect("rows");
+        let times: Vec<i64> = convert.iter().map(|r| r.at_ms).collect();
+        assert_eq!(times, [4, 5, 6], "{}", t.name);
+        let all = store.learned_rows(None, None).await.expect("rows");
+        assert_eq!(
+            all.len(),
+            4,
+            "{}: entries with no tool left are gone",
+            t.name
+        );
+        assert_eq!(all[0].tools, ["write_note"], "{}", t.name);
+    }
+}
+
+/// Issue 29: an entry learned without a vector gets one later (the version moves);
+/// one that has a vector keeps it.
+#[tokio::test]
+async fn vectors_are_set_on_entries_without_one() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let store = &t.store;
+        let LearnOutcome::Added { id: plain, .. } = store
+            .learned_insert(learn(None, "swap euros for yen", &["convert"], 1), 100)
+            .await
+            .expect("insert")
+        else {
+            panic!("not added");
+        };
+        let LearnOutcome::Added { id: embedded, .. } = store
+            .learned_insert(
+                with_vector(
+                    learn(None, "weather in oslo", &["get_weather"], 2),
+                    "old",
+                    &[1.0, 0.0],
+                ),
+                100,
+            )
+            .await
+            .expect("insert")
+        else {
+            panic!("not added");
+        };
+        let before = store.learned_version().await.expect("version");
+        let n = store
+            .learned_set_vectors(
+                "enc",
+                vec![(plain, vec![0.0, 1.0]), (embedded, vec![0.5, 0.5])],
+            )
+            .await
+            .expect("set");
+        assert_eq!(n, 1, "{}", t.name);
+        assert!(store.learned_version().await.expect("version") > before);
+        let rows = store.learned_rows(None, Some("enc")).await.expect("rows");
+        assert_eq!(rows[0].vector, Some(vec![0.0, 1.0]), "{}", t.name);
+        assert_eq!(rows[1].model.as_deref(), Some("old"), "{}", t.name);
+        assert_eq!(rows[1].vector, None, "{}: not of `enc`", t.name);
+    }
+}
+
+/// Figures for docs/performance.md, not a test (it asserts nothing about time):
+/// `cargo test --release -p loadout-store --lib -- --ignored learned_memory_figures
+/// --nocapture`. Writes 5,000 entries over 50 tools (384-dimensional vectors, a
+/// session each; every 10th repeats the words of the one before, for another tool,
+/// so it is kept apart), reads them back for an index
+/// build, and builds the index.
+#[cfg(feature = "router")]
+#[tokio::test]
+#[ignore]
+async fn learned_memory_figures() {
+    let (_dir, stores) = stores().await;
+    let tools: Vec<String> = (0..50).map(|t| format!("tool_{t}")).collect();
+    let tool_refs: Vec<&str> = tools.iter().map(String::as_str).collect();
+    let router = log_test_router(&[("bench", &tool_refs)]);
+    for t in stores {
+        let store = &t.store;
+        let started = Instant::now();
+        let n = 5_000;
+        for i in 0..n {
+            let text = if i % 10 == 9 {
+                format!("message number {}", i - 1)
+            } else {
+                format!("message number {i}")
+            };
+            let vector: Vec<f32> = (0..384)
+                .map(|d| ((i * 31 + d * 7 + i * d) % 97) as f32 - 48.0)
+                .collect();
+            let write = with_vector(
+                learn(Some(&format!("s{i}")), &text, &[&tools[i % 50]], i as i64),
+                "enc",
+                &vector,
+            );
+            store.learned_insert(write, 200).await.expect("insert");
+        }
+        let inserted = started.elapsed();
+        let started = Instant::now();
+        let rows = store.learned_rows(None, Some("enc")).await.expect("rows");
+        let read = started.elapsed();
+        let entries: Vec<loadout_router::LearnedEntry> = rows
+            .into_iter()
+            .map(|r| loadout_router::LearnedEntry {
+                message: r.message,
+                tools: r.tools,
+                vector: r.vector,
+            })
+            .collect();
+        let started = Instant::now();
+        let index = loadout_router::LearnedIndex::new(&router, Some("enc"), &entries);
+        let built = started.elapsed();
+        println!(
+            "{}: {n} writes in {:.2} s ({:.0} µs each); {} entries read in {:.0} ms; index built in {:.0} ms ({:?}, {} KB)",
+            t.name,
+            inserted.as_secs_f64(),
+            inserted.as_secs_f64() * 1e6 / n as f64,
+            entries.len(),
+            read.as_secs_f64() * 1e3,
+            built.as_secs_f64() * 1e3,
+            index,
+            index.approx_bytes() / 1024
+        );
+    }
+}

@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod call;
 pub mod decisions;
+pub mod learned;
 pub mod replay;
 pub mod route;
 pub mod settings;

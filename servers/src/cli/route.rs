@@ -54,6 +54,9 @@ async fn route_and_print(app: &App, args: &Args) -> anyhow::Result<()> {
         None => app.settings.snapshot().await?,
         Some(configured) => Arc::new(assumed_settings(app, configured)?),
     };
+    // What was learned, as the server routes with it (built here before routing,
+    // where the server builds it in the background).
+    app.routing().learner.refresh().await;
     let routed = app
         .routing()
         .route(

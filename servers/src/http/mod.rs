@@ -245,6 +245,7 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
     // router's indexes and token counts (a third of a second) on a runtime thread.
     state.app.routing();
     state.app.attach_dense_stage().await;
+    spawn_learn_examples(&state.app);
     tokio::spawn(crate::config::reload_on_hangup(state.app.clone()));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
@@ -276,6 +277,20 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Queues the examples of the tools served (linked and toolkit files) for the
+/// learned memory, once, in the background (source `example`, no session).
+fn spawn_learn_examples(app: &App) {
+    let app = app.clone();
+    tokio::spawn(async move {
+        match app.settings.snapshot().await {
+            Ok(settings) if crate::learning::learning_allowed(&settings) => {}
+            _ => return,
+        }
+        let routing = app.routing();
+        routing.learner.learn_examples(&routing.router()).await;
+    });
 }
 
 /// How long the work after the listener closed (writing queued log rows, stopping

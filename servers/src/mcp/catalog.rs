@@ -66,7 +66,18 @@ impl Catalog {
         config: &RouterConfig,
         on_build: impl FnOnce(&Arc<Router>),
     ) -> Vec<Hint> {
-        let router = {
+        let router = self.router(config, on_build);
+        crate::routing::encoder_work(&router, || router.search(query, None, None, limit))
+    }
+
+    /// The router `search_tools` ranks with, built on first use and again when
+    /// `config` changed (`on_build` gets it then).
+    pub fn router(
+        &self,
+        config: &RouterConfig,
+        on_build: impl FnOnce(&Arc<Router>),
+    ) -> Arc<Router> {
+        {
             let mut cached = self.router.lock().unwrap_or_else(|p| p.into_inner());
             match &*cached {
                 Some(router) if router.config() == config => router.clone(),
@@ -81,8 +92,7 @@ impl Catalog {
                     router
                 }
             }
-        };
-        crate::routing::encoder_work(&router, || router.search(query, None, None, limit))
+        }
     }
 }
 

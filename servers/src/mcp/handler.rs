@@ -32,12 +32,15 @@ use super::jsonrpc;
 use super::meta;
 use super::view::{View, ViewState};
 use crate::app::App;
+use crate::learning::{LearnEvent, LearnSource, LearnText, Learner, learning_allowed};
 use crate::log_writer::{AuditWriter, audit_args, error_kind};
 
 /// A domain's use is written to the store at most this often (the warm rule only
 /// needs the day it was last used).
 const DOMAIN_USE_WRITE_INTERVAL_MS: i64 = 5 * 60 * 1000;
 const DOMAIN_USE_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a `search_tools` query stays the reason for a call of a tool it found.
+const SEARCH_TEACHES_FOR: std::time::Duration = std::time::Duration::from_secs(5 * 60);
 
 /// State every connection shares.
 pub struct Shared {
@@ -52,6 +55,10 @@ pub struct Shared {
     views: Mutex<HashMap<View, Arc<ViewState>>>,
     /// When each domain's use was last written to the store.
     domain_use_written: Mutex<HashMap<String, i64>>,
+    /// Learns `search_tools` queries from the calls that follow them, and keeps the
+    /// learned index `search_tools` ranks with; started on the first search, over the
+    /// router of that search (the cell follows the router when it is rebuilt).
+    learner: std::sync::OnceLock<(Learner, Arc<std::sync::RwLock<Arc<loadout_router::Router>>>)>,
 }
 
 impl Shared {
@@ -63,7 +70,30 @@ impl Shared {
             audit,
             views: Mutex::new(HashMap::new()),
             domain_use_written: Mutex::new(HashMap::new()),
+            learner: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Writes the learning events queued so far (at shutdown), for a few seconds at
+    /// most.
+    pub async fn flush_learning(&self) {
+        if let Some((learner, _)) = self.learner.get() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), learner.flush()).await;
+        }
+    }
+
+    /// The learner over `router` (the catalog's search router), started on first use.
+    fn learner_for(&self, router: &Arc<loadout_router::Router>) -> Learner {
+        let (learner, cell) = self.learner.get_or_init(|| {
+            let cell = Arc::new(std::sync::RwLock::new(router.clone()));
+            (Learner::start(self.app.store().clone(), cell.clone()), cell)
+        });
+        let mut current = cell.write().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&current, router) {
+            *current = router.clone();
+            learner.rebuild_soon();
+        }
+        learner.clone()
     }
 
     pub fn catalog(&self) -> Arc<Catalog> {
@@ -153,6 +183,10 @@ pub struct McpHandler {
 /// Per-connection state. Dropped with the last handler clone, which also ends the
 /// task that forwards list changes.
 struct Connection {
+    /// Stands for the connection in the learned memory's once-a-day rule.
+    id: String,
+    /// The latest `search_tools` query and the tools it returned.
+    last_search: Mutex<Option<LastSearch>>,
     /// The client of a session-based connection, kept from `notifications/initialized`.
     peer: Mutex<Option<Peer<RoleServer>>>,
     /// Open `subscriptions/listen` streams (2026-07-28 clients).
@@ -168,6 +202,8 @@ impl McpHandler {
             shared,
             view,
             connection: Arc::new(Connection {
+                id: connection_id(),
+                last_search: Mutex::new(None),
                 peer: Mutex::new(None),
                 sinks: Mutex::new(Vec::new()),
                 watching_catalog: AtomicBool::new(false),
@@ -266,6 +302,9 @@ impl McpHandler {
         };
         if record.outcome == "ok" {
             self.shared.note_domain_use(&state.catalog, name).await;
+            if name != meta::SEARCH_TOOLS {
+                self.learn_from_search(name).await;
+            }
         }
         self.audit(client, name, &args, &record, started).await;
         response
@@ -286,9 +325,21 @@ impl McpHandler {
             tokio::spawn(async move { app.attach_dense_stage_to(router).await });
         };
         let catalog = &state.catalog;
-        let hits = catalog.search(&search.query, search.limit, &app.config().router, attach);
+        let router = catalog.router(&app.config().router, attach);
+        let learner = self.shared.learner_for(&router);
+        let learned = learner.index_for(&router);
+        let hits = crate::routing::encoder_work(&router, || {
+            router.search(&search.query, None, learned.as_deref(), search.limit)
+        });
         // One read for every hit; without it the answer leaves configuration out.
         let settings = app.settings.snapshot().await.ok();
+        if settings.as_deref().is_some_and(learning_allowed) {
+            *lock(&self.connection.last_search) = Some(LastSearch {
+                at: Instant::now(),
+                query: search.query.clone(),
+                tools: hits.iter().map(|h| h.name.to_string()).collect(),
+            });
+        }
         let listed: HashSet<&str> = state.listed.iter().map(|t| &*t.name).collect();
         let results: Vec<Value> = hits
             .iter()
@@ -321,6 +372,37 @@ impl McpHandler {
             "Run one with call_tool {\"name\": ..., \"arguments\": {...}} (a listed one can also be called directly). A domain that is not configured needs its settings first (set_setting)."
         };
         success(json!({"results": results, "note": note}))
+    }
+
+    /// A successful call of a tool the connection's latest `search_tools` returned
+    /// (a few minutes ago at most) teaches that query the tool: MCP has no chat
+    /// message, but the model's query says what it wanted.
+    async fn learn_from_search(&self, tool: &str) {
+        let query = {
+            let last = lock(&self.connection.last_search);
+            match &*last {
+                Some(search)
+                    if search.at.elapsed() <= SEARCH_TEACHES_FOR
+                        && search.tools.iter().any(|t| t == tool) =>
+                {
+                    search.query.clone()
+                }
+                _ => return,
+            }
+        };
+        let Some((learner, _)) = self.shared.learner.get() else {
+            return;
+        };
+        match self.shared.app.settings.snapshot().await {
+            Ok(settings) if learning_allowed(&settings) => {}
+            _ => return,
+        }
+        learner.record(LearnEvent {
+            message: LearnText::Message(query),
+            tools: vec![tool.to_owned()],
+            session: Some(self.connection.id.clone()),
+            source: LearnSource::McpSearch,
+        });
     }
 
     async fn audit(
@@ -631,6 +713,29 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The latest `search_tools` of a connection.
+struct LastSearch {
+    at: Instant,
+    query: String,
+    tools: Vec<String>,
+}
+
+/// A connection's id for the learned memory: `mcp-` and 32 hex digits, unguessable
+/// enough to keep connections apart (it names no stored session).
+fn connection_id() -> String {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let word = |salt: u64| {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(n ^ salt);
+        hasher.write_i64(now_ms());
+        hasher.write_u32(std::process::id());
+        hasher.finish()
+    };
+    format!("mcp-{:016x}{:016x}", word(0), word(u64::MAX))
 }
 
 #[cfg(test)]

@@ -184,7 +184,8 @@ impl McpServer {
         Ok(())
     }
 
-    /// Stops the upstream servers and closes open HTTP streams.
+    /// Stops the upstream servers, closes open HTTP streams and writes what was
+    /// learned.
     pub async fn shutdown(&self) {
         let callbacks = std::mem::take(
             &mut *self
@@ -195,6 +196,7 @@ impl McpServer {
         for callback in callbacks {
             callback();
         }
+        self.shared.flush_learning().await;
         self.upstreams.shutdown().await;
     }
 }

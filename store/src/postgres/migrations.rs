@@ -79,6 +79,36 @@ const MIGRATIONS: &[(i64, &str)] = &[(
         detail TEXT,
         duration_ms DOUBLE PRECISION NOT NULL
     );
+    CREATE TABLE learned_entries (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        at_ms BIGINT NOT NULL,
+        session TEXT,
+        source TEXT NOT NULL,
+        message TEXT NOT NULL,
+        normalized TEXT NOT NULL,
+        model TEXT,
+        vector BYTEA,
+        n_merged BIGINT NOT NULL DEFAULT 1
+    );
+    CREATE TABLE learned_tools (
+        entry_id BIGINT NOT NULL REFERENCES learned_entries(id) ON DELETE CASCADE,
+        tool TEXT NOT NULL,
+        PRIMARY KEY (tool, entry_id)
+    );
+    CREATE INDEX learned_tools_by_entry ON learned_tools(entry_id);
+    CREATE TABLE learned_session_days (
+        session TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        day BIGINT NOT NULL,
+        PRIMARY KEY (session, tool, day)
+    );
+    CREATE INDEX learned_session_days_by_day ON learned_session_days(day);
+    -- Its row lock orders learned writes of every replica; replicas poll it.
+    CREATE TABLE learned_version (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        version BIGINT NOT NULL
+    );
+    INSERT INTO learned_version (id, version) VALUES (1, 0);
     "#,
 )];
 

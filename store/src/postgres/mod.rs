@@ -14,6 +14,7 @@
 
 mod audit;
 mod decisions;
+mod learned;
 mod listener;
 mod migrations;
 mod sessions;

@@ -41,6 +41,24 @@ impl PostgresStore {
         }
     }
 
+    pub async fn user_message(
+        &self,
+        session: &str,
+        turn: i64,
+    ) -> Result<Option<String>, StoreError> {
+        match self
+            .query_opt(
+                "SELECT content FROM messages WHERE session_id = $1 AND turn = $2 AND role = 'user'
+                 ORDER BY id LIMIT 1",
+                &[&session, &turn],
+            )
+            .await?
+        {
+            Some(row) => row.try_get(0).map_err(|e| self.error(e)),
+            None => Ok(None),
+        }
+    }
+
     pub async fn message_append(
         &self,
         session: &str,

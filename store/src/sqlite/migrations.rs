@@ -10,7 +10,8 @@ use rusqlite::{Connection, params};
 use super::{DECISIONS, Error, decisions_path};
 use crate::{StoreError, now_ms};
 
-/// The main file: settings, sessions, messages, router state, audit log.
+/// The main file: settings, sessions, messages, router state, audit log, learned
+/// memory.
 pub(super) const MIGRATIONS: &[(i64, &str)] = &[(
     1,
     r#"
@@ -75,6 +76,40 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[(
         detail TEXT,
         duration_ms REAL NOT NULL
     );
+    -- The learned memory: past messages and the tools their turns called with
+    -- success. `normalized`: the message's words, to merge repeats; `vector`: the
+    -- message's vector from encoder `model`, little-endian f32s.
+    CREATE TABLE learned_entries (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at_ms INTEGER NOT NULL,
+        session TEXT,
+        source TEXT NOT NULL,
+        message TEXT NOT NULL,
+        normalized TEXT NOT NULL,
+        model TEXT,
+        vector BLOB,
+        n_merged INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE TABLE learned_tools (
+        entry_id INTEGER NOT NULL REFERENCES learned_entries(id) ON DELETE CASCADE,
+        tool TEXT NOT NULL,
+        PRIMARY KEY (tool, entry_id)
+    );
+    CREATE INDEX learned_tools_by_entry ON learned_tools(entry_id);
+    -- A session teaches a tool at most once per day (UTC day number).
+    CREATE TABLE learned_session_days (
+        session TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        day INTEGER NOT NULL,
+        PRIMARY KEY (session, tool, day)
+    );
+    CREATE INDEX learned_session_days_by_day ON learned_session_days(day);
+    -- Moved by every write of the learned memory: replicas poll it to rebuild.
+    CREATE TABLE learned_version (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        version INTEGER NOT NULL
+    );
+    INSERT INTO learned_version(id, version) VALUES (1, 0);
     "#,
 )];
 

@@ -9,6 +9,7 @@ mod audit;
 mod connection;
 mod decisions;
 mod integrity;
+mod learned;
 mod migrations;
 mod sessions;
 mod settings;
@@ -111,7 +112,15 @@ impl SqliteStore {
                 let verdict = integrity::inspect(&opened)
                     .map_err(|what| open_err(&integrity::refusal(&opened, &what)))?;
                 let mut conn = Connection::open(&opened).map_err(|e| open_err(&e))?;
-                configure(&conn).map_err(|e| open_err(&e))?;
+                if let Err(e) = configure(&conn) {
+                    // A schema larger than its first page is read from pages a cut
+                    // may have taken: the first statement already fails.
+                    if let integrity::Verdict::CheckWhenOpen(what) = &verdict {
+                        let what = format!("{what}, and SQLite finds it damaged ({e})");
+                        return Err(open_err(&integrity::refusal(&opened, &what)));
+                    }
+                    return Err(open_err(&e));
+                }
                 if let integrity::Verdict::CheckWhenOpen(what) = verdict {
                     let check: String = conn
                         .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))

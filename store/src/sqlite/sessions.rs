@@ -94,6 +94,23 @@ impl SqliteStore {
         .await
     }
 
+    pub async fn user_message(
+        &self,
+        session: &str,
+        turn: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let session = session.to_owned();
+        self.call(move |c| {
+            Ok(c.prepare_cached(
+                "SELECT content FROM messages WHERE session_id = ?1 AND turn = ?2 AND role = 'user'
+                 ORDER BY id LIMIT 1",
+            )?
+            .query_row(params![session, turn], |r| r.get(0))
+            .optional()?)
+        })
+        .await
+    }
+
     pub async fn calls_reported(
         &self,
         session: &str,

@@ -28,6 +28,9 @@ pub struct TurnState {
 #[derive(Clone)]
 pub struct TurnControl {
     pub state: Arc<Mutex<TurnState>>,
+    /// Tools the model fetched this turn with `load_tools` or found with
+    /// `search_tools`: called with success, they teach the repair signal.
+    pub fetched: Arc<Mutex<BTreeSet<String>>>,
     routing: Routing,
     store: Store,
     session: String,
@@ -50,6 +53,7 @@ impl TurnControl {
                 routed,
                 changed: false,
             })),
+            fetched: Arc::default(),
             routing,
             store,
             session,
@@ -126,7 +130,12 @@ impl SessionControl for TurnControl {
             let selection = &state.routed.selection;
             let router = &state.routed.router;
             let hints = encoder_work(router, || {
-                router.search(query, Some(&state.routed.settings), None, limit)
+                router.search(
+                    query,
+                    Some(&state.routed.settings),
+                    state.routed.learned.as_deref(),
+                    limit,
+                )
             });
             // Matches in domains that are not configured: named with the keys to ask for.
             let everything = encoder_work(router, || router.search(query, None, None, limit));
@@ -143,6 +152,10 @@ impl SessionControl for TurnControl {
                     not_configured.push(line);
                 }
             }
+            self.fetched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(hints.iter().map(|hint| hint.name.to_string()));
             let results: Vec<Value> = hints
                 .into_iter()
                 .map(|hint| {
@@ -190,6 +203,10 @@ impl SessionControl for TurnControl {
                 };
                 crate::metrics::record_miss_repaired(via);
             }
+            self.fetched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(available.iter().map(|name| (*name).to_owned()));
             let mut result = json!({
                 "loaded": names,
                 "now_available": available,

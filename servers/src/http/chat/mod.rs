@@ -113,6 +113,7 @@ async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
             },
         )
         .await?;
+    let first_selection = routed.selection.clone();
     let control = TurnControl::new(
         routed,
         state.app.routing().clone(),
@@ -128,6 +129,8 @@ async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
         control,
         _session_turn: guard,
         unsaved: Default::default(),
+        first_selection,
+        succeeded: Default::default(),
     })
 }
 

@@ -82,6 +82,10 @@ pub struct Turn {
     pub _session_turn: crate::routing::SessionGuard,
     /// See [`TurnOutcome::unsaved`].
     pub unsaved: std::sync::atomic::AtomicUsize,
+    /// The selection the message was routed to, before any meta-tool changed it.
+    pub first_selection: std::sync::Arc<Selection>,
+    /// Tools called with success this turn, in order.
+    pub succeeded: std::sync::Mutex<Vec<String>>,
 }
 
 impl Turn {
@@ -93,7 +97,62 @@ impl Turn {
         self.unsaved.load(Ordering::Relaxed)
     }
 
+    /// Runs the model loop, then queues what the turn teaches the learned memory.
     pub async fn run(self, events: &mut Events) -> Result<TurnOutcome, LlmError> {
+        let outcome = self.steps(events).await;
+        self.learn();
+        outcome
+    }
+
+    /// The turn's message teaches the tools it called with success: `repair` for
+    /// those the model fetched itself (routing missed them), `chat` for the rest.
+    fn learn(&self) {
+        let succeeded =
+            std::mem::take(&mut *self.succeeded.lock().unwrap_or_else(|p| p.into_inner()));
+        if succeeded.is_empty() {
+            return;
+        }
+        let (allowed, routing) = {
+            let state = self.control.lock();
+            (
+                crate::learning::learning_allowed(&state.routed.settings),
+                self.state.app.routing(),
+            )
+        };
+        if !allowed {
+            return;
+        }
+        let fetched = self
+            .control
+            .fetched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let (mut repaired, mut routed) = (Vec::new(), Vec::new());
+        for tool in succeeded {
+            let list = if fetched.contains(&tool) && !self.first_selection.contains(&tool) {
+                &mut repaired
+            } else {
+                &mut routed
+            };
+            if !list.contains(&tool) {
+                list.push(tool);
+            }
+        }
+        for (tools, source) in [
+            (repaired, crate::learning::LearnSource::Repair),
+            (routed, crate::learning::LearnSource::Chat),
+        ] {
+            routing.learner.record(crate::learning::LearnEvent {
+                message: crate::learning::LearnText::Message(self.message.clone()),
+                tools,
+                session: Some(self.session.clone()),
+                source,
+            });
+        }
+    }
+
+    async fn steps(&self, events: &mut Events) -> Result<TurnOutcome, LlmError> {
         let store = self.state.app.store().clone();
         // The turn's router's registry: the upstream tools it was routed with.
         let registry = self.control.lock().routed.router.registry().clone();
@@ -267,6 +326,12 @@ impl Turn {
                 Ok(args) => match registry.call(&call.name, args, ctx).await {
                     Ok(value) => {
                         self.record_call(&call.name).await;
+                        if !loadout::meta::ALL.contains(&call.name.as_str()) {
+                            self.succeeded
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(call.name.clone());
+                        }
                         (CallResult::ok(&value), ("ok".to_owned(), None))
                     }
                     Err(error) => {
