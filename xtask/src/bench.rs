@@ -157,15 +157,7 @@ fn bench_one(
     let build_started = Instant::now();
     let router = Router::new(registry.clone(), RouterConfig::default());
     let build_time = build_started.elapsed();
-    let settings: BTreeMap<String, String> = registry
-        .domains()
-        .iter()
-        .flat_map(|d| {
-            d.settings_keys
-                .iter()
-                .map(|k| (k.clone(), "set".to_owned()))
-        })
-        .collect();
+    let settings = every_setting(&registry);
     let session = SessionView::new(1);
     let keywords_by_domain: Vec<Vec<String>> = registry
         .domains()
@@ -265,15 +257,7 @@ fn bench_dense(
     let router = Router::new(registry.clone(), RouterConfig::default());
     let line = attach_embedder(&router, &EmbedderChoice::Builtin, Some(&cache_root))?;
     println!("  {line}");
-    let settings: BTreeMap<String, String> = registry
-        .domains()
-        .iter()
-        .flat_map(|d| {
-            d.settings_keys
-                .iter()
-                .map(|k| (k.clone(), "set".to_owned()))
-        })
-        .collect();
+    let settings = every_setting(&registry);
     let session = SessionView::new(1);
     let rounds = if options.quick { 1 } else { 3 };
     let times = time_per_message(messages, rounds, |m| {
@@ -341,15 +325,7 @@ fn bench_learned(
         .map_err(|e| anyhow::anyhow!("{}: {e}", options.cases.display()))?;
     let turns = loadout_router::replay::learned_turns(&cases);
     anyhow::ensure!(!turns.is_empty(), "no labeled turns to learn from");
-    let settings: BTreeMap<String, String> = registry
-        .domains()
-        .iter()
-        .flat_map(|d| {
-            d.settings_keys
-                .iter()
-                .map(|k| (k.clone(), "set".to_owned()))
-        })
-        .collect();
+    let settings = every_setting(&registry);
     let session = SessionView::new(1);
     let rounds = if options.quick { 1 } else { 3 };
     println!("\nlearned stage ({ENTRIES} entries, per dev message)");
@@ -418,6 +394,19 @@ fn bench_learned(
         let _ = std::fs::remove_dir_all(&cache);
     }
     Ok(())
+}
+
+/// Every settings key of `registry` set: every domain active.
+fn every_setting(registry: &Registry) -> BTreeMap<String, String> {
+    registry
+        .domains()
+        .iter()
+        .flat_map(|d| {
+            d.settings_keys
+                .iter()
+                .map(|k| (k.clone(), "set".to_owned()))
+        })
+        .collect()
 }
 
 fn tempfile_dir(name: &str) -> anyhow::Result<PathBuf> {
