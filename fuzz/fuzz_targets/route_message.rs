@@ -43,6 +43,7 @@ libfuzzer_sys::fuzz_target!(|input: (&str, u16)| {
         settings: &settings,
         session: &session,
         token_budget: Some(usize::from(budget)),
+        learned: None,
     });
     assert_eq!(
         selection.tokens,
