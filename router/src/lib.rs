@@ -47,7 +47,7 @@ pub use embed::{DenseIndex, Embedder};
 pub use learned::{LearnedEntry, LearnedIndex};
 pub use selection::{
     DomainDecision, Hint, Name, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
-    thousands,
+    not_configured, thousands,
 };
 pub use session::{DomainState, SessionError, SessionView, carry_over};
 

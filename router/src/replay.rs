@@ -52,11 +52,7 @@ impl Case {
     /// The settings the case routes with: each configured key set to a placeholder.
     pub fn settings(&self, registry: &Registry) -> Result<BTreeMap<String, String>, String> {
         let keys: Vec<String> = match &self.configured {
-            Configured::All(word) if word == "all" => registry
-                .domains()
-                .iter()
-                .flat_map(|d| d.settings_keys.iter().cloned())
-                .collect(),
+            Configured::All(word) if word == "all" => return Ok(every_setting(registry)),
             Configured::All(word) => {
                 return Err(format!(
                     "case {}: configured must be \"all\" or a list, got {word:?}",
@@ -67,6 +63,19 @@ impl Case {
         };
         Ok(keys.into_iter().map(|k| (k, "set".to_owned())).collect())
     }
+}
+
+/// Every settings key of `registry` set to a placeholder: every domain active.
+pub fn every_setting(registry: &Registry) -> BTreeMap<String, String> {
+    registry
+        .domains()
+        .iter()
+        .flat_map(|d| {
+            d.settings_keys
+                .iter()
+                .map(|k| (k.clone(), "set".to_owned()))
+        })
+        .collect()
 }
 
 /// What the turns of `cases` teach the learned stage: each turn's message with the

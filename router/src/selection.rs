@@ -225,13 +225,14 @@ pub struct Unconfigured {
 
 impl std::fmt::Display for Unconfigured {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} (not configured: set {})",
-            self.domain,
-            self.missing_settings.join(", ")
-        )
+        f.write_str(&not_configured(&self.domain, &self.missing_settings))
     }
+}
+
+/// `weather (not configured: set openweathermap_api_key)`: how a domain that needs
+/// settings is named to the user and the model.
+pub fn not_configured(domain: &str, missing: &[String]) -> String {
+    format!("{domain} (not configured: set {})", missing.join(", "))
 }
 
 /// The compact line shown for an active tool that is not sent: enough for the model to

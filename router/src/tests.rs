@@ -1669,16 +1669,7 @@ fn shared_catalog_router() -> Option<Router> {
 
 /// Routes with every settings key of the router's registry set.
 fn route_configured(router: &Router, message: &str, session: &SessionView) -> Selection {
-    let settings: BTreeMap<String, String> = router
-        .registry()
-        .domains()
-        .iter()
-        .flat_map(|d| {
-            d.settings_keys
-                .iter()
-                .map(|k| (k.to_string(), "set".to_owned()))
-        })
-        .collect();
+    let settings = crate::replay::every_setting(router.registry());
     router.select(&RouteInput {
         message,
         settings: &settings,

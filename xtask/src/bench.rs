@@ -16,7 +16,7 @@
 //! Then the decision log's writes on SQLite, per row, for one-off and session rows
 //! (see `bench_log.rs`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -157,7 +157,7 @@ fn bench_one(
     let build_started = Instant::now();
     let router = Router::new(registry.clone(), RouterConfig::default());
     let build_time = build_started.elapsed();
-    let settings = every_setting(&registry);
+    let settings = loadout_router::replay::every_setting(&registry);
     let session = SessionView::new(1);
     let keywords_by_domain: Vec<Vec<String>> = registry
         .domains()
@@ -257,7 +257,7 @@ fn bench_dense(
     let router = Router::new(registry.clone(), RouterConfig::default());
     let line = attach_embedder(&router, &EmbedderChoice::Builtin, Some(&cache_root))?;
     println!("  {line}");
-    let settings = every_setting(&registry);
+    let settings = loadout_router::replay::every_setting(&registry);
     let session = SessionView::new(1);
     let rounds = if options.quick { 1 } else { 3 };
     let times = time_per_message(messages, rounds, |m| {
@@ -325,7 +325,7 @@ fn bench_learned(
         .map_err(|e| anyhow::anyhow!("{}: {e}", options.cases.display()))?;
     let turns = loadout_router::replay::learned_turns(&cases);
     anyhow::ensure!(!turns.is_empty(), "no labeled turns to learn from");
-    let settings = every_setting(&registry);
+    let settings = loadout_router::replay::every_setting(&registry);
     let session = SessionView::new(1);
     let rounds = if options.quick { 1 } else { 3 };
     println!("\nlearned stage ({ENTRIES} entries, per dev message)");
@@ -394,19 +394,6 @@ fn bench_learned(
         let _ = std::fs::remove_dir_all(&cache);
     }
     Ok(())
-}
-
-/// Every settings key of `registry` set: every domain active.
-fn every_setting(registry: &Registry) -> BTreeMap<String, String> {
-    registry
-        .domains()
-        .iter()
-        .flat_map(|d| {
-            d.settings_keys
-                .iter()
-                .map(|k| (k.clone(), "set".to_owned()))
-        })
-        .collect()
 }
 
 fn tempfile_dir(name: &str) -> anyhow::Result<PathBuf> {

@@ -143,11 +143,7 @@ impl SessionControl for TurnControl {
             let mut not_configured: Vec<String> = Vec::new();
             for hint in &everything {
                 let missing = registry.missing_settings(&hint.domain, &state.routed.settings);
-                let line = format!(
-                    "{} (not configured: set {})",
-                    hint.domain,
-                    missing.join(", ")
-                );
+                let line = loadout_router::not_configured(&hint.domain, &missing);
                 if !missing.is_empty() && !not_configured.contains(&line) {
                     not_configured.push(line);
                 }
