@@ -78,6 +78,8 @@ fn build() -> Option<PrometheusHandle> {
         return None;
     }
     describe();
+    // Present from the first scrape, before any learner has built its index.
+    set_learned_entries(0);
     let upkeep = handle.clone();
     let spawned = std::thread::Builder::new()
         .name("metrics-upkeep".into())
