@@ -23,6 +23,16 @@ pub(crate) struct Evidence {
     /// the fused (RRF) score of BM25 and dense with the dense stage; best over the
     /// message and its requests.
     pub(crate) tool_similarity: Vec<f32>,
+    /// Per tool: its BM25 share (0..1), best over the message and its requests.
+    pub(crate) tool_bm25: Vec<f32>,
+    /// Per tool: its raw cosine, best over the pieces; empty without the dense stage.
+    pub(crate) tool_dense: Vec<f32>,
+    /// Per tool: 1 / its BM25 rank among the active tools, best over the pieces (so
+    /// that each request of a chained message has its own first), 0 past
+    /// `RANKED`.
+    pub(crate) tool_bm25_rank: Vec<f32>,
+    /// The same for the dense cosine; empty without the dense stage.
+    pub(crate) tool_dense_rank: Vec<f32>,
     /// Per domain: the best of its BM25 share and its calibrated cosine over the
     /// message and its requests, each the better of its own text's and its best tool's.
     pub(crate) domain_similarity: Vec<f32>,
@@ -169,6 +179,16 @@ impl Router {
         } else {
             Vec::new()
         };
+        let mut tool_bm25_rank = vec![0.0f32; n_tools];
+        let mut tool_dense_rank = if dense_on {
+            vec![0.0f32; n_tools]
+        } else {
+            Vec::new()
+        };
+        let ranked = |t: usize| {
+            let d = self.names.tool_domains[t];
+            active[d] && !self.domain_is_core[d]
+        };
         let mut domain_similarity = vec![0.0f32; n_domains];
         let mut pieces = Vec::with_capacity(piece_texts.len());
         let mut lowered_piece = String::new();
@@ -204,6 +224,11 @@ impl Router {
                     *score /= domain_query_mass;
                 }
             }
+            best_ranks(
+                touched.iter().map(|&t| t as usize).filter(|&t| ranked(t)),
+                &piece_tool_bm25,
+                &mut tool_bm25_rank,
+            );
             for &t in &touched {
                 let t = t as usize;
                 let score = piece_tool_bm25[t];
@@ -215,6 +240,11 @@ impl Router {
             let mut domain_dense = vec![0.0f32; n_domains];
             if let Some(cosines) = &dense_cosines {
                 let piece_tool_dense = &cosines.tools[p];
+                best_ranks(
+                    (0..n_tools).filter(|&t| ranked(t)),
+                    piece_tool_dense,
+                    &mut tool_dense_rank,
+                );
                 for (t, &cosine) in piece_tool_dense.iter().enumerate() {
                     tool_dense[t] = tool_dense[t].max(cosine);
                     let slot = &mut domain_dense[self.names.tool_domains[t]];
@@ -241,7 +271,7 @@ impl Router {
             });
         }
         if !dense_on {
-            tool_similarity = tool_bm25;
+            tool_similarity = tool_bm25.clone();
         }
         let domain_best_dense = (0..n_domains)
             .map(|d| {
@@ -258,6 +288,10 @@ impl Router {
             keyword_hits_in_domain,
             tool_keyword_hits,
             tool_similarity,
+            tool_bm25,
+            tool_dense,
+            tool_bm25_rank,
+            tool_dense_rank,
             domain_similarity,
             domain_best_dense,
             pieces,
@@ -432,8 +466,24 @@ impl Router {
     }
 }
 
-/// 1-based rank of each item by descending score among items scoring above 0; 0 for
-/// the others.
+/// Ranks past this one count as unranked in the per-piece ranks.
+const RANKED: usize = 50;
+
+/// Raises `best[i]` to 1 / the rank of item `i` among `items` by descending `scores`
+/// (above 0), for the first [`RANKED`].
+fn best_ranks(items: impl Iterator<Item = usize>, scores: &[f32], best: &mut [f32]) {
+    let mut order: Vec<usize> = items.filter(|&i| scores[i] > 0.0).collect();
+    let by_score = |a: &usize, b: &usize| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b));
+    if order.len() > RANKED {
+        order.select_nth_unstable_by(RANKED - 1, by_score);
+        order.truncate(RANKED);
+    }
+    order.sort_unstable_by(by_score);
+    for (r, &i) in order.iter().enumerate() {
+        best[i] = best[i].max(1.0 / (r + 1) as f32);
+    }
+}
+
 /// A rank from [`ranks`] in a reason: `#1`, or `unranked` for an item that scored
 /// nothing (rank 0, or never ranked at all).
 pub(crate) struct Rank(pub(crate) usize);
@@ -447,6 +497,8 @@ impl std::fmt::Display for Rank {
     }
 }
 
+/// 1-based rank of each item by descending score among items scoring above 0; 0 for
+/// the others.
 pub(crate) fn ranks(scores: &[f32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).filter(|&i| scores[i] > 0.0).collect();
     order.sort_unstable_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));

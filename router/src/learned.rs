@@ -42,6 +42,9 @@ pub struct LearnedIndex {
     bm25: Bm25Index,
     /// Per tool of the router: how many entries name it.
     tool_entries: Vec<u32>,
+    /// Per tool `u`: the tools `v` called in the same turn as it, with the share of
+    /// `u`'s entries that also name `v` (co-usage: `get_user_token` with `post`).
+    co_used: Vec<Vec<(u32, f32)>>,
 }
 
 impl std::fmt::Debug for LearnedIndex {
@@ -70,6 +73,7 @@ impl LearnedIndex {
             row_entries: Vec::new(),
             bm25: Bm25Index::new(&[]),
             tool_entries: vec![0; registry.all_tools().len()],
+            co_used: vec![Vec::new(); registry.all_tools().len()],
         };
         let mut kept: Vec<&LearnedEntry> = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -112,7 +116,33 @@ impl LearnedIndex {
             })
             .collect();
         index.bm25 = Bm25Index::new(&documents);
+        index.count_co_usage();
         index
+    }
+
+    /// Fills `co_used` from the entries that name several tools.
+    fn count_co_usage(&mut self) {
+        let mut pairs: std::collections::HashMap<(u32, u32), u32> =
+            std::collections::HashMap::new();
+        for tools in self.entry_tools.iter().filter(|t| t.len() > 1) {
+            for &u in tools.iter() {
+                for &v in tools.iter().filter(|&&v| v != u) {
+                    *pairs.entry((u, v)).or_insert(0) += 1;
+                }
+            }
+        }
+        let mut sorted: Vec<((u32, u32), u32)> = pairs.into_iter().collect();
+        sorted.sort_unstable();
+        for ((u, v), count) in sorted {
+            let total = self.tool_entries[u as usize].max(1);
+            self.co_used[u as usize].push((v, count as f32 / total as f32));
+        }
+    }
+
+    /// The tools called in the same turn as tool `u` (router index), with the share
+    /// of `u`'s past turns that called each.
+    pub(crate) fn co_used(&self, u: usize) -> &[(u32, f32)] {
+        self.co_used.get(u).map_or(&[], Vec::as_slice)
     }
 
     /// Entries indexed.

@@ -247,14 +247,20 @@ fn strip_suffix(word: &str) -> &str {
     word
 }
 
-fn is_hangul(c: char) -> bool {
-    matches!(c, '\u{AC00}'..='\u{D7A3}' | '\u{1100}'..='\u{11FF}' | '\u{3130}'..='\u{318F}')
+/// Hangul, kana and CJK ideographs: scripts written without spaces between words,
+/// or (Korean) with particles and endings attached to them.
+fn is_cjk(c: char) -> bool {
+    matches!(c,
+        '\u{AC00}'..='\u{D7A3}' | '\u{1100}'..='\u{11FF}' | '\u{3130}'..='\u{318F}'
+        | '\u{3040}'..='\u{30FF}' | '\u{3400}'..='\u{4DBF}' | '\u{4E00}'..='\u{9FFF}'
+        | '\u{F900}'..='\u{FAFF}')
 }
 
 /// Calls `emit` for each index term of `text`: lowercase words split on anything that
-/// is not a letter or digit, stopwords dropped, ASCII words stemmed. Hangul words also
-/// yield their two-character windows, because Korean attaches particles and endings to
-/// the word (`일정이`, `일정을` both contain `일정`).
+/// is not a letter or digit, stopwords dropped, ASCII words stemmed. Chinese, Japanese
+/// and Korean words yield their overlapping two-character windows instead, as Lucene's
+/// CJK analyzer does: Korean attaches particles and endings to the word (`일정이`,
+/// `일정을` both contain `일정`), and Chinese and Japanese put no space between words.
 pub(crate) fn for_each_term(text: &str, mut emit: impl FnMut(&str)) {
     let mut word = String::new();
     let mut flush = |word: &mut String| {
@@ -265,7 +271,7 @@ pub(crate) fn for_each_term(text: &str, mut emit: impl FnMut(&str)) {
             if word.len() >= 2 && !is_stopword(word) {
                 emit(stem(word));
             }
-        } else if word.chars().any(is_hangul) {
+        } else if word.chars().any(is_cjk) {
             let chars: Vec<char> = word.chars().collect();
             if chars.len() <= 2 {
                 emit(word);
@@ -482,6 +488,13 @@ mod tests {
         let mut terms = Vec::new();
         for_each_term("일정이 뭐", |t| terms.push(t.to_owned()));
         assert_eq!(terms, vec!["일정", "정이", "뭐"]);
+    }
+
+    #[test]
+    fn chinese_and_japanese_words_yield_two_character_windows() {
+        let mut terms = Vec::new();
+        for_each_term("天气预报 てんき", |t| terms.push(t.to_owned()));
+        assert_eq!(terms, vec!["天气", "气预", "预报", "てん", "んき"]);
     }
 
     #[test]

@@ -26,12 +26,14 @@
 mod chitchat;
 mod embed;
 mod evidence;
+mod features;
 mod keywords;
 mod learned;
 mod lexical;
 mod prerequisite;
 pub mod replay;
 mod requests;
+pub mod scorer;
 mod selection;
 mod session;
 mod stages;
@@ -132,6 +134,9 @@ pub struct RouterConfig {
     /// A destructive tool is sent only on direct evidence for it (see the
     /// `destructive_guard` stage).
     pub destructive_needs_evidence: bool,
+    /// Route by the fitted scorer (`scorer`): each tool's probability from the
+    /// stages' features, sent by expected coverage. `false` keeps the stage rules.
+    pub scorer: bool,
 
     /// Each backfilled domain sends at most its best this many tools (the rest become
     /// hints): the room goes to more domains rather than deeper ones. On the dev set,
@@ -171,12 +176,13 @@ impl Default for RouterConfig {
             backfill_tools: 25,
             backfill_tool_cap: 6,
             fallback_tool_cap: 4,
-            learned_min_cosine: 0.6,
-            learned_min_bm25: 0.5,
+            learned_min_cosine: 0.45,
+            learned_min_bm25: 0.3,
             learned_neighbors: 10,
             learned_min_score: 0.15,
             learned_top_k: 3,
             destructive_needs_evidence: true,
+            scorer: true,
         }
     }
 }
@@ -287,6 +293,25 @@ pub struct Router {
     prerequisites: Vec<Vec<usize>>,
     /// Per tool: the tools it is a prerequisite of.
     consumers: Vec<Vec<usize>>,
+    /// Per tool: the words of its name that say its action (verb, objects).
+    tool_actions: Vec<Option<features::Action>>,
+    /// The fitted scorer's models, lexical and dense.
+    scorer: Scorers,
+    weights: scorer::Weights,
+}
+
+struct Scorers {
+    lexical: scorer::Compiled,
+    dense: scorer::Compiled,
+}
+
+impl Scorers {
+    fn new(weights: &scorer::Weights) -> Scorers {
+        Scorers {
+            lexical: scorer::Compiled::new(&weights.lexical),
+            dense: scorer::Compiled::new(&weights.dense),
+        }
+    }
 }
 
 impl std::fmt::Debug for Router {
@@ -474,6 +499,11 @@ impl Router {
             .iter()
             .map(|t| t.annotations.destructive == Some(true))
             .collect();
+        let weights = scorer::Weights::shipped();
+        let tool_actions = tools
+            .iter()
+            .map(|t| features::Action::of(&t.name, &t.domain))
+            .collect();
         let names = Names {
             tools: tools.iter().map(|t| Name::from(t.name.as_str())).collect(),
             tool_domains: tool_domain,
@@ -506,7 +536,34 @@ impl Router {
             tool_prior,
             prerequisites,
             consumers,
+            tool_actions,
+            scorer: Scorers::new(&weights),
+            weights,
         }
+    }
+
+    /// Routes with these fitted weights from now on (`cargo xtask fit`, `loadout fit`).
+    pub fn set_weights(&mut self, weights: scorer::Weights) {
+        self.scorer = Scorers::new(&weights);
+        self.weights = weights;
+    }
+
+    /// The fitted weights the scorer routes with.
+    pub fn weights(&self) -> &scorer::Weights {
+        &self.weights
+    }
+
+    /// The scorer's candidate tools for a message, each with its feature row: what
+    /// `cargo xtask fit` learns from.
+    pub fn feature_rows(&self, input: &RouteInput<'_>) -> Vec<(usize, scorer::Row)> {
+        let evidence = self.gather_evidence(input.message, Some(input.settings), input.learned);
+        let candidates = self.candidates(input.message, &evidence, input.session, input.learned);
+        candidates.tools.into_iter().zip(candidates.rows).collect()
+    }
+
+    /// A tool's name by router index.
+    pub fn tool_name(&self, tool_idx: usize) -> Option<&str> {
+        self.names.tools.get(tool_idx).map(|n| n.as_str())
     }
 
     /// Installs (or removes) the dense stage. Vectors must be in [`Router::dense_texts`]
@@ -620,8 +677,9 @@ impl Router {
         )
     }
 
-    /// `search_tools(query)`: hints for the tools that best match `query`, by keyword,
-    /// BM25 and (once attached) the dense stage, best first, at most `limit`. `active`:
+    /// `search_tools(query)`: hints for the tools that best match `query`, ranked by
+    /// the fitted scorer as a first turn would be (keywords, BM25, the dense stage
+    /// once attached, learned votes), best first, at most `limit`. `active`:
     /// the settings that make a domain active, so that only active tools are found
     /// (chat); `None` finds every tool (MCP lists every tool, and one that needs
     /// settings says which).
@@ -633,25 +691,26 @@ impl Router {
         limit: usize,
     ) -> Vec<Hint> {
         let evidence = self.gather_evidence(query, active, learned);
-        let tools = self.registry.all_tools();
-        let mut scored: Vec<(f32, usize)> = (0..tools.len())
-            .filter(|&t| {
-                evidence
-                    .active
-                    .get(self.names.tool_domains[t])
-                    .copied()
-                    .unwrap_or(false)
+        let session = SessionView::default();
+        let candidates = self.candidates_with_core(query, &evidence, &session, learned);
+        let model = if evidence.dense_on {
+            &self.scorer.dense
+        } else {
+            &self.scorer.lexical
+        };
+        use scorer::f;
+        let mut scored: Vec<(f32, usize)> = candidates
+            .tools
+            .iter()
+            .zip(&candidates.rows)
+            .filter(|(_, x)| {
+                x[f::TOOL_BM25] > 0.0
+                    || x[f::TOOL_KEYWORD] > 0.0
+                    || x[f::KEYWORD_IN_DOMAIN] > 0.0
+                    || x[f::TOOL_DENSE] > 0.0
+                    || x[f::LEARNED_TOOL] > 0.0
             })
-            .map(|t| {
-                let d = self.names.tool_domains[t];
-                let keyword = f32::from(evidence.tool_keyword_hits[t])
-                    + 0.5 * f32::from(evidence.domain_keyword_hits[d]);
-                (
-                    keyword + evidence.tool_similarity[t] + 0.5 * evidence.domain_similarity[d],
-                    t,
-                )
-            })
-            .filter(|&(score, _)| score > 0.0)
+            .map(|(&t, x)| (model.logit(x), t))
             .collect();
         scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         scored
@@ -690,6 +749,16 @@ impl Router {
     pub fn select(&self, input: &RouteInput<'_>) -> Selection {
         let mut pass = stages::Pass::new(self, input);
         pass.decide_domains();
+        if self.config.scorer {
+            pass.score_tools();
+            pass.send_held();
+            pass.loaded_tools();
+            pass.send_by_probability();
+            pass.tool_collisions();
+            pass.destructive_guard();
+            pass.token_budget();
+            return pass.finish();
+        }
         pass.similarity();
         pass.domain_collisions();
         pass.send_decided_domains();

@@ -133,7 +133,7 @@ pub struct Miss {
 }
 
 /// What a replay measured.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Report {
     pub turns: usize,
     /// Turns where every needed tool was sent.
@@ -338,6 +338,8 @@ pub struct Routed<'a> {
     /// 0-based.
     pub turn_idx: usize,
     pub settings: &'a BTreeMap<String, String>,
+    /// The session as the turn was routed with it.
+    pub session: &'a SessionView,
     pub selection: &'a Selection,
 }
 
@@ -399,6 +401,7 @@ pub fn replay(
                 case,
                 turn_idx,
                 settings: &settings,
+                session: &view,
                 selection: &selection,
             });
 

@@ -62,6 +62,8 @@ pub enum Stage {
     NoDirectEvidence,
     /// Active, but nothing in the message or session pointed at it.
     NotMatched,
+    /// Sent by the fitted scorer's probability (see `scorer`).
+    Scored,
 }
 
 impl Stage {
@@ -90,6 +92,7 @@ impl Stage {
             Stage::NoToolNeeded => "no_tool_needed",
             Stage::NoDirectEvidence => "no_direct_evidence",
             Stage::NotMatched => "not_matched",
+            Stage::Scored => "scored",
         }
     }
 
@@ -103,6 +106,7 @@ impl Stage {
                 | Stage::Fused
                 | Stage::Learned
                 | Stage::Fallback
+                | Stage::Scored
         )
     }
 }

@@ -253,7 +253,7 @@ pub fn carry_over(selection: &Selection) -> Vec<String> {
             matches!(
                 t.stage,
                 Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Ranked
-            )
+            ) || (t.stage == Stage::Scored && t.score >= 0.5)
         })
         .map(|t| t.name.to_string())
         .collect()

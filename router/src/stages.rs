@@ -6,10 +6,13 @@
 use std::borrow::Cow;
 
 use crate::evidence::{Evidence, LearnedVote, Rank, ranks, rrf};
+use crate::features::Candidates;
 use crate::selection::{
     DomainDecision, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
 };
 use crate::{RouteInput, Router, chitchat};
+
+mod scored;
 
 /// One message being routed.
 pub(crate) struct Pass<'a> {
@@ -35,6 +38,14 @@ pub(crate) struct Pass<'a> {
     tool_outcomes: ToolSlots<(Stage, bool)>,
     /// Tools considered and not sent: the hints.
     ranked_out: Vec<usize>,
+    /// Per tool: the fitted scorer's probability (0 for a tool it did not score).
+    probability: Vec<f32>,
+    /// The tools the scorer scored, with their feature rows.
+    candidates: Candidates,
+    /// The domain of the likeliest tool: what the message is about.
+    top_domain: Option<usize>,
+    /// The probability mass of the candidates nothing points at (no row).
+    rest_mass: f32,
 }
 
 impl<'a> Pass<'a> {
@@ -63,6 +74,10 @@ impl<'a> Pass<'a> {
             sent: ToolSlots::new(n_tools),
             tool_outcomes: ToolSlots::new(n_tools),
             ranked_out: Vec::new(),
+            probability: vec![0.0; n_tools],
+            candidates: Candidates::default(),
+            top_domain: None,
+            rest_mass: 0.0,
         }
     }
 
@@ -70,6 +85,9 @@ impl<'a> Pass<'a> {
     /// own.
     fn tool_score(&self, t: usize) -> f32 {
         let router = self.router;
+        if router.config.scorer {
+            return self.probability[t];
+        }
         self.domain_scores[router.names.tool_domains[t]]
             + self.evidence.tool_similarity.get(t).copied().unwrap_or(0.0)
             + 0.5 * f32::from(self.evidence.tool_keyword_hits[t].min(2))
@@ -796,10 +814,11 @@ impl<'a> Pass<'a> {
                         | Stage::Pinned
                         | Stage::Carried
                 )
-            );
+            ) || (domain_stage == Some(Stage::Scored)
+                && self.top_domain == Some(d));
             let on_message_evidence = matches!(
                 domain_stage,
-                Some(Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused)
+                Some(Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Scored)
             );
             if !router.destructive[t]
                 || matches!(
@@ -812,13 +831,12 @@ impl<'a> Pass<'a> {
                         | Stage::AlwaysOn
                 )
                 || self.evidence.tool_keyword_hits[t] > 0
-                || names_the_action(
-                    &router.names.tools[t],
-                    &router.names.domains[d],
-                    &message_words,
-                )
+                || router.tool_actions[t]
+                    .as_ref()
+                    .is_some_and(|action| action.named_in(&message_words))
                 || (asks_to_destroy && about_its_domain)
                 || (on_message_evidence && self.is_top_match_of_its_domain(t))
+                || self.is_learned_for_its_domain(t)
             {
                 continue;
             }
@@ -845,6 +863,18 @@ impl<'a> Pass<'a> {
                 .iter()
                 .all(|&other| other == t || similarity.get(other).copied().unwrap_or(0.0) < own)
             && similarity.iter().filter(|&&other| other > own).count() < TOP
+    }
+
+    /// Past messages like this one called the tool, more than any other tool of its
+    /// domain: a repair (`load_tools`, or `search_tools` then a call) on a message like
+    /// this is direct evidence.
+    fn is_learned_for_its_domain(&self, t: usize) -> bool {
+        let learned = &self.evidence.tool_learned;
+        let own = learned.get(t).copied().unwrap_or(0.0);
+        own > 0.0
+            && self.router.tools_by_domain[self.router.names.tool_domains[t]]
+                .iter()
+                .all(|&other| other == t || learned.get(other).copied().unwrap_or(0.0) < own)
     }
 
     /// Trims the lowest-scoring optional tools to the token budget: never core,
@@ -904,7 +934,12 @@ impl<'a> Pass<'a> {
                 v.included()
                     && matches!(
                         v.stage,
-                        Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Learned
+                        Stage::Keyword
+                            | Stage::Bm25
+                            | Stage::Dense
+                            | Stage::Fused
+                            | Stage::Learned
+                            | Stage::Scored
                     )
             })
             .map(|v| v.score)
@@ -970,7 +1005,11 @@ impl<'a> Pass<'a> {
             n_sent_by_domain[names.tool_domains[t]] += 1;
         }
         let domain_scores: Vec<f32> = self.domain_scores;
+        let probability = &self.probability;
         let tool_score = |t: usize| -> f32 {
+            if config.scorer {
+                return probability[t];
+            }
             domain_scores[names.tool_domains[t]]
                 + self.evidence.tool_similarity.get(t).copied().unwrap_or(0.0)
                 + 0.5 * f32::from(self.evidence.tool_keyword_hits[t].min(2))
@@ -1069,7 +1108,7 @@ impl<'a> Pass<'a> {
 }
 
 impl Router {
-    fn has_loaded_tool(&self, session: &crate::SessionView, domain_idx: usize) -> bool {
+    pub(crate) fn has_loaded_tool(&self, session: &crate::SessionView, domain_idx: usize) -> bool {
         session
             .loaded_tools
             .iter()
@@ -1245,27 +1284,6 @@ const DESTRUCTIVE_VERBS: &[&str] = &[
     "초기",
     "재부",
 ];
-
-/// Whether the message names the tool's action: the first word of its name after
-/// the domain's (the verb: `delete`, `reboot`) and, for a longer name, one of the
-/// others (the object: `backup`, `server`), each as a word of the message (stemmed).
-fn names_the_action(tool: &str, domain: &str, message_words: &[String]) -> bool {
-    let mut words = tool
-        .split(['_', '-'])
-        .filter(|w| !w.is_empty())
-        .skip_while(|w| domain.split(['_', '-']).any(|d| d.eq_ignore_ascii_case(w)))
-        .peekable();
-    let Some(verb) = words.next() else {
-        return false;
-    };
-    let has = |word: &str| {
-        let word = word.to_lowercase();
-        let stem = crate::lexical::stem(&word);
-        message_words.iter().any(|w| w == stem)
-    };
-    let objects: Vec<&str> = words.collect();
-    has(verb) && (objects.is_empty() || objects.iter().any(|object| has(object)))
-}
 
 /// Keyword evidence on the 0..1 scale of the other stages: one hit 0.6, two 0.8, ...
 fn keyword_score(hits: u16) -> f32 {

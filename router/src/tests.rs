@@ -66,8 +66,16 @@ fn router_with(config: RouterConfig) -> Router {
     Router::new(registry(), config)
 }
 
+/// The stage rules (`scorer: false`): most tests here pin down what each rule does.
+fn rules() -> RouterConfig {
+    RouterConfig {
+        scorer: false,
+        ..RouterConfig::default()
+    }
+}
+
 fn router() -> Router {
-    router_with(RouterConfig::default())
+    router_with(rules())
 }
 
 /// `create_table` pins its domain, as the linked scratchpad's does.
@@ -214,7 +222,7 @@ fn used_domains_stick_until_idle_longer_than_idle_turns() {
     let router = router_with(RouterConfig {
         idle_turns: 2,
         carry_over: false,
-        ..RouterConfig::default()
+        ..rules()
     });
     let mut view = SessionView::new(1);
     let first = route(&router, "turn on the lamp", &view);
@@ -239,7 +247,7 @@ fn used_domains_stick_until_idle_longer_than_idle_turns() {
 fn workflow_tools_pin_their_domain_for_the_session() {
     let router = router_with(pinning(RouterConfig {
         idle_turns: 1,
-        ..RouterConfig::default()
+        ..rules()
     }));
     let mut view = SessionView::new(1);
     let changed = view.record_calls(&router, &["create_table"]);
@@ -402,7 +410,7 @@ fn fallback_over_budget_goes_wide_with_each_domains_best_tools() {
     let select = |fallback_tool_cap: usize| {
         let router = router_with(RouterConfig {
             fallback_tool_cap,
-            ..RouterConfig::default()
+            ..rules()
         });
         let all = route(&router, "hmm", &SessionView::new(1)).all_tools_tokens;
         router.select(&RouteInput {
@@ -441,7 +449,7 @@ fn fallback_over_budget_goes_wide_with_each_domains_best_tools() {
 fn large_domains_send_their_best_tools_and_hint_the_rest() {
     let router = router_with(RouterConfig {
         domain_tool_cap: 4,
-        ..RouterConfig::default()
+        ..rules()
     });
     let selection = route(&router, "restart the redis container", &SessionView::new(1));
     assert!(selection.contains("restart_container"));
@@ -525,7 +533,7 @@ fn search_returns_matching_active_tools() {
 
 #[test]
 fn summary_line_lists_included_domains_with_stage_and_score() {
-    let router = router_with(pinning(RouterConfig::default()));
+    let router = router_with(pinning(rules()));
     let mut view = SessionView::new(1);
     view.record_calls(&router, &["create_table"]);
     view.begin_turn(2, None);
@@ -774,7 +782,7 @@ fn finders_of(router: &Router, name: &str) -> Vec<String> {
 
 #[test]
 fn prerequisites_are_the_finders_of_required_ids() {
-    let router = media_router(RouterConfig::default());
+    let router = media_router(rules());
     let finders = |name: &str| finders_of(&router, name);
     // A listing beats a lookup; a tool that needs the id itself finds nothing.
     assert_eq!(finders("media_delete_series"), ["media_list_series"]);
@@ -828,7 +836,7 @@ fn mail_router() -> Router {
     // No backfill: in a catalog this small it would send the address book anyway.
     let config = RouterConfig {
         backfill_tokens: 0,
-        ..RouterConfig::default()
+        ..rules()
     };
     Router::new(Arc::new(registry), config)
 }
@@ -865,7 +873,7 @@ fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
     // One tool per domain: without the rule the listing would be ranked out.
     let router = media_router(RouterConfig {
         domain_tool_cap: 1,
-        ..RouterConfig::default()
+        ..rules()
     });
     let selection = router.select(&RouteInput {
         message: "delete the walking dead series, keep the files",
@@ -892,7 +900,7 @@ fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
 fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
     let router = media_router(RouterConfig {
         domain_tool_cap: 1,
-        ..RouterConfig::default()
+        ..rules()
     });
     let select = |view: &SessionView, message: &str| {
         router.select(&RouteInput {
@@ -944,7 +952,7 @@ fn the_dense_stages_best_is_kept_when_shared_words_fill_the_fused_top_k() {
     let mut router = router_with(RouterConfig {
         bm25_top_k: 2,
         dense_top_k: 1,
-        ..RouterConfig::default()
+        ..rules()
     });
     // Every other text is a little like the message, so the domains that also share
     // a word rank above weather once the two rankings are fused.
@@ -979,7 +987,7 @@ fn the_dense_stages_best_is_kept_when_shared_words_fill_the_fused_top_k() {
 
 #[test]
 fn required_ids_no_tool_finds_are_named() {
-    let router = media_router(RouterConfig::default());
+    let router = media_router(rules());
     assert_eq!(
         router.unfound_ids(),
         [("media_play_movie".to_owned(), "screen_id".to_owned())]
@@ -991,7 +999,7 @@ fn a_small_selection_takes_the_nearest_misses_while_it_has_room() {
     // A BM25 gate no domain passes: news shares a word with the message but misses.
     let strict = RouterConfig {
         bm25_min_score: 0.95,
-        ..RouterConfig::default()
+        ..rules()
     };
     let message = "weather forecast and recent articles";
     let selection = route(&router_with(strict.clone()), message, &SessionView::new(1));
@@ -1054,7 +1062,7 @@ fn a_domain_no_stage_ranked_reads_unranked_in_its_reason() {
 
 #[test]
 fn a_config_out_of_range_names_each_bad_field() {
-    assert!(RouterConfig::default().problems().is_empty());
+    assert!(rules().problems().is_empty());
     let config = RouterConfig {
         bm25_min_score: 1.5,
         dense_floor: 0.6,
@@ -1062,7 +1070,7 @@ fn a_config_out_of_range_names_each_bad_field() {
         rrf_k: f32::NAN,
         idle_turns: -1,
         domain_tool_cap: 0,
-        ..RouterConfig::default()
+        ..rules()
     };
     let problems = config.problems().join("\n");
     for field in [
@@ -1213,7 +1221,7 @@ fn random_message(rng: &mut Rng) -> String {
 
 /// Any valid config, as a `[router]` table may set it.
 fn random_config(rng: &mut Rng) -> RouterConfig {
-    let defaults = RouterConfig::default();
+    let defaults = rules();
     let floor = rng.unit() * 0.5 - 0.2;
     let config = RouterConfig {
         idle_turns: rng.below(8) as i64,
@@ -1342,7 +1350,7 @@ fn random_messages_sessions_and_configs_keep_the_selection_promises() {
     for seed in 0..120u64 {
         let mut rng = Rng(seed);
         let config = if seed == 0 {
-            RouterConfig::default()
+            rules()
         } else {
             random_config(&mut rng)
         };
@@ -1496,7 +1504,7 @@ fn spoilt_toolkit_files_are_refused_or_route_never_panic() {
             }
         };
         built += 1;
-        let router = Router::new(registry.clone(), RouterConfig::default());
+        let router = Router::new(registry.clone(), rules());
         for message in [
             "weather and then restart the container",
             "",
@@ -1664,7 +1672,7 @@ fn shared_catalog_router() -> Option<Router> {
     let registry = builder
         .build()
         .unwrap_or_else(|e| panic!("shared registry: {e}"));
-    Some(Router::new(Arc::new(registry), RouterConfig::default()))
+    Some(Router::new(Arc::new(registry), rules()))
 }
 
 /// Routes with every settings key of the router's registry set.
@@ -1757,7 +1765,7 @@ fn without_the_rule_backfill_sends_destructive_tools() {
         guarded.registry().clone(),
         RouterConfig {
             destructive_needs_evidence: false,
-            ..RouterConfig::default()
+            ..rules()
         },
     );
     let view = SessionView::new(1);
@@ -1766,5 +1774,100 @@ fn without_the_rule_backfill_sends_destructive_tools() {
         !sent_destructive(&router, &selection).is_empty(),
         "{}",
         selection.summary_line()
+    );
+}
+
+/// The shared catalog routed by the fitted scorer (the default).
+fn shared_catalog_scorer() -> Option<Router> {
+    let rules_router = shared_catalog_router()?;
+    Some(Router::new(
+        rules_router.registry().clone(),
+        RouterConfig::default(),
+    ))
+}
+
+#[test]
+fn the_scorer_sends_likely_tools_with_their_probability_and_features() {
+    let Some(router) = shared_catalog_scorer() else {
+        return;
+    };
+    let view = SessionView::new(1);
+    let selection = route_configured(&router, "reboot the server now", &view);
+    assert!(
+        selection.contains("reboot_server"),
+        "{}",
+        selection.summary_line()
+    );
+    let tool = selection
+        .tools
+        .iter()
+        .find(|t| t.name.as_ref() == "reboot_server")
+        .expect("sent");
+    assert_eq!(tool.stage, Stage::Scored);
+    assert!(tool.score > 0.0 && tool.score <= 1.0, "{}", tool.score);
+    // The domain's reason names its likeliest tool, its probability and the
+    // features that put it there, with their values.
+    let decision = selection
+        .domains
+        .iter()
+        .find(|d| d.domain.as_ref() == "system")
+        .expect("system decided");
+    assert!(decision.included);
+    assert!(
+        decision.reason.contains(" p 0.") && decision.reason.contains("tool_bm25"),
+        "{}",
+        decision.reason
+    );
+}
+
+#[test]
+fn the_scorer_keeps_the_hard_rules() {
+    let Some(router) = shared_catalog_scorer() else {
+        return;
+    };
+    let view = SessionView::new(1);
+    // Chit-chat: core only.
+    let hello = route_configured(&router, "thanks, that's all for today", &view);
+    assert!(
+        hello.tools.iter().all(|t| t.stage == Stage::AlwaysOn),
+        "{}",
+        hello.summary_line()
+    );
+    // Destructive tools only on direct evidence.
+    for message in [
+        "remind me to call mom at 6",
+        "what's on my calendar next week",
+        "how much disk space is left",
+    ] {
+        let selection = route_configured(&router, message, &view);
+        assert_eq!(
+            sent_destructive(&router, &selection),
+            Vec::<String>::new(),
+            "{message}: {}",
+            selection.summary_line()
+        );
+    }
+    // A tool loaded by name is sent whatever its probability.
+    let mut loaded = SessionView::new(1);
+    loaded.loaded_tools = vec!["delete_backup".to_owned()];
+    let selection = route_configured(&router, "what's the weather", &loaded);
+    assert_eq!(
+        stage_of_tool(&selection, "delete_backup"),
+        Some(Stage::Loaded),
+        "{}",
+        selection.summary_line()
+    );
+}
+
+#[test]
+fn search_ranks_with_the_scorer() {
+    let Some(router) = shared_catalog_scorer() else {
+        return;
+    };
+    let hits = router.search("reboot the server", None, None, 3);
+    assert_eq!(
+        hits.first().map(|h| h.name.as_ref()),
+        Some("reboot_server"),
+        "{hits:?}"
     );
 }

@@ -30,6 +30,8 @@ const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json]
                   best of the message-only tool ranking (`search_tools`)
   --compare       also replay with this router config and list the turns it breaks
                   (now missed) and fixes (now hit) against --config (or defaults)
+  --weights       route with this scorer weights file (`cargo xtask fit --out`)
+                  instead of the shipped router/weights.json
   --history       learn from this file's labeled turns (the eval format; never the
                   cases themselves), then route the cases; prints the figures without
                   and with what was learned, and fails if learning lowers turn recall
@@ -49,6 +51,8 @@ struct Options {
     embedder: EmbedderChoice,
     vector_cache: Option<PathBuf>,
     learning: Learning,
+    /// Scorer weights to route with instead of the shipped ones.
+    weights: Option<PathBuf>,
 }
 
 /// Where the learned stage's past messages come from.
@@ -169,13 +173,8 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut verbose = false;
     let mut tool_ranks = false;
     let mut min_turn_recall = None;
-    // The shared catalog's scratchpad stands for the linked domain, whose
-    // `create_table` pins it (`#[tool(pins_domain = true)]`); a toolkit file cannot say
-    // so. Other catalogs have no such tool, and nothing changes for them.
-    let mut config = RouterConfig {
-        pin_on_tools: vec!["create_table".into()],
-        ..RouterConfig::default()
-    };
+    let mut config = eval_config();
+    let mut weights = None;
     let mut compare = None;
     let mut budget = None;
     let mut embedder = EmbedderChoice::default_for_build();
@@ -214,6 +213,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
                 vector_cache = (dir != "none").then(|| PathBuf::from(dir));
             }
             "--config" => config = read_config(&value("--config")?)?,
+            "--weights" => weights = Some(PathBuf::from(value("--weights")?)),
             "--history" => learning = Learning::History(PathBuf::from(value("--history")?)),
             "--folds" => {
                 let text = value("--folds")?;
@@ -243,7 +243,19 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         embedder,
         vector_cache,
         learning,
+        weights,
     })
+}
+
+/// The router config of the eval (and the fit): the shared catalog's scratchpad
+/// stands for the linked domain, whose `create_table` pins it
+/// (`#[tool(pins_domain = true)]`); a toolkit file cannot say so. Other catalogs have
+/// no such tool, and nothing changes for them.
+pub fn eval_config() -> RouterConfig {
+    RouterConfig {
+        pin_on_tools: vec!["create_table".into()],
+        ..RouterConfig::default()
+    }
 }
 
 fn read_config(path: &str) -> anyhow::Result<RouterConfig> {
@@ -266,7 +278,14 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         .build()
         .context("building the registry")?;
     let registry = Arc::new(registry);
-    let router = Router::new(registry.clone(), options.config.clone());
+    let mut router = Router::new(registry.clone(), options.config.clone());
+    if let Some(path) = &options.weights {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let weights = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not a weights file", path.display()))?;
+        router.set_weights(weights);
+    }
     let build_ms = started.elapsed().as_secs_f64() * 1e3;
     let embedder_line =
         attach_embedder(&router, &options.embedder, options.vector_cache.as_deref())?;

@@ -1,0 +1,328 @@
+//! Feature rows for the fitted scorer ([`crate::scorer`]): what the evidence and the
+//! session say of each candidate tool, every value on a 0..1 scale.
+
+use crate::evidence::Evidence;
+use crate::scorer::{N_FEATURES, Row, f};
+use crate::{LearnedIndex, Router, SessionView};
+
+/// The tools a turn may send by probability, with their feature rows.
+#[derive(Debug, Default)]
+pub(crate) struct Candidates {
+    pub(crate) tools: Vec<usize>,
+    pub(crate) rows: Vec<Row>,
+    /// Candidates nothing points at: no row, every feature 0 but their flags.
+    pub(crate) rest: Vec<usize>,
+}
+
+impl Router {
+    /// Whether a domain's tools are candidates: active, not core (always sent), and
+    /// not unloaded by the model (unless it loaded one of them again).
+    pub(crate) fn is_candidate_domain(
+        &self,
+        d: usize,
+        evidence: &Evidence,
+        session: &SessionView,
+    ) -> bool {
+        evidence.active[d]
+            && !self.domain_is_core[d]
+            && (session.load_all_this_turn
+                || self.has_loaded_tool(session, d)
+                || !session
+                    .state(&self.names.domains[d])
+                    .is_some_and(|s| s.unloaded))
+    }
+
+    /// One feature row per candidate tool.
+    pub(crate) fn candidates(
+        &self,
+        message: &str,
+        evidence: &Evidence,
+        session: &SessionView,
+        learned: Option<&LearnedIndex>,
+    ) -> Candidates {
+        let candidate_domain: Vec<bool> = (0..self.names.domains.len())
+            .map(|d| self.is_candidate_domain(d, evidence, session))
+            .collect();
+        self.rows_for(message, evidence, session, learned, &candidate_domain)
+    }
+
+    /// [`Router::candidates`] with core's tools too: `search_tools` finds them.
+    pub(crate) fn candidates_with_core(
+        &self,
+        message: &str,
+        evidence: &Evidence,
+        session: &SessionView,
+        learned: Option<&LearnedIndex>,
+    ) -> Candidates {
+        let candidate_domain: Vec<bool> = (0..self.names.domains.len())
+            .map(|d| {
+                self.is_candidate_domain(d, evidence, session)
+                    || (evidence.active[d] && self.domain_is_core[d])
+            })
+            .collect();
+        self.rows_for(message, evidence, session, learned, &candidate_domain)
+    }
+
+    fn rows_for(
+        &self,
+        message: &str,
+        evidence: &Evidence,
+        session: &SessionView,
+        learned: Option<&LearnedIndex>,
+        candidate_domain: &[bool],
+    ) -> Candidates {
+        let n_domains = self.names.domains.len();
+        let tools: Vec<usize> = (0..self.names.tools.len())
+            .filter(|&t| candidate_domain[self.names.tool_domains[t]])
+            .collect();
+        let n_tools = self.names.tools.len();
+
+        // Per domain, best over the message's pieces; relative to the best
+        // candidate domain, and its rank among them.
+        let domain_bm25: Vec<f32> = (0..n_domains)
+            .map(|d| {
+                evidence
+                    .pieces
+                    .iter()
+                    .map(|p| p.domain_bm25[d])
+                    .fold(0.0, f32::max)
+            })
+            .collect();
+        let masked = |scores: &[f32]| -> Vec<f32> {
+            scores
+                .iter()
+                .enumerate()
+                .map(|(d, &s)| if candidate_domain[d] { s } else { 0.0 })
+                .collect()
+        };
+        let domain_bm25 = masked(&domain_bm25);
+        let domain_dense = masked(&evidence.domain_best_dense);
+        let (domain_bm25_rel, _) = relative_and_rank(&domain_bm25);
+        let (domain_dense_rel, _) = relative_and_rank(&domain_dense);
+        // Ranks per piece, best over them: each request of a chained message has
+        // its own first domain.
+        let mut domain_bm25_rank = vec![0.0f32; n_domains];
+        let mut domain_dense_rank = vec![0.0f32; n_domains];
+        for piece in &evidence.pieces {
+            for (best, scores) in [
+                (&mut domain_bm25_rank, &piece.domain_bm25),
+                (&mut domain_dense_rank, &piece.domain_dense),
+            ] {
+                let (_, rank) = relative_and_rank(&masked(scores));
+                for (slot, r) in best.iter_mut().zip(rank) {
+                    *slot = slot.max(r);
+                }
+            }
+        }
+        let mut domain_learned = vec![0.0f32; n_domains];
+        for piece in &evidence.pieces {
+            for vote in &piece.learned {
+                let slot = &mut domain_learned[vote.domain];
+                *slot = slot.max(vote.score);
+            }
+        }
+
+        // Per tool, over the candidates only.
+        let only_candidates = |scores: &[f32]| -> Vec<f32> {
+            let mut out = vec![0.0f32; n_tools];
+            if scores.is_empty() {
+                return out;
+            }
+            for &t in &tools {
+                out[t] = scores[t];
+            }
+            out
+        };
+        let tool_bm25 = only_candidates(&evidence.tool_bm25);
+        let tool_dense = only_candidates(&evidence.tool_dense);
+        let (tool_bm25_rel, _) = relative_and_rank(&tool_bm25);
+        let (tool_dense_rel, _) = relative_and_rank(&tool_dense);
+        let tool_bm25_rank = only_candidates(&evidence.tool_bm25_rank);
+        let tool_dense_rank = only_candidates(&evidence.tool_dense_rank);
+        let learned_tool = |t: usize| evidence.tool_learned.get(t).copied().unwrap_or(0.0);
+        let (_, learned_rank) = relative_and_rank(&only_candidates(&evidence.tool_learned));
+
+        // How directly the message points at a tool: what its prerequisites and
+        // companions inherit.
+        let strength = |t: usize| -> f32 {
+            tool_bm25_rank[t]
+                .max(tool_dense_rank[t])
+                .max(f32::from(evidence.tool_keyword_hits[t].min(1)))
+                .max(learned_tool(t))
+        };
+        let mut prerequisite = vec![0.0f32; n_tools];
+        let mut co_usage = vec![0.0f32; n_tools];
+        for &u in &tools {
+            let s = strength(u);
+            if s <= 0.0 {
+                continue;
+            }
+            for &p in &self.prerequisites[u] {
+                prerequisite[p] = prerequisite[p].max(s);
+            }
+            if let Some(index) = learned {
+                for &(v, share) in index.co_used(u) {
+                    let slot = &mut co_usage[v as usize];
+                    *slot = slot.max(s * share);
+                }
+            }
+        }
+        let mut next_step = vec![0.0f32; n_tools];
+        let mut called_recently = vec![false; n_tools];
+        for (_, name) in &session.recent_calls {
+            if let Some(u) = self.registry.tool_idx(name) {
+                called_recently[u] = true;
+                for &c in &self.consumers[u] {
+                    next_step[c] = 1.0;
+                }
+            }
+        }
+        let message_has_keyword =
+            (0..n_domains).any(|d| candidate_domain[d] && evidence.keyword_hits_in_domain[d] > 0);
+        let mut carried = vec![false; n_tools];
+        if !message_has_keyword {
+            for name in &session.carried_tools {
+                if let Some(t) = self.registry.tool_idx(name) {
+                    carried[t] = true;
+                }
+            }
+        }
+        let mut message_words: Vec<String> = Vec::new();
+        crate::lexical::for_each_term(&message.to_lowercase(), |term| {
+            message_words.push(term.to_owned())
+        });
+
+        // Per domain, once: the session's hold and how much the turn points at it.
+        let idle_turns = self.config.idle_turns;
+        let mut domain_last_turn = vec![0.0f32; n_domains];
+        let mut domain_sticky = vec![0.0f32; n_domains];
+        for state in &session.domains {
+            let Some(d) = self.registry.domain_idx(&state.domain) else {
+                continue;
+            };
+            domain_last_turn[d] =
+                f32::from(!state.unloaded && state.last_used_turn == session.turn - 1);
+            domain_sticky[d] = f32::from(session.holds(&state.domain, idle_turns).is_some());
+        }
+        let domain_evidence: Vec<f32> = (0..n_domains)
+            .map(|d| {
+                domain_bm25_rank[d]
+                    .max(domain_dense_rank[d])
+                    .max(f32::from(evidence.keyword_hits_in_domain[d] > 0))
+                    .max(domain_sticky[d])
+                    .max(domain_learned[d])
+            })
+            .collect();
+
+        let mut rows = Vec::new();
+        let mut kept = Vec::new();
+        let mut rest = Vec::new();
+        for &t in &tools {
+            let d = self.names.tool_domains[t];
+            let names_action = self.tool_actions[t]
+                .as_ref()
+                .is_some_and(|action| action.named_in(&message_words));
+            // A tool nothing points at, in a domain nothing points at, differs from
+            // its like only by its flags: the caller prices those as a group.
+            let touched = domain_evidence[d] > 0.0
+                || domain_last_turn[d] > 0.0
+                || tool_bm25[t] > 0.0
+                || tool_dense[t] > 0.0
+                || evidence.tool_keyword_hits[t] > 0
+                || learned_tool(t) > 0.0
+                || prerequisite[t] > 0.0
+                || co_usage[t] > 0.0
+                || next_step[t] > 0.0
+                || called_recently[t]
+                || carried[t]
+                || names_action;
+            if !touched {
+                rest.push(t);
+                continue;
+            }
+            let mut x = [0.0f32; N_FEATURES];
+            x[f::TOOL_BM25] = tool_bm25[t];
+            x[f::TOOL_BM25_REL] = tool_bm25_rel[t];
+            x[f::TOOL_BM25_RANK] = tool_bm25_rank[t];
+            x[f::DOMAIN_BM25_REL] = domain_bm25_rel[d];
+            x[f::DOMAIN_BM25_RANK] = domain_bm25_rank[d];
+            x[f::TOOL_KEYWORD] = f32::from(evidence.tool_keyword_hits[t].min(1));
+            x[f::DOMAIN_KEYWORD] = f32::from(evidence.domain_keyword_hits[d].min(2)) / 2.0;
+            x[f::KEYWORD_IN_DOMAIN] = f32::from(evidence.keyword_hits_in_domain[d] > 0);
+            x[f::DOMAIN_LAST_TURN] = domain_last_turn[d];
+            x[f::DOMAIN_STICKY] = domain_sticky[d];
+            x[f::TOOL_CALLED_RECENTLY] = f32::from(called_recently[t]);
+            x[f::CARRIED] = f32::from(carried[t]);
+            x[f::NEXT_STEP] = next_step[t];
+            x[f::PREREQUISITE] = prerequisite[t];
+            x[f::CO_USAGE] = co_usage[t];
+            x[f::LEARNED_TOOL] = learned_tool(t);
+            x[f::LEARNED_DOMAIN] = domain_learned[d];
+            // A small domain the turn points at: its tools travel together. Without
+            // the evidence, a catalog of one-tool domains would lift every tool.
+            x[f::SMALL_DOMAIN_EVIDENCE] =
+                domain_evidence[d] / self.tools_by_domain[d].len().max(1) as f32;
+            x[f::DESTRUCTIVE] = f32::from(self.destructive[t]);
+            x[f::READ_FIRST] = f32::from(self.tool_prior[t] > 0.0);
+            x[f::NAMES_ACTION] = f32::from(names_action);
+            x[f::TOOL_DENSE] = tool_dense[t];
+            x[f::TOOL_DENSE_REL] = tool_dense_rel[t];
+            x[f::TOOL_DENSE_RANK] = tool_dense_rank[t];
+            x[f::DOMAIN_DENSE_REL] = domain_dense_rel[d];
+            x[f::DOMAIN_DENSE_RANK] = domain_dense_rank[d];
+            x[f::LEARNED_TOOL_RANK] = learned_rank[t];
+            rows.push(x);
+            kept.push(t);
+        }
+        Candidates {
+            tools: kept,
+            rows,
+            rest,
+        }
+    }
+}
+
+/// The words of a tool's name that say its action: the verb (the first word after
+/// the domain's) and the objects (the others), stemmed.
+#[derive(Debug, Clone)]
+pub(crate) struct Action {
+    verb: String,
+    objects: Vec<String>,
+}
+
+impl Action {
+    pub(crate) fn of(tool: &str, domain: &str) -> Option<Action> {
+        let mut words = tool
+            .split(['_', '-'])
+            .filter(|w| !w.is_empty())
+            .skip_while(|w| domain.split(['_', '-']).any(|d| d.eq_ignore_ascii_case(w)))
+            .map(|w| crate::lexical::stem(&w.to_lowercase()).to_owned());
+        let verb = words.next()?;
+        Some(Action {
+            verb,
+            objects: words.collect(),
+        })
+    }
+
+    /// The message (its stemmed terms) names the verb and, when the name has any,
+    /// one of the objects.
+    pub(crate) fn named_in(&self, message_words: &[String]) -> bool {
+        let has = |word: &str| message_words.iter().any(|w| w == word);
+        has(&self.verb) && (self.objects.is_empty() || self.objects.iter().any(|o| has(o)))
+    }
+}
+
+/// Per item: its score over the best score (0..1), and 1 / its rank among the items
+/// scoring above 0 (0 for the others).
+fn relative_and_rank(scores: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let best = scores.iter().copied().fold(0.0f32, f32::max);
+    let relative = scores
+        .iter()
+        .map(|&s| if best > 0.0 { s / best } else { 0.0 })
+        .collect();
+    let rank = crate::evidence::ranks(scores)
+        .into_iter()
+        .map(|r| if r == 0 { 0.0 } else { 1.0 / r as f32 })
+        .collect();
+    (relative, rank)
+}

@@ -1,0 +1,420 @@
+//! The fitted scorer: per tool, the features the stages gather (keyword hits, BM25,
+//! dense cosines and ranks, the session, learned votes, co-usage, prerequisites and
+//! workflow steps, the domain's size, ...) turned into the probability that this
+//! turn calls the tool, by a logistic regression fitted on labeled turns with folds
+//! by conversation (`cargo xtask fit`, `loadout fit`). The weights are data
+//! (`router/weights.json`), not code: a deployment refits them on its own learned
+//! memory.
+//!
+//! The lexical and dense paths have a model each: a feature the path lacks would
+//! otherwise read as evidence against every tool.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The features, in the order of a feature row.
+pub const FEATURES: [&str; N_FEATURES] = [
+    "tool_bm25",
+    "tool_bm25_rel",
+    "tool_bm25_rank",
+    "domain_bm25_rel",
+    "domain_bm25_rank",
+    "tool_keyword",
+    "domain_keyword",
+    "keyword_in_domain",
+    "domain_last_turn",
+    "domain_sticky",
+    "tool_called_recently",
+    "carried",
+    "next_step",
+    "prerequisite",
+    "co_usage",
+    "learned_tool",
+    "learned_domain",
+    "small_domain_evidence",
+    "destructive",
+    "read_first",
+    "names_action",
+    "tool_dense",
+    "tool_dense_rel",
+    "tool_dense_rank",
+    "domain_dense_rel",
+    "domain_dense_rank",
+    "learned_tool_rank",
+];
+
+pub const N_FEATURES: usize = 27;
+
+/// One feature row.
+pub type Row = [f32; N_FEATURES];
+
+/// Feature indices.
+pub mod f {
+    pub const TOOL_BM25: usize = 0;
+    pub const TOOL_BM25_REL: usize = 1;
+    pub const TOOL_BM25_RANK: usize = 2;
+    pub const DOMAIN_BM25_REL: usize = 3;
+    pub const DOMAIN_BM25_RANK: usize = 4;
+    pub const TOOL_KEYWORD: usize = 5;
+    pub const DOMAIN_KEYWORD: usize = 6;
+    pub const KEYWORD_IN_DOMAIN: usize = 7;
+    pub const DOMAIN_LAST_TURN: usize = 8;
+    pub const DOMAIN_STICKY: usize = 9;
+    pub const TOOL_CALLED_RECENTLY: usize = 10;
+    pub const CARRIED: usize = 11;
+    pub const NEXT_STEP: usize = 12;
+    pub const PREREQUISITE: usize = 13;
+    pub const CO_USAGE: usize = 14;
+    pub const LEARNED_TOOL: usize = 15;
+    pub const LEARNED_DOMAIN: usize = 16;
+    pub const SMALL_DOMAIN_EVIDENCE: usize = 17;
+    pub const DESTRUCTIVE: usize = 18;
+    pub const READ_FIRST: usize = 19;
+    pub const NAMES_ACTION: usize = 20;
+    pub const TOOL_DENSE: usize = 21;
+    pub const TOOL_DENSE_REL: usize = 22;
+    pub const TOOL_DENSE_RANK: usize = 23;
+    pub const DOMAIN_DENSE_REL: usize = 24;
+    pub const DOMAIN_DENSE_RANK: usize = 25;
+    pub const LEARNED_TOOL_RANK: usize = 26;
+}
+
+/// The fitted weights of both paths, as `router/weights.json` holds them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Weights {
+    pub lexical: Model,
+    pub dense: Model,
+    /// How the weights were fitted (data, folds, date, fold figures): for people.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub fitted: serde_json::Value,
+}
+
+/// One path's logistic regression and the selection rule's parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    pub bias: f32,
+    /// By feature name; a feature left out weighs 0.
+    pub weights: BTreeMap<String, f32>,
+    pub selection: SelectionRule,
+}
+
+/// How probabilities become a selection (see `Pass::send_by_probability`), fitted
+/// with the weights on the same folds. Every threshold is relative to the turn's own
+/// probabilities, so that one rule holds for 30 tools and for 4,000.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelectionRule {
+    /// Tools are sent best first until they hold this share of the probability mass
+    /// of every candidate (the expected share of the turn's needed tools sent) ...
+    pub coverage: f32,
+    /// ... while the next tool's probability is at least this share of the
+    /// likeliest tool's ...
+    pub min_ratio: f32,
+    /// ... and at least this (a tool nothing points at stays out of a large catalog).
+    pub min_probability: f32,
+    /// A domain whose likeliest tool reaches this share of the turn's likeliest ...
+    pub whole_domain_ratio: f32,
+    /// ... and whose tools together cost at most this share of the token budget is
+    /// sent whole: a small domain's tools travel together (companions the message
+    /// never names).
+    pub whole_domain_share: f32,
+    /// A selection under this many tokens takes the next likeliest tools while it
+    /// stays under it: unsure, the router uses the room it has.
+    #[serde(default)]
+    pub fill_tokens: usize,
+}
+
+impl Default for SelectionRule {
+    fn default() -> Self {
+        SelectionRule {
+            coverage: 0.9,
+            min_ratio: 0.05,
+            min_probability: 0.002,
+            whole_domain_ratio: 0.5,
+            whole_domain_share: 0.5,
+            fill_tokens: 0,
+        }
+    }
+}
+
+impl Model {
+    /// A model with these weights, in feature order.
+    pub fn from_row(bias: f32, weights: &Row, selection: SelectionRule) -> Model {
+        Model {
+            bias,
+            weights: FEATURES
+                .iter()
+                .zip(weights)
+                .map(|(name, &w)| ((*name).to_owned(), w))
+                .collect(),
+            selection,
+        }
+    }
+
+    fn row(&self) -> Row {
+        let mut row = [0.0; N_FEATURES];
+        for (slot, name) in row.iter_mut().zip(FEATURES) {
+            *slot = self.weights.get(name).copied().unwrap_or(0.0);
+        }
+        row
+    }
+}
+
+impl Weights {
+    /// The weights shipped with the router.
+    pub fn shipped() -> Weights {
+        // Checked by a test: the file parses and names only known features.
+        serde_json::from_str(include_str!("../weights.json")).unwrap_or_else(|_| Weights {
+            lexical: Model::from_row(-4.0, &[0.0; N_FEATURES], SelectionRule::default()),
+            dense: Model::from_row(-4.0, &[0.0; N_FEATURES], SelectionRule::default()),
+            fitted: serde_json::Value::Null,
+        })
+    }
+
+    /// Feature names no model knows: a typo in a weights file.
+    pub fn unknown_features(&self) -> Vec<String> {
+        [&self.lexical, &self.dense]
+            .iter()
+            .flat_map(|m| m.weights.keys())
+            .filter(|name| !FEATURES.contains(&name.as_str()))
+            .cloned()
+            .collect()
+    }
+}
+
+/// A model ready to score: weights in feature order.
+#[derive(Debug, Clone)]
+pub(crate) struct Compiled {
+    pub(crate) bias: f32,
+    pub(crate) weights: Row,
+    pub(crate) rule: SelectionRule,
+}
+
+impl Compiled {
+    pub(crate) fn new(model: &Model) -> Compiled {
+        Compiled {
+            bias: model.bias,
+            weights: model.row(),
+            rule: model.selection,
+        }
+    }
+
+    pub(crate) fn probability(&self, row: &Row) -> f32 {
+        sigmoid(self.logit(row))
+    }
+
+    pub(crate) fn logit(&self, row: &Row) -> f32 {
+        self.bias
+            + self
+                .weights
+                .iter()
+                .zip(row)
+                .map(|(w, x)| w * x)
+                .sum::<f32>()
+    }
+
+    /// The features that raised this row's logit most, with their values: a sent
+    /// tool's reason.
+    pub(crate) fn explain(&self, row: &Row, probability: f32) -> String {
+        let mut parts: Vec<(f32, usize)> = self
+            .weights
+            .iter()
+            .zip(row)
+            .enumerate()
+            .filter(|(_, (w, x))| **x != 0.0 && **w * **x > 0.0)
+            .map(|(i, (w, x))| (w * x, i))
+            .collect();
+        parts.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut reason = format!("p {probability:.2}");
+        for (n, &(_, i)) in parts.iter().take(3).enumerate() {
+            reason.push_str(if n == 0 { ": " } else { ", " });
+            reason.push_str(&format!("{} {:.2}", FEATURES[i], row[i]));
+        }
+        reason
+    }
+}
+
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Fits a logistic regression to `rows` and their labels by Newton's method
+/// (iteratively reweighted least squares) with an L2 penalty `l2` on the weights
+/// (not the bias). Returns the bias and the weights. Deterministic: the same rows
+/// give the same weights.
+pub fn fit(rows: &[Row], labels: &[bool], l2: f64) -> (f32, Row) {
+    const N: usize = N_FEATURES + 1;
+    let mut beta = [0.0f64; N];
+    // Start at the base rate, so the first step is small.
+    let positives = labels.iter().filter(|&&l| l).count() as f64;
+    let rate = ((positives + 0.5) / (labels.len() as f64 + 1.0)).clamp(1e-6, 1.0 - 1e-6);
+    beta[0] = (rate / (1.0 - rate)).ln();
+    for _ in 0..50 {
+        let mut gradient = [0.0f64; N];
+        let mut hessian = [[0.0f64; N]; N];
+        for (row, &label) in rows.iter().zip(labels) {
+            let x = extended(row);
+            let z: f64 = beta.iter().zip(&x).map(|(b, x)| b * x).sum();
+            let p = 1.0 / (1.0 + (-z).exp());
+            let y = if label { 1.0 } else { 0.0 };
+            let w = (p * (1.0 - p)).max(1e-9);
+            for i in 0..N {
+                if x[i] == 0.0 {
+                    continue;
+                }
+                gradient[i] += (p - y) * x[i];
+                for j in 0..=i {
+                    hessian[i][j] += w * x[i] * x[j];
+                }
+            }
+        }
+        for i in 0..N {
+            for j in 0..i {
+                hessian[j][i] = hessian[i][j];
+            }
+        }
+        for i in 1..N {
+            gradient[i] += l2 * beta[i];
+            hessian[i][i] += l2;
+        }
+        // A feature that never fires has a zero row: keep its weight at 0.
+        for (i, row) in hessian.iter_mut().enumerate() {
+            row[i] += 1e-9;
+        }
+        let Some(step) = solve(hessian, gradient) else {
+            break;
+        };
+        // Damped: halve the step until the penalised loss goes down, so that rows a
+        // feature separates perfectly cannot throw the weights off.
+        let before = loss(rows, labels, &beta, l2);
+        let mut scale = 1.0;
+        let mut moved = false;
+        for _ in 0..30 {
+            let mut trial = beta;
+            for i in 0..N {
+                trial[i] -= scale * step[i];
+            }
+            if loss(rows, labels, &trial, l2) <= before {
+                let largest = (0..N).fold(0.0f64, |m, i| m.max((scale * step[i]).abs()));
+                beta = trial;
+                moved = largest >= 1e-6;
+                break;
+            }
+            scale /= 2.0;
+        }
+        if !moved {
+            break;
+        }
+    }
+    let mut weights = [0.0f32; N_FEATURES];
+    for (w, b) in weights.iter_mut().zip(&beta[1..]) {
+        *w = *b as f32;
+    }
+    (beta[0] as f32, weights)
+}
+
+/// The negative log-likelihood plus the L2 penalty on the weights.
+fn loss(rows: &[Row], labels: &[bool], beta: &[f64; N_FEATURES + 1], l2: f64) -> f64 {
+    let mut total = 0.0;
+    for (row, &label) in rows.iter().zip(labels) {
+        let x = extended(row);
+        let z: f64 = beta.iter().zip(&x).map(|(b, x)| b * x).sum();
+        // log(1 + e^z) - y z, computed without overflow.
+        let softplus = if z > 0.0 {
+            z + (-z).exp().ln_1p()
+        } else {
+            z.exp().ln_1p()
+        };
+        total += softplus - if label { z } else { 0.0 };
+    }
+    total + 0.5 * l2 * beta[1..].iter().map(|b| b * b).sum::<f64>()
+}
+
+fn extended(row: &Row) -> [f64; N_FEATURES + 1] {
+    let mut x = [1.0f64; N_FEATURES + 1];
+    for (slot, &v) in x[1..].iter_mut().zip(row) {
+        *slot = f64::from(v);
+    }
+    x
+}
+
+/// Solves `a x = b` for a symmetric positive definite `a` by Cholesky; `None` when
+/// it is not.
+fn solve<const N: usize>(a: [[f64; N]; N], b: [f64; N]) -> Option<[f64; N]> {
+    let mut l = [[0.0f64; N]; N];
+    for i in 0..N {
+        for j in 0..=i {
+            let mut sum = a[i][j];
+            for k in 0..j {
+                sum -= l[i][k] * l[j][k];
+            }
+            if i == j {
+                if sum <= 0.0 {
+                    return None;
+                }
+                l[i][i] = sum.sqrt();
+            } else {
+                l[i][j] = sum / l[j][j];
+            }
+        }
+    }
+    let mut y = [0.0f64; N];
+    for i in 0..N {
+        let mut sum = b[i];
+        for k in 0..i {
+            sum -= l[i][k] * y[k];
+        }
+        y[i] = sum / l[i][i];
+    }
+    let mut x = [0.0f64; N];
+    for i in (0..N).rev() {
+        let mut sum = y[i];
+        for k in i + 1..N {
+            sum -= l[k][i] * x[k];
+        }
+        x[i] = sum / l[i][i];
+    }
+    Some(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_weights_parse_and_name_known_features() {
+        let weights: Weights =
+            serde_json::from_str(include_str!("../weights.json")).expect("weights.json parses");
+        assert_eq!(weights.unknown_features(), Vec::<String>::new());
+        assert_eq!(FEATURES.len(), N_FEATURES);
+    }
+
+    #[test]
+    fn a_fit_recovers_the_direction_of_a_separating_feature() {
+        // Label = feature 0 above 0.5, with some noise from feature 1.
+        let mut rows = Vec::new();
+        let mut labels = Vec::new();
+        for i in 0..400 {
+            let mut row = [0.0f32; N_FEATURES];
+            row[0] = (i % 20) as f32 / 20.0;
+            row[1] = ((i * 7) % 11) as f32 / 11.0;
+            labels.push(row[0] + 0.1 * row[1] > 0.55);
+            rows.push(row);
+        }
+        let (bias, weights) = fit(&rows, &labels, 1.0);
+        assert!(weights[0] > 1.0, "{weights:?}");
+        assert!(bias < 0.0);
+        // Features that never fire keep a zero weight.
+        assert_eq!(weights[5], 0.0);
+        let model = Compiled::new(&Model::from_row(bias, &weights, SelectionRule::default()));
+        let mut high = [0.0; N_FEATURES];
+        high[0] = 0.95;
+        let mut low = [0.0; N_FEATURES];
+        low[0] = 0.1;
+        assert!(model.probability(&high) > 0.8);
+        assert!(model.probability(&low) < 0.2);
+    }
+}

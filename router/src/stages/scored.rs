@@ -1,0 +1,229 @@
+//! The stages of the fitted scorer: every candidate tool's probability from its
+//! features, then the selection by expected coverage. Pins, loads, core and the
+//! destructive rule stay hard rules, applied around them.
+
+use std::borrow::Cow;
+
+use super::{DomainVerdict, Pass, Send};
+use crate::scorer::Compiled;
+use crate::selection::Stage;
+
+impl Pass<'_> {
+    fn model(&self) -> &Compiled {
+        if self.evidence.dense_on {
+            &self.router.scorer.dense
+        } else {
+            &self.router.scorer.lexical
+        }
+    }
+
+    /// Every candidate tool's probability (none for chit-chat: core only).
+    pub(crate) fn score_tools(&mut self) {
+        self.domain_scores = vec![0.0; self.verdicts.len()];
+        if self.chit_chat {
+            return;
+        }
+        let router = self.router;
+        let candidates = router.candidates(
+            self.input.message,
+            &self.evidence,
+            self.input.session,
+            self.input.learned,
+        );
+        let model = self.model().clone();
+        for (&t, row) in candidates.tools.iter().zip(&candidates.rows) {
+            let p = model.probability(row);
+            self.probability[t] = p;
+            let d = router.names.tool_domains[t];
+            self.domain_scores[d] = self.domain_scores[d].max(p);
+        }
+        // The tools nothing points at count toward the turn's mass only.
+        let mut flags = [[0.0f32; 2]; 2];
+        for (destructive, by_read) in flags.iter_mut().enumerate() {
+            for (read, p) in by_read.iter_mut().enumerate() {
+                let mut row = [0.0; crate::scorer::N_FEATURES];
+                row[crate::scorer::f::DESTRUCTIVE] = destructive as f32;
+                row[crate::scorer::f::READ_FIRST] = read as f32;
+                *p = model.probability(&row);
+            }
+        }
+        self.rest_mass = candidates
+            .rest
+            .iter()
+            .map(|&t| {
+                flags[usize::from(router.destructive[t])][usize::from(router.tool_prior[t] > 0.0)]
+            })
+            .sum();
+        self.candidates = candidates;
+        self.top_domain = (0..self.domain_scores.len())
+            .filter(|&d| self.domain_scores[d] > 0.0)
+            .max_by(|&a, &b| {
+                self.domain_scores[a]
+                    .total_cmp(&self.domain_scores[b])
+                    .then(b.cmp(&a))
+            });
+    }
+
+    /// Core and `load_all_for_this_turn` send whole domains; a pinned domain sends
+    /// every tool.
+    pub(crate) fn send_held(&mut self) {
+        let router = self.router;
+        for d in 0..self.verdicts.len() {
+            let stage = self.verdicts[d].stage;
+            let hard = self.verdicts[d].send == Send::Whole || stage == Stage::Pinned;
+            if !hard {
+                continue;
+            }
+            for &t in &router.tools_by_domain[d] {
+                let score = if stage == Stage::AlwaysOn {
+                    1.0
+                } else {
+                    self.probability[t].max(self.verdicts[d].score)
+                };
+                self.sent.set(t, (stage, score));
+            }
+        }
+    }
+
+    /// Sends the likeliest tools: first each small domain whose likeliest tool is
+    /// nearly as likely as the turn's likeliest (whole), then tools best first until
+    /// what is sent holds the rule's share of the turn's probability mass, while the
+    /// next tool is likely enough beside the likeliest, within the token budget.
+    pub(crate) fn send_by_probability(&mut self) {
+        if self.chit_chat {
+            self.notes.push("chit-chat: core only".to_owned());
+            return;
+        }
+        let router = self.router;
+        let rule = self.model().rule;
+        let budget = self.budget;
+        let mut tokens = self.sent_tokens();
+        let mut order: Vec<usize> = self.candidates.tools.clone();
+        order.sort_unstable_by(|&a, &b| {
+            self.probability[b]
+                .total_cmp(&self.probability[a])
+                .then(a.cmp(&b))
+        });
+        let Some(&best) = order.first() else {
+            return;
+        };
+        let best = self.probability[best];
+        let mass: f32 = order.iter().map(|&t| self.probability[t]).sum::<f32>() + self.rest_mass;
+
+        let small = (rule.whole_domain_share * budget as f32) as usize;
+        let mut domains: Vec<usize> = (0..self.verdicts.len())
+            .filter(|&d| {
+                self.domain_scores[d] >= rule.whole_domain_ratio * best
+                    && self.domain_scores[d] > 0.0
+                    && router.domain_tokens[d] <= small
+            })
+            .collect();
+        domains.sort_unstable_by(|&a, &b| {
+            self.domain_scores[b]
+                .total_cmp(&self.domain_scores[a])
+                .then(a.cmp(&b))
+        });
+        let mut covered = 0.0f32;
+        for d in domains {
+            let members = &router.tools_by_domain[d];
+            let cost: usize = members
+                .iter()
+                .filter(|&&t| !self.sent.has(t))
+                .map(|&t| router.tool_tokens[t])
+                .sum();
+            if tokens + cost > budget {
+                continue;
+            }
+            tokens += cost;
+            for &t in members {
+                if !self.sent.has(t) {
+                    covered += self.probability[t];
+                    self.sent.set(t, (Stage::Scored, self.probability[t]));
+                }
+            }
+        }
+
+        let mut held_back = Vec::new();
+        for &t in &order {
+            if self.sent.has(t) {
+                continue;
+            }
+            let p = self.probability[t];
+            if p < rule.min_ratio * best
+                || p < rule.min_probability
+                || covered >= rule.coverage * mass
+            {
+                held_back.push(t);
+                continue;
+            }
+            let cost = router.tool_tokens[t];
+            if tokens + cost > budget {
+                self.ranked_out.push(t);
+                self.tool_outcomes.set(t, (Stage::BudgetTrimmed, false));
+                continue;
+            }
+            tokens += cost;
+            covered += p;
+            self.sent.set(t, (Stage::Scored, p));
+        }
+        for t in held_back {
+            let cost = router.tool_tokens[t];
+            if tokens + cost <= rule.fill_tokens.min(budget) {
+                tokens += cost;
+                self.sent.set(t, (Stage::Scored, self.probability[t]));
+            } else {
+                self.ranked_out.push(t);
+            }
+        }
+        self.settle_verdicts();
+    }
+
+    /// Domain decisions as the probabilities say: a domain that sent tools by
+    /// probability is `scored` (unless a stage held it), with its likeliest tool's
+    /// reason; a domain a keyword or the session pointed at whose tools fell short
+    /// says so.
+    fn settle_verdicts(&mut self) {
+        let router = self.router;
+        let model = self.model().clone();
+        let mut best_row: Vec<Option<usize>> = vec![None; self.verdicts.len()];
+        for (i, &t) in self.candidates.tools.iter().enumerate() {
+            let d = router.names.tool_domains[t];
+            let better = best_row[d]
+                .is_none_or(|j| self.probability[t] > self.probability[self.candidates.tools[j]]);
+            if better {
+                best_row[d] = Some(i);
+            }
+        }
+        let mut sent_in_domain = vec![false; self.verdicts.len()];
+        for (t, _) in self.sent.iter() {
+            sent_in_domain[router.names.tool_domains[t]] = true;
+        }
+        for d in 0..self.verdicts.len() {
+            let verdict = &self.verdicts[d];
+            if matches!(verdict.send, Send::Whole) || verdict.stage == Stage::Pinned {
+                continue;
+            }
+            let Some(i) = best_row[d] else {
+                continue;
+            };
+            let t = self.candidates.tools[i];
+            let p = self.probability[t];
+            let why = model.explain(&self.candidates.rows[i], p);
+            let tool = &router.names.tools[t];
+            if sent_in_domain[d] {
+                let stage = match verdict.stage {
+                    Stage::Keyword | Stage::Sticky | Stage::Loaded => verdict.stage,
+                    _ => Stage::Scored,
+                };
+                self.verdicts[d] =
+                    DomainVerdict::ranked(stage, p, Cow::Owned(format!("{tool} {why}")));
+            } else {
+                let reason = match verdict.stage {
+                    Stage::NotMatched => format!("likeliest {tool} {why}: below the rule"),
+                    _ => format!("{}; likeliest {tool} {why}: below the rule", verdict.reason),
+                };
+                self.verdicts[d] = DomainVerdict::out(verdict.stage, p, Cow::Owned(reason));
+            }
+        }
+    }
+}
