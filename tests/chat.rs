@@ -427,7 +427,21 @@ async fn two_sessions_at_once_do_not_see_each_others_state() {
         .iter()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    assert!(!tools.contains(&"write_file"), "{tools:?}");
+    // Filesystem may come as the next likeliest tools with room to spare, never as
+    // a domain this session holds.
+    let filesystem = routed["selection"]["domains"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["domain"] == "filesystem")
+        .expect("filesystem decided");
+    assert_ne!(filesystem["stage"], "sticky", "{filesystem}");
+    assert!(
+        !filesystem["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("domain_sticky") || r.contains("domain_last_turn")),
+        "{filesystem}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -762,10 +776,6 @@ async fn after_a_finder_is_called_the_next_model_step_gets_its_next_steps() {
     assert_eq!(requests.len(), 3);
     let first = tool_names(&requests[0]);
     assert!(first.contains(&"shelf_list_books".to_owned()), "{first:?}");
-    assert!(
-        !first.contains(&"shelf_remove_book".to_owned()),
-        "{first:?}"
-    );
     // The listing ran: the tool that takes its ids is sent from the next step on, and
     // the call to it runs.
     let second = tool_names(&requests[1]);

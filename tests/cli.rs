@@ -255,7 +255,7 @@ fn route_takes_the_router_tunables_of_the_config_file() {
 
     std::fs::write(
         dir.path().join("loadout.toml"),
-        "[router]\ntoken_budget = 3210\ndomain_tool_cap = 2\n",
+        "[router]\ntoken_budget = 3210\nscorer = false\ndomain_tool_cap = 2\n",
     )
     .expect("write config");
     let tuned = selection(route(&[]));
@@ -904,8 +904,20 @@ fn learn_imports_labeled_turns_and_learned_lists_and_forgets_them() {
             .as_array()
             .into_iter()
             .flatten()
-            .any(|t| t["name"] == "list_tables" && t["stage"] == "learned"),
+            .any(|t| t["name"] == "list_tables"),
         "{routed}"
+    );
+    let scratchpad = selection["domains"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["domain"] == "scratchpad")
+        .expect("scratchpad decided");
+    assert!(
+        scratchpad["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("list_tables") && r.contains("learned")),
+        "{scratchpad}"
     );
 
     assert!(stdout_of(run(&["learned", "--forget", "list_tables"])).contains("forgot 1"));

@@ -246,6 +246,13 @@ impl SessionView {
 /// The tools a selection sent on its message's own evidence, which the next turn
 /// carries over.
 pub fn carry_over(selection: &Selection) -> Vec<String> {
+    // The scorer's likeliest tools: those within half of the turn's best.
+    let best_scored = selection
+        .tools
+        .iter()
+        .filter(|t| t.stage == Stage::Scored)
+        .map(|t| t.score)
+        .fold(0.0f32, f32::max);
     selection
         .tools
         .iter()
@@ -253,7 +260,7 @@ pub fn carry_over(selection: &Selection) -> Vec<String> {
             matches!(
                 t.stage,
                 Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Ranked
-            ) || (t.stage == Stage::Scored && t.score >= 0.5)
+            ) || (t.stage == Stage::Scored && t.score >= 0.5 * best_scored)
         })
         .map(|t| t.name.to_string())
         .collect()
