@@ -246,6 +246,34 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
 /// (not the bias). Returns the bias and the weights. Deterministic: the same rows
 /// give the same weights.
 pub fn fit(rows: &[Row], labels: &[bool], l2: f64) -> (f32, Row) {
+    // What history adds may only raise a tool's probability: a learned vote or a
+    // companion that counted against a tool would let a history lower recall.
+    let mut fixed = [false; N_FEATURES];
+    loop {
+        let (bias, weights) = fit_with(rows, labels, l2, &fixed);
+        let mut changed = false;
+        for i in MONOTONE {
+            if weights[i] < 0.0 && !fixed[i] {
+                fixed[i] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            return (bias, weights);
+        }
+    }
+}
+
+/// The features whose weight may not be negative (see [`fit`]).
+const MONOTONE: [usize; 4] = [
+    f::LEARNED_TOOL,
+    f::LEARNED_DOMAIN,
+    f::LEARNED_TOOL_RANK,
+    f::CO_USAGE,
+];
+
+/// [`fit`] with the `fixed` features' weights held at 0.
+fn fit_with(rows: &[Row], labels: &[bool], l2: f64, fixed: &[bool; N_FEATURES]) -> (f32, Row) {
     const N: usize = N_FEATURES + 1;
     let mut beta = [0.0f64; N];
     // Start at the base rate, so the first step is small.
@@ -256,7 +284,12 @@ pub fn fit(rows: &[Row], labels: &[bool], l2: f64) -> (f32, Row) {
         let mut gradient = [0.0f64; N];
         let mut hessian = [[0.0f64; N]; N];
         for (row, &label) in rows.iter().zip(labels) {
-            let x = extended(row);
+            let mut x = extended(row);
+            for (i, &held) in fixed.iter().enumerate() {
+                if held {
+                    x[i + 1] = 0.0;
+                }
+            }
             let z: f64 = beta.iter().zip(&x).map(|(b, x)| b * x).sum();
             let p = 1.0 / (1.0 + (-z).exp());
             let y = if label { 1.0 } else { 0.0 };
