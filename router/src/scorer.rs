@@ -273,6 +273,8 @@ const MONOTONE: [usize; 4] = [
 ];
 
 /// [`fit`] with the `fixed` features' weights held at 0.
+// Matrix code reads best with the indices the formulas use.
+#[allow(clippy::needless_range_loop)]
 fn fit_with(rows: &[Row], labels: &[bool], l2: f64, fixed: &[bool; N_FEATURES]) -> (f32, Row) {
     const N: usize = N_FEATURES + 1;
     let mut beta = [0.0f64; N];
@@ -376,6 +378,7 @@ fn extended(row: &Row) -> [f64; N_FEATURES + 1] {
 
 /// Solves `a x = b` for a symmetric positive definite `a` by Cholesky; `None` when
 /// it is not.
+#[allow(clippy::needless_range_loop)]
 fn solve<const N: usize>(a: [[f64; N]; N], b: [f64; N]) -> Option<[f64; N]> {
     let mut l = [[0.0f64; N]; N];
     for i in 0..N {
