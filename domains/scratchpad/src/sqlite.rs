@@ -513,9 +513,12 @@ fn open_writer(path: &Path) -> Result<Connection, ToolError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| ToolError::Storage(format!("cannot create {}: {e}", dir.display())))?;
     }
-    let conn = Connection::open(path).map_err(open_error)?;
+    let mut conn = Connection::open(path).map_err(open_error)?;
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(open_error)?;
+    // Writes wait for another writer (busy_timeout) instead of failing: see the
+    // store's request connection.
+    conn.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
     conn.pragma_update(None, "trusted_schema", "OFF")
         .map_err(open_error)?;
     conn.pragma_update(None, "max_page_count", MAX_PAGE_COUNT)
