@@ -224,3 +224,68 @@ async fn mcp_sessions_are_capped() {
         String::from_utf8_lossy(&bytes)
     );
 }
+
+/// N6: a body announcing 10^12 bytes waited 30 s for bytes that never came, then got
+/// 400 "failed to buffer"; it gets 413 at once, on `/api` and `/mcp`.
+#[tokio::test]
+async fn an_announced_oversized_body_is_refused_at_once() {
+    let (_dir, app) = loopback_app(&[]).await;
+    for uri in ["/api/settings/llm_model", "/api/route", "/mcp"] {
+        let method = if uri.starts_with("/api/settings") {
+            "PUT"
+        } else {
+            "POST"
+        };
+        let mut request = with_host(method, uri, "localhost", None, "");
+        request.headers_mut().insert(
+            "content-length",
+            "1000000000000".parse().expect("header value"),
+        );
+        let sent = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            send_request(&app, request),
+        );
+        let (status, bytes) = sent.await.expect("answered at once");
+        assert_eq!(
+            status,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "{uri}: {}",
+            String::from_utf8_lossy(&bytes)
+        );
+        let body: Value = serde_json::from_slice(&bytes).expect("JSON body");
+        if uri == "/mcp" {
+            assert_eq!(body["error"]["code"], -32600, "{body}");
+        } else {
+            assert_eq!(body["error"]["kind"], "payload_too_large", "{body}");
+        }
+    }
+}
+
+/// `POST /mcp` with a body that is not JSON as `text/plain`, or with no
+/// Content-Type, got 415 with a plain-text body; every `/mcp` refusal is JSON-RPC.
+#[tokio::test]
+async fn mcp_refuses_other_media_types_as_json_rpc() {
+    let (_dir, app) = loopback_app(&[]).await;
+    for content_type in [Some("text/plain"), None] {
+        let mut request = with_host("POST", "/mcp", "localhost", None, "{not json");
+        match content_type {
+            Some(value) => {
+                request
+                    .headers_mut()
+                    .insert("content-type", value.parse().expect("header value"));
+            }
+            None => {
+                request.headers_mut().remove("content-type");
+            }
+        }
+        let (status, bytes) = send_request(&app, request).await;
+        assert_eq!(
+            status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{content_type:?}"
+        );
+        let body: Value = serde_json::from_slice(&bytes).expect("JSON-RPC body");
+        assert_eq!(body["jsonrpc"], "2.0", "{body}");
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+    }
+}

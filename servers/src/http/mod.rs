@@ -216,6 +216,7 @@ pub fn app(state: HttpState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(refuse_announced_oversize))
         .layer(axum::middleware::from_fn_with_state(
             state.hosts.clone(),
             crate::mcp::require_allowed_host,
@@ -248,6 +249,22 @@ async fn deadline(
             limit.as_secs_f64()
         ))
         .into_response(),
+    }
+}
+
+/// 413 at once for a body whose `Content-Length` is past [`MAX_BODY_BYTES`]: the
+/// body limit alone would first wait for bytes that never come (30 s, then 400).
+async fn refuse_announced_oversize(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    match crate::mcp::content_length(request.headers()) {
+        Some(length) if length > MAX_BODY_BYTES as u64 => ApiError::PayloadTooLarge(format!(
+            "request body of {length} bytes; at most {MAX_BODY_BYTES}"
+        ))
+        .into_response(),
+        _ => next.run(request).await,
     }
 }
 

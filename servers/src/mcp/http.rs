@@ -211,8 +211,28 @@ async fn jsonrpc_guard(
                 .next()
                 .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
         });
-    if request.method() != Method::POST || !is_json {
+    if request.method() != Method::POST {
         return next.run(request).await;
+    }
+    // Refused at once on what it announces, rather than after waiting for the body.
+    if let Some(length) = content_length(request.headers())
+        && length > MAX_BODY_BYTES as u64
+    {
+        return jsonrpc_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            jsonrpc::oversized(&[], &[], MAX_BODY_BYTES),
+        );
+    }
+    if !is_json {
+        // rmcp answers 415 in plain text; a client reads a JSON-RPC error.
+        return jsonrpc_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            jsonrpc::error(
+                Value::Null,
+                jsonrpc::INVALID_REQUEST,
+                "Invalid Request: POST /mcp takes a JSON-RPC message with Content-Type: application/json",
+            ),
+        );
     }
     let (parts, body) = request.into_parts();
     let bytes = match tokio::time::timeout(BODY_TIMEOUT, read_body(body)).await {
@@ -291,6 +311,17 @@ async fn read_body(body: Body) -> Result<Vec<u8>, Response> {
         bytes.extend_from_slice(&chunk);
     }
     Ok(bytes)
+}
+
+/// The `Content-Length` a request announces, if it is a number.
+pub fn content_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A request's id as JSON, `null` for other messages.

@@ -33,7 +33,7 @@ pub use auth::{AllowedHosts, BearerToken, HostArgs, require_allowed_host, requir
 use catalog::Catalog;
 pub use handler::McpHandler;
 use handler::Shared;
-pub use http::http_router;
+pub use http::{content_length, http_router};
 pub use sessions::{SessionArgs, SessionLedger};
 use upstream::Upstreams;
 pub use view::View;
