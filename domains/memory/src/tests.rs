@@ -323,3 +323,49 @@ async fn concurrent_writes_wait_instead_of_failing() {
     }
     drop(dir);
 }
+
+/// Issue 36: `remember` stored NUL characters. Content keeps line breaks and tabs;
+/// tags take no control character at all.
+#[tokio::test]
+async fn memories_refuse_control_characters() {
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        for content in [
+            "nul\u{0}inside",
+            "escape \u{1b}[31m red",
+            "del\u{7f}",
+            "c1\u{85}inside",
+        ] {
+            let message = h
+                .err("remember", json!({"content": content, "tags": []}))
+                .await;
+            assert!(
+                message.contains("control character"),
+                "{}: {content:?}: {message}",
+                h.name
+            );
+        }
+        for tag in ["two\nlines", "tab\tbed", "nul\u{0}", "flip\u{202E}"] {
+            let message = h
+                .err("remember", json!({"content": "fine", "tags": [tag]}))
+                .await;
+            assert!(
+                message.contains("control character"),
+                "{}: {tag:?}: {message}",
+                h.name
+            );
+        }
+        let id = h.remember("line one\n\tline two", &["ok"]).await;
+        let message = h
+            .err("update_memory", json!({"id": id, "content": "bad\u{0}"}))
+            .await;
+        assert!(
+            message.contains("control character"),
+            "{}: {message}",
+            h.name
+        );
+        let listed = h.ok("list_memories", json!({})).await;
+        assert_eq!(listed["total"], 1, "{}: {listed}", h.name);
+    }
+    drop(dir);
+}
