@@ -289,3 +289,41 @@ async fn mcp_refuses_other_media_types_as_json_rpc() {
         assert_eq!(body["error"]["code"], -32600, "{body}");
     }
 }
+
+/// N5: `router_dense = off` on a running serve changed nothing until restart, and
+/// nothing said so. Its declaration says it is read at start, and PUT answers so;
+/// a key read at each turn answers without the note.
+#[tokio::test]
+async fn a_setting_read_at_start_says_so_when_set() {
+    let (_dir, app) = loopback_app(&[]).await;
+    for (key, value) in [("router_dense", "off"), ("embeddings_model", "mini")] {
+        let body = json!({"value": value}).to_string();
+        let request = with_host(
+            "PUT",
+            &format!("/api/settings/{key}"),
+            "localhost",
+            None,
+            &body,
+        );
+        let (status, bytes) = send_request(&app, request).await;
+        assert_eq!(status, StatusCode::OK, "{key}");
+        let answer: Value = serde_json::from_slice(&bytes).expect("JSON body");
+        assert_eq!(answer["restart_required"], true, "{answer}");
+        assert!(
+            answer["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("restart")),
+            "{answer}"
+        );
+    }
+    let body = json!({"value": "small"}).to_string();
+    let request = with_host("PUT", "/api/settings/llm_model", "localhost", None, &body);
+    let (status, bytes) = send_request(&app, request).await;
+    assert_eq!(status, StatusCode::OK);
+    let answer: Value = serde_json::from_slice(&bytes).expect("JSON body");
+    assert_eq!(answer.get("restart_required"), None, "{answer}");
+    assert_eq!(
+        loadout::applies_of("router_dense"),
+        loadout::Applies::Restart
+    );
+}

@@ -25,6 +25,16 @@ pub enum Trust {
     Operator,
 }
 
+/// When a new value takes effect in a running `serve` or `mcp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Applies {
+    /// At the next read (a turn, a tool call): without a restart.
+    Live,
+    /// Read once at start: a running process keeps the old value until it restarts.
+    Restart,
+}
+
 /// Who is setting a key now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Setter {
@@ -62,6 +72,8 @@ pub struct SettingEntry {
     pub key: &'static str,
     pub kind: SettingKind,
     pub trust: Trust,
+    /// When a new value takes effect.
+    pub applies: Applies,
     /// One sentence: what the key does, for error messages and listings.
     pub description: &'static str,
     pub validate: Validator,
@@ -160,6 +172,12 @@ pub fn names_a_place(key: &str) -> bool {
         .any(|word| PLACE_WORDS.contains(&word) || word == "repository" || word == "repo")
 }
 
+/// When a new value of `key` takes effect: its declaration's, and at once for keys
+/// nobody declared (tools read them at each call).
+pub fn applies_of(key: &str) -> Applies {
+    setting_spec(key).map_or(Applies::Live, |spec| spec.applies)
+}
+
 /// Whether `setter` may write `value` to `key` (`None`: remove it). A removal by the
 /// operator is always allowed; the model may touch no operator key at all.
 pub fn check_setting(key: &str, value: Option<&str>, setter: Setter) -> Result<(), SettingRefused> {
@@ -251,14 +269,16 @@ pub fn check_url(value: &str) -> Result<(), String> {
 /// }
 /// ```
 ///
-/// `validate` is optional (the kind's own check then decides), and so is `trust`:
-/// without it, only the operator sets the key.
+/// `validate` is optional (the kind's own check then decides), and so are `trust`
+/// (without it, only the operator sets the key) and `applies` (without it, a new
+/// value takes effect at once; `Applies::Restart` for a key read only at start).
 #[macro_export]
 macro_rules! setting {
     (
         key: $key:expr,
         kind: $kind:expr,
         $(trust: $trust:expr,)?
+        $(applies: $applies:expr,)?
         description: $description:literal
         $(, validate: $validate:expr)?
         $(,)?
@@ -269,6 +289,7 @@ macro_rules! setting {
                     key: $key,
                     kind: $kind,
                     trust: $crate::__private::first_trust(&[$($trust)?]),
+                    applies: $crate::__private::first_applies(&[$($applies)?]),
                     description: $description,
                     validate: $crate::__private::first_validator(&[$($validate)?]),
                 }
