@@ -59,6 +59,8 @@ impl SessionArgs {
 pub struct SessionLedger {
     max_sessions: usize,
     idle_timeout: Duration,
+    /// [`MIN_IDLE_TO_CLOSE`], but in tests.
+    min_idle_to_close: Duration,
     sessions: Mutex<HashMap<SessionId, Entry>>,
 }
 
@@ -80,6 +82,7 @@ impl SessionLedger {
         Arc::new(SessionLedger {
             max_sessions: usize::try_from(args.max_sessions.max(1)).unwrap_or(usize::MAX),
             idle_timeout: args.idle_timeout(),
+            min_idle_to_close: MIN_IDLE_TO_CLOSE,
             sessions: Mutex::new(HashMap::new()),
         })
     }
@@ -120,10 +123,10 @@ impl SessionLedger {
                 return Ok(());
             };
             let idle = entry.last_used.elapsed();
-            if idle < MIN_IDLE_TO_CLOSE {
+            if idle < self.min_idle_to_close {
                 return Err(Full {
                     max_sessions: self.max_sessions,
-                    retry_after: MIN_IDLE_TO_CLOSE - idle,
+                    retry_after: self.min_idle_to_close - idle,
                 });
             }
             (id.clone(), entry.manager.clone())
@@ -231,5 +234,43 @@ impl SessionManager for BoundedSessions {
         id: SessionId,
     ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
         SessionManager::restore_session(&*self.inner, id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At the cap, the session idle longest is the one closed; one used since is kept.
+    #[tokio::test]
+    async fn the_session_idle_longest_is_closed_first() {
+        let args = SessionArgs {
+            max_sessions: 2,
+            idle_minutes: 30,
+        };
+        let ledger = SessionLedger::new(&args);
+        let ledger = Arc::new(SessionLedger {
+            min_idle_to_close: Duration::ZERO,
+            max_sessions: ledger.max_sessions,
+            idle_timeout: ledger.idle_timeout,
+            sessions: Mutex::new(HashMap::new()),
+        });
+        let now = Instant::now();
+        for (id, idle) in [("older", 20), ("newer", 10)] {
+            ledger.lock().insert(
+                SessionId::from(id),
+                Entry {
+                    last_used: now - Duration::from_secs(idle),
+                    manager: Weak::new(),
+                },
+            );
+        }
+        ledger.touch(&SessionId::from("older"));
+        ledger.admit().await.expect("room made");
+        let left: Vec<String> = ledger.lock().keys().map(|k| k.to_string()).collect();
+        assert_eq!(left, ["older"]);
+        // Under the cap, nothing is closed.
+        ledger.admit().await.expect("room");
+        assert_eq!(ledger.len(), 1);
     }
 }
