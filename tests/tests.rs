@@ -4,6 +4,7 @@ mod chat;
 mod cli;
 mod crash;
 mod hardening;
+mod hardening2;
 mod http;
 mod mcp;
 mod properties;

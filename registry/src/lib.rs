@@ -26,8 +26,8 @@ pub use domain::{Domain, DomainEntry};
 pub use error::{RegistryError, ToolError};
 pub use registry::{CALL_TIMEOUT, CallOutput, Registry, RegistryBuilder};
 pub use setting_spec::{
-    Setter, SettingEntry, SettingKind, SettingRefused, Trust, check_setting, setting_spec,
-    setting_specs, trust_of,
+    Applies, Setter, SettingEntry, SettingKind, SettingRefused, Trust, applies_of, check_setting,
+    is_credential_key, names_a_place, setting_spec, setting_specs, trust_of,
 };
 pub use settings::{Settings, is_secret_key, mask_secret, validate_setting_key};
 pub use storage::{BoxFuture, SettingsChange, Storage, StoreError};
@@ -115,6 +115,24 @@ pub mod __private {
     }
 
     /// The validator `setting!` was given, or one that accepts any value.
+    /// The declared moment a value takes effect, or at once when none is declared.
+    pub const fn first_applies(
+        given: &[crate::setting_spec::Applies],
+    ) -> crate::setting_spec::Applies {
+        match given {
+            [first, ..] => *first,
+            [] => crate::setting_spec::Applies::Live,
+        }
+    }
+
+    /// The declared trust, or the operator's when none is declared.
+    pub const fn first_trust(given: &[crate::setting_spec::Trust]) -> crate::setting_spec::Trust {
+        match given {
+            [first, ..] => *first,
+            [] => crate::setting_spec::Trust::Operator,
+        }
+    }
+
     pub const fn first_validator(
         given: &[crate::setting_spec::Validator],
     ) -> crate::setting_spec::Validator {

@@ -8,8 +8,12 @@
 //!
 //! The model is not the operator: [`Setter::Model`] (the `set_setting` tool) may set
 //! credentials and names a user gives it in chat, never a key that widens what tools
-//! can reach or changes where data goes. Those are [`Trust::Operator`]: declared so,
-//! or, for keys nobody declared (toolkit files, upstream servers), named like a URL.
+//! can reach or changes where data goes. Those are [`Trust::Operator`], the default:
+//! a declaration says `trust: Trust::Model` to let the model set a key, and a key
+//! nobody declared (toolkit files, upstream servers) is the model's only when it is
+//! named like a credential (`*_api_key`, `*_token`, `*_password`, …; see
+//! [`is_credential_key`]). `cargo xtask lint` refuses a key that names a place (a
+//! host, path, URL, socket or repository) declared `Model`.
 
 /// Who may set a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -19,6 +23,16 @@ pub enum Trust {
     Model,
     /// Only the operator: the dashboard, the settings API or the CLI.
     Operator,
+}
+
+/// When a new value takes effect in a running `serve` or `mcp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Applies {
+    /// At the next read (a turn, a tool call): without a restart.
+    Live,
+    /// Read once at start: a running process keeps the old value until it restarts.
+    Restart,
 }
 
 /// Who is setting a key now.
@@ -58,6 +72,8 @@ pub struct SettingEntry {
     pub key: &'static str,
     pub kind: SettingKind,
     pub trust: Trust,
+    /// When a new value takes effect.
+    pub applies: Applies,
     /// One sentence: what the key does, for error messages and listings.
     pub description: &'static str,
     pub validate: Validator,
@@ -95,15 +111,71 @@ pub fn setting_specs() -> Vec<&'static SettingEntry> {
     specs
 }
 
-/// Who may set `key`: its declaration, or, undeclared, the operator for anything
-/// named like a URL (`*_url`: a toolkit's or an upstream's endpoint) and the model
-/// for the rest.
+/// Who may set `key`: its declaration, or, undeclared, the model for a credential
+/// ([`is_credential_key`]) and the operator for everything else (`imap_host`,
+/// `docker_socket_path`, `backup_repository`, `*_url`: where a tool connects or
+/// what it reaches).
 pub fn trust_of(key: &str) -> Trust {
     match setting_spec(key) {
         Some(spec) => spec.trust,
-        None if key.ends_with("_url") || key == "url" => Trust::Operator,
-        None => Trust::Model,
+        None if is_credential_key(key) && !names_a_place(key) => Trust::Model,
+        None => Trust::Operator,
     }
+}
+
+/// Last words of a key that make it a credential a user may give in chat.
+const CREDENTIAL_SUFFIXES: [&str; 9] = [
+    "api_key",
+    "key",
+    "token",
+    "password",
+    "passphrase",
+    "secret",
+    "user",
+    "username",
+    "login",
+];
+
+/// Words of a key that name where a tool connects or what it reaches.
+const PLACE_WORDS: [&str; 17] = [
+    "host",
+    "hostname",
+    "hosts",
+    "url",
+    "urls",
+    "uri",
+    "endpoint",
+    "server",
+    "address",
+    "addr",
+    "path",
+    "paths",
+    "dir",
+    "directory",
+    "root",
+    "roots",
+    "socket",
+];
+
+/// Whether `key` names a credential: its last word (after `_`) is one of
+/// [`CREDENTIAL_SUFFIXES`] (`weather_api_key`, `github_token`, `imap_password`).
+pub fn is_credential_key(key: &str) -> bool {
+    CREDENTIAL_SUFFIXES
+        .iter()
+        .any(|suffix| key == *suffix || key.ends_with(&format!("_{suffix}")))
+}
+
+/// Whether `key` names a place (a host, URL, path, socket or repository): one of its
+/// words is one of [`PLACE_WORDS`], or `repository`/`repo`.
+pub fn names_a_place(key: &str) -> bool {
+    key.split('_')
+        .any(|word| PLACE_WORDS.contains(&word) || word == "repository" || word == "repo")
+}
+
+/// When a new value of `key` takes effect: its declaration's, and at once for keys
+/// nobody declared (tools read them at each call).
+pub fn applies_of(key: &str) -> Applies {
+    setting_spec(key).map_or(Applies::Live, |spec| spec.applies)
 }
 
 /// Whether `setter` may write `value` to `key` (`None`: remove it). A removal by the
@@ -197,13 +269,16 @@ pub fn check_url(value: &str) -> Result<(), String> {
 /// }
 /// ```
 ///
-/// `validate` is optional (the kind's own check then decides).
+/// `validate` is optional (the kind's own check then decides), and so are `trust`
+/// (without it, only the operator sets the key) and `applies` (without it, a new
+/// value takes effect at once; `Applies::Restart` for a key read only at start).
 #[macro_export]
 macro_rules! setting {
     (
         key: $key:expr,
         kind: $kind:expr,
-        trust: $trust:expr,
+        $(trust: $trust:expr,)?
+        $(applies: $applies:expr,)?
         description: $description:literal
         $(, validate: $validate:expr)?
         $(,)?
@@ -213,7 +288,8 @@ macro_rules! setting {
                 $crate::SettingEntry {
                     key: $key,
                     kind: $kind,
-                    trust: $trust,
+                    trust: $crate::__private::first_trust(&[$($trust)?]),
+                    applies: $crate::__private::first_applies(&[$($applies)?]),
                     description: $description,
                     validate: $crate::__private::first_validator(&[$($validate)?]),
                 }
@@ -269,6 +345,43 @@ mod tests {
         }
         // An undeclared credential is the model's to set.
         assert!(check_setting("weather_api_key", Some("abc"), Setter::Model).is_ok());
+    }
+
+    crate::setting! {
+        key: "spec_test_default_trust",
+        kind: SettingKind::Text,
+        description: "a key declared without a trust",
+    }
+
+    /// Issue 36: undeclared keys that say where a tool connects (`imap_host`,
+    /// `docker_socket_path`, `backup_repository`) were the model's, as was every key
+    /// not named `*_url`; now only credentials are, and a declaration without a
+    /// trust is the operator's.
+    #[test]
+    fn only_credentials_are_the_models_by_default() {
+        for key in [
+            "imap_host",
+            "smtp_host",
+            "docker_socket_path",
+            "backup_repository",
+            "tracker_url",
+            "some_setting",
+            "ssh_key_path",
+            "spec_test_default_trust",
+        ] {
+            assert_eq!(trust_of(key), Trust::Operator, "{key}");
+        }
+        for key in [
+            "weather_api_key",
+            "github_token",
+            "imap_password",
+            "imap_username",
+            "client_secret",
+        ] {
+            assert_eq!(trust_of(key), Trust::Model, "{key}");
+        }
+        assert!(names_a_place("backup_repository") && names_a_place("docker_socket_path"));
+        assert!(!names_a_place("llm_model") && !names_a_place("weather_api_key"));
     }
 
     crate::setting! {

@@ -3,7 +3,7 @@
 //! theirs next to their tools. Every write through the dashboard, the settings API,
 //! the CLI or `set_setting` is checked against these.
 
-use loadout::{SettingKind, Trust};
+use loadout::{Applies, SettingKind, Trust};
 
 loadout::setting! {
     key: "llm_base_url",
@@ -31,6 +31,7 @@ loadout::setting! {
     key: loadout_embed::http::BASE_URL_KEY,
     kind: SettingKind::Url,
     trust: Trust::Operator,
+    applies: Applies::Restart,
     description: "the OpenAI-compatible /v1/embeddings endpoint of the dense stage",
 }
 
@@ -38,6 +39,7 @@ loadout::setting! {
     key: loadout_embed::http::MODEL_KEY,
     kind: SettingKind::Text,
     trust: Trust::Operator,
+    applies: Applies::Restart,
     description: "the embeddings model of the dense stage",
     validate: one_line,
 }
@@ -46,13 +48,17 @@ loadout::setting! {
     key: loadout_embed::http::API_KEY_KEY,
     kind: SettingKind::Secret,
     trust: Trust::Model,
+    applies: Applies::Restart,
     description: "the embeddings endpoint's API key",
 }
 
+// The dense stage is built once, at start (its encoder, its endpoint and the tool
+// vectors): a running serve or mcp keeps the stage it started with.
 loadout::setting! {
     key: "router_dense",
     kind: SettingKind::Choice(&["on", "off"]),
     trust: Trust::Operator,
+    applies: Applies::Restart,
     description: "whether routing uses the dense (semantic) stage",
 }
 

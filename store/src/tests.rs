@@ -1642,3 +1642,38 @@ async fn learned_memory_figures() {
         );
     }
 }
+
+/// Issue 36: a deleted WAL lost every setting not yet checkpointed. Each settings
+/// write is checkpointed before it is acknowledged: the main file alone, copied
+/// without its WAL, holds it.
+#[tokio::test]
+async fn an_acknowledged_setting_is_in_the_main_file_without_its_wal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = crate::SqliteStore::open(&dir.path().join("loadout.db"))
+        .await
+        .expect("open");
+    for i in 0..30 {
+        store
+            .setting_set(&format!("durable_{i}"), "kept")
+            .await
+            .expect("set");
+    }
+    store.setting_unset("durable_0").await.expect("unset");
+    // What a lost WAL leaves: the main file as it is now, nothing else.
+    let copy = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        dir.path().join("loadout.db"),
+        copy.path().join("loadout.db"),
+    )
+    .expect("copy the main file");
+    let conn = rusqlite::Connection::open(copy.path().join("loadout.db")).expect("open the copy");
+    let n: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM settings WHERE key LIKE 'durable_%'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("count");
+    assert_eq!(n, 29);
+    drop(store);
+}

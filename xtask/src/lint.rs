@@ -244,6 +244,12 @@ pub fn check_settings(registry: &Registry) -> Vec<Finding> {
     }
     let mut seen = BTreeSet::new();
     for spec in loadout::setting_specs() {
+        if spec.trust == loadout::Trust::Model && loadout::names_a_place(spec.key) {
+            findings.push(Finding {
+                what: format!("settings key `{}`", spec.key),
+                message: "names a host, path, URL, socket or repository but is declared `trust: Trust::Model`: the model would choose where tools connect or what they reach; leave it to the operator (the default)".into(),
+            });
+        }
         if !seen.insert(spec.key) {
             findings.push(Finding {
                 what: format!("settings key `{}`", spec.key),

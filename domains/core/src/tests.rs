@@ -112,9 +112,12 @@ async fn set_then_get_masks_secrets() {
         .expect("read");
     assert_eq!(stored.as_deref(), Some("sk-abcdefghijkl"));
 
-    h.call("set_setting", json!({"key": "llm_model", "value": "small"}))
-        .await
-        .expect("set plain");
+    h.call(
+        "set_setting",
+        json!({"key": "imap_username", "value": "small"}),
+    )
+    .await
+    .expect("set plain");
     let listed = h.call("list_settings", json!({})).await.expect("list");
     let text = listed.to_string();
     assert!(!text.contains("sk-abcdefghijkl"), "{text}");
@@ -122,12 +125,12 @@ async fn set_then_get_masks_secrets() {
 
     // An empty value removes the setting.
     let removed = h
-        .call("set_setting", json!({"key": "llm_model", "value": ""}))
+        .call("set_setting", json!({"key": "imap_username", "value": ""}))
         .await
         .expect("unset");
     assert_eq!(removed["removed"], true);
     let got = h
-        .call("get_setting", json!({"key": "llm_model"}))
+        .call("get_setting", json!({"key": "imap_username"}))
         .await
         .expect("get");
     assert_eq!(got["is_set"], false);
@@ -353,4 +356,35 @@ async fn meta_tools_go_through_the_session_control() {
             "load_all"
         ]
     );
+}
+
+/// Issue 36: the model could set undeclared keys that say where a tool connects
+/// (`imap_host`, `docker_socket_path`, a toolkit's `backup_repository`); only
+/// credentials remain its to set.
+#[tokio::test]
+async fn the_model_sets_no_host_path_or_repository() {
+    let h = harness().await;
+    for (key, value) in [
+        ("imap_host", "mail.evil.example"),
+        ("smtp_host", "mail.evil.example"),
+        ("docker_socket_path", "/var/run/docker.sock"),
+        ("backup_repository", "sftp:evil.example:/loot"),
+    ] {
+        let error = h
+            .call("set_setting", json!({"key": key, "value": value}))
+            .await
+            .expect_err(key);
+        assert!(
+            error.to_string().contains("set by the operator"),
+            "{key}: {error}"
+        );
+        let stored = h.ctx.settings().get(key).await.expect("read");
+        assert_eq!(stored, None, "{key}");
+    }
+    h.call(
+        "set_setting",
+        json!({"key": "imap_password", "value": "hunter22"}),
+    )
+    .await
+    .expect("a credential is the model's");
 }

@@ -539,6 +539,7 @@ pub async fn write_file(args: WriteArgs, ctx: &ToolContext) -> Result<FileWritte
             args.content.len()
         )));
     }
+    check_new_name(&args.path)?;
     blocking(move || {
         let resolved = roots.resolve(&args.path)?;
         let display = resolved.lexical.display().to_string();
@@ -585,6 +586,23 @@ pub async fn write_file(args: WriteArgs, ctx: &ToolContext) -> Result<FileWritte
 
 // ---------------------------------------------------------------------------
 // Helpers
+
+/// A path `write_file` may create: no control character (a newline in a name breaks
+/// every listing and script that reads one name per line) and no bidirectional
+/// override or isolate (U+202A–U+202E, U+2066–U+2069: `invoice\u{202E}fdp.exe` shows
+/// as `invoiceexe.pdf`).
+fn check_new_name(path: &str) -> Result<(), ToolError> {
+    let bad = path
+        .chars()
+        .find(|c| c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'));
+    match bad {
+        Some(c) => Err(ToolError::execution(format!(
+            "the path contains U+{:04X}, a control or text-direction character; file names written here have neither",
+            u32::from(c)
+        ))),
+        None => Ok(()),
+    }
+}
 
 async fn load_roots(ctx: &ToolContext) -> Result<Roots, ToolError> {
     match ctx.settings().get(ROOTS_KEY).await? {

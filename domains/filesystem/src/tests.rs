@@ -551,3 +551,48 @@ async fn fifos_and_sockets_are_refused_without_blocking() {
     let info = h.ok("file_info", json!({"path": s(&fifo)})).await;
     assert_eq!(info["kind"], "other");
 }
+
+/// Issue 36: `write_file` created names with a newline or U+202E (which shows
+/// `invoice\u{202E}fdp.exe` as `invoiceexe.pdf`).
+#[tokio::test]
+async fn write_file_refuses_control_and_bidi_characters_in_names() {
+    let h = harness().await;
+    for path in [
+        "evil\nname.txt",
+        "tab\there.txt",
+        "nul\u{0}.txt",
+        "bell\u{7}.txt",
+        "invoice\u{202E}fdp.exe",
+        "left\u{202A}.txt",
+        "isolate\u{2066}x\u{2069}.txt",
+        "dir\u{202D}/x.txt",
+    ] {
+        let message = h
+            .err(
+                "write_file",
+                json!({"path": path, "content": "x", "create_dirs": true}),
+            )
+            .await;
+        assert!(
+            message.contains("control or text-direction"),
+            "{path:?}: {message}"
+        );
+    }
+    let names: Vec<String> = fs::read_dir(h.root())
+        .expect("list root")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| n
+            .chars()
+            .all(|c| !c.is_control() && !('\u{202A}'..='\u{2069}').contains(&c))),
+        "{names:?}"
+    );
+    // Other non-ASCII names are fine.
+    h.ok(
+        "write_file",
+        json!({"path": "메모 – ok.txt", "content": "x"}),
+    )
+    .await;
+}

@@ -297,13 +297,36 @@ fn check_content(content: &str) -> Result<String, ToolError> {
             "`content` has {n_chars} characters; at most {MAX_CONTENT_CHARS}"
         )));
     }
+    // Line breaks and tabs are text; NUL and other control characters are not, and
+    // would reach whoever reads the memory back (a terminal, a prompt).
+    if let Some(c) = content
+        .chars()
+        .find(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+    {
+        return Err(ToolError::execution(format!(
+            "`content` contains the control character U+{:04X}; send text",
+            u32::from(c)
+        )));
+    }
     Ok(content.to_owned())
+}
+
+/// Bidirectional embeddings, overrides and isolates: they make a text read in
+/// another order than it is stored.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 fn normalize_tag(tag: &str) -> Result<String, ToolError> {
     let tag = tag.trim().to_lowercase();
     if tag.is_empty() {
         return Err(ToolError::execution("tags must not be empty"));
+    }
+    if let Some(c) = tag.chars().find(|c| c.is_control() || is_bidi_control(*c)) {
+        return Err(ToolError::execution(format!(
+            "a tag contains the control character U+{:04X}; tags are words on one line",
+            u32::from(c)
+        )));
     }
     if tag.chars().count() > MAX_TAG_CHARS {
         return Err(ToolError::execution(format!(

@@ -259,3 +259,113 @@ fn fts_query_quotes_every_term() {
     let query = crate::fts_query(&many).expect("terms");
     assert_eq!(query.matches(" OR ").count(), crate::MAX_QUERY_TERMS - 1);
 }
+
+/// N4 of issue 36: `remember` reads (is this a duplicate?) and then writes in one
+/// transaction; begun deferred, a commit by another connection in between made
+/// SQLite refuse the write at once ("database is locked") instead of waiting. Here a
+/// second store on the same files (as `loadout call` beside `loadout serve`) writes
+/// settings while 20 tasks remember 10 things each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_wait_instead_of_failing() {
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        if h.name != "sqlite" {
+            continue;
+        }
+        let other = loadout_store::Store::connect(Some(&h._store.url), &h._store.data_dir)
+            .await
+            .expect("a second store on the same data");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    other
+                        .setting_set("memory_probe", &n.to_string())
+                        .await
+                        .expect("the other store's write");
+                    n += 1;
+                }
+                n
+            })
+        };
+        let h = Arc::new(h);
+        let mut tasks = Vec::new();
+        for task in 0..20 {
+            let h = h.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut errors = Vec::new();
+                for i in 0..10 {
+                    let args = json!({"content": format!("note {task}-{i}"), "tags": ["load"]});
+                    if let Err(e) = h.call("remember", args).await {
+                        errors.push(e.to_string());
+                    }
+                }
+                errors
+            }));
+        }
+        let mut errors = Vec::new();
+        for task in tasks {
+            errors.extend(task.await.expect("task"));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let n_other = writer.await.expect("writer");
+        assert!(
+            errors.is_empty(),
+            "{} failed: {:?}",
+            errors.len(),
+            &errors[..errors.len().min(3)]
+        );
+        assert!(n_other > 0);
+        let listed = h.ok("list_memories", json!({"limit": 200})).await;
+        assert_eq!(listed["total"], 200, "{listed}");
+    }
+    drop(dir);
+}
+
+/// Issue 36: `remember` stored NUL characters. Content keeps line breaks and tabs;
+/// tags take no control character at all.
+#[tokio::test]
+async fn memories_refuse_control_characters() {
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        for content in [
+            "nul\u{0}inside",
+            "escape \u{1b}[31m red",
+            "del\u{7f}",
+            "c1\u{85}inside",
+        ] {
+            let message = h
+                .err("remember", json!({"content": content, "tags": []}))
+                .await;
+            assert!(
+                message.contains("control character"),
+                "{}: {content:?}: {message}",
+                h.name
+            );
+        }
+        for tag in ["two\nlines", "tab\tbed", "nul\u{0}", "flip\u{202E}"] {
+            let message = h
+                .err("remember", json!({"content": "fine", "tags": [tag]}))
+                .await;
+            assert!(
+                message.contains("control character"),
+                "{}: {tag:?}: {message}",
+                h.name
+            );
+        }
+        let id = h.remember("line one\n\tline two", &["ok"]).await;
+        let message = h
+            .err("update_memory", json!({"id": id, "content": "bad\u{0}"}))
+            .await;
+        assert!(
+            message.contains("control character"),
+            "{}: {message}",
+            h.name
+        );
+        let listed = h.ok("list_memories", json!({})).await;
+        assert_eq!(listed["total"], 1, "{}: {listed}", h.name);
+    }
+    drop(dir);
+}

@@ -5,7 +5,8 @@
 //! its session on the storage it runs on (`sqlite`: one database file per namespace;
 //! `postgres`: one schema per namespace). `query_data` is read-only because the database engine
 //! refuses writes (a read-only connection, a `READ ONLY` transaction), not because
-//! the SQL text was inspected. Depends on `loadout` and `loadout-store`, never on
+//! the SQL text was inspected; what a statement may touch besides its tables
+//! (pragmas, attached files, server functions) is refused as well. Depends on `loadout` and `loadout-store`, never on
 //! another domain crate.
 
 mod postgres;

@@ -3,13 +3,18 @@
 //! Writes go through a normal connection. `query_data` opens a second connection
 //! with `SQLITE_OPEN_READ_ONLY`, turns `query_only` on, allows no attached database
 //! (so neither `ATTACH` nor `VACUUM INTO` can reach another file), and is interrupted
-//! after a timeout; rusqlite refuses a second statement in the text.
+//! after a timeout; rusqlite refuses a second statement in the text. An authorizer
+//! allows only reading: no PRAGMA but a few that describe the schema (some change
+//! process-wide state, such as `hard_heap_limit`, which SQLite only lets go down),
+//! no `ATTACH`, `DETACH`, transaction control or `load_extension`.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use loadout::ToolError;
+use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::limits::Limit;
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params_from_iter};
@@ -239,15 +244,92 @@ pub async fn query_data(
             drop(open_writer(&path)?);
         }
         let mut conn = open_read_only(&path)?;
+        let refused = Arc::new(Mutex::new(None));
+        let seen = refused.clone();
+        conn.authorizer(Some(move |ctx: AuthContext<'_>| authorize(ctx, &seen)))
+            .map_err(open_error)?;
         // SQLite asks the handler every few hundred virtual-machine steps, and stops
         // the statement once it answers true. No single step runs long: no value may
         // outgrow MAX_VALUE_BYTES (see open_read_only).
         let deadline = Instant::now() + timeout;
         conn.progress_handler(PROGRESS_STEPS, Some(move || Instant::now() >= deadline))
             .map_err(open_error)?;
-        run_query(&conn, &sql, limit, timeout)
+        run_query(&conn, &sql, limit, timeout).map_err(|e| {
+            match refused.lock().ok().and_then(|mut r| r.take()) {
+                Some(what) => ToolError::execution(format!(
+                    "query_data is read-only and reads only this session's tables: {what} is refused; use insert_data, create_table or drop_table to change data"
+                )),
+                None => e,
+            }
+        })
     })
     .await
+}
+
+/// Pragmas that only describe this database's schema, whatever their argument
+/// (a table or index name).
+const SCHEMA_PRAGMAS: [&str; 7] = [
+    "table_info",
+    "table_xinfo",
+    "table_list",
+    "index_list",
+    "index_info",
+    "index_xinfo",
+    "foreign_key_list",
+];
+/// Pragmas allowed when read without a value (`PRAGMA user_version`), never set.
+const READ_PRAGMAS: [&str; 6] = [
+    "user_version",
+    "application_id",
+    "page_count",
+    "page_size",
+    "freelist_count",
+    "encoding",
+];
+
+/// What `query_data`'s SQL may do: read tables, call functions (not
+/// `load_extension`) and recurse; everything else is denied while the statement is
+/// prepared, and what was denied is kept in `refused` for the error message.
+fn authorize(ctx: AuthContext<'_>, refused: &Mutex<Option<String>>) -> Authorization {
+    let denied = match ctx.action {
+        AuthAction::Select | AuthAction::Read { .. } | AuthAction::Recursive => None,
+        AuthAction::Function { function_name } => {
+            if function_name.eq_ignore_ascii_case("load_extension") {
+                Some("load_extension".to_owned())
+            } else {
+                None
+            }
+        }
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value,
+        } => {
+            let name = pragma_name.to_ascii_lowercase();
+            let allowed = SCHEMA_PRAGMAS.contains(&name.as_str())
+                || (pragma_value.is_none() && READ_PRAGMAS.contains(&name.as_str()));
+            (!allowed).then(|| format!("PRAGMA {name}"))
+        }
+        AuthAction::Attach { .. } => {
+            Some("ATTACH (query_data cannot attach other databases)".to_owned())
+        }
+        AuthAction::Detach { .. } => Some("DETACH".to_owned()),
+        AuthAction::Transaction { .. } | AuthAction::Savepoint { .. } => {
+            Some("transaction control".to_owned())
+        }
+        AuthAction::Insert { table_name }
+        | AuthAction::Delete { table_name }
+        | AuthAction::Update { table_name, .. } => Some(format!("writing to `{table_name}`")),
+        _ => Some("changing the schema or the database".to_owned()),
+    };
+    match denied {
+        None => Authorization::Allow,
+        Some(what) => {
+            if let Ok(mut slot) = refused.lock() {
+                slot.get_or_insert(what);
+            }
+            Authorization::Deny
+        }
+    }
 }
 
 fn run_query(
@@ -431,9 +513,12 @@ fn open_writer(path: &Path) -> Result<Connection, ToolError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| ToolError::Storage(format!("cannot create {}: {e}", dir.display())))?;
     }
-    let conn = Connection::open(path).map_err(open_error)?;
+    let mut conn = Connection::open(path).map_err(open_error)?;
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(open_error)?;
+    // Writes wait for another writer (busy_timeout) instead of failing: see the
+    // store's request connection.
+    conn.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
     conn.pragma_update(None, "trusted_schema", "OFF")
         .map_err(open_error)?;
     conn.pragma_update(None, "max_page_count", MAX_PAGE_COUNT)

@@ -332,6 +332,76 @@ async fn query_data_is_read_only() {
     drop(dir);
 }
 
+/// N1 of issue 36: a PRAGMA run through query_data changed process-wide limits
+/// (SQLite only lets `hard_heap_limit` go down), after which every storage call of
+/// the process failed with "out of memory" until restart.
+#[tokio::test]
+async fn query_data_cannot_change_the_process_or_reach_other_files() {
+    let (dir, harnesses) = harnesses().await;
+    for h in harnesses {
+        if h.store.is_postgres() {
+            continue;
+        }
+        h.with_people().await;
+        let other = h.store.data_dir.join("loadout.db");
+        let attach = format!("ATTACH DATABASE '{}' AS other", other.display());
+        for sql in [
+            "PRAGMA hard_heap_limit=100000",
+            "PRAGMA soft_heap_limit=1",
+            "PRAGMA temp_store_directory='/tmp'",
+            "PRAGMA query_only=0",
+            "PRAGMA writable_schema=1",
+            "PRAGMA cache_size=100000000",
+            "SELECT load_extension('x')",
+            "BEGIN",
+            "DETACH DATABASE main",
+            attach.as_str(),
+        ] {
+            let message = h.err("query_data", json!({"sql": sql})).await;
+            assert!(
+                message.contains("is refused") || message.contains("no such"),
+                "{sql}: {message}"
+            );
+        }
+        let message = h
+            .err(
+                "query_data",
+                json!({"sql": "PRAGMA hard_heap_limit=100000"}),
+            )
+            .await;
+        assert!(
+            message.contains("PRAGMA hard_heap_limit is refused"),
+            "{message}"
+        );
+        // The process's limits are as loadout set them.
+        let probe = rusqlite::Connection::open_in_memory().expect("in-memory database");
+        for (pragma, refused) in [("hard_heap_limit", 100_000), ("soft_heap_limit", 1)] {
+            let value: i64 = probe
+                .query_row(&format!("PRAGMA {pragma}"), [], |r| r.get(0))
+                .expect(pragma);
+            assert_ne!(value, refused, "{pragma}");
+        }
+        // Storage still works: a write, a setting, and the schema pragmas that only
+        // describe the session's own tables.
+        h.ok(
+            "insert_data",
+            json!({"table": "people", "rows": [{"name": "Dee"}]}),
+        )
+        .await;
+        assert_eq!(h.n_people().await, 4);
+        h.ctx
+            .settings()
+            .set("scratchpad_probe", "1")
+            .await
+            .expect("a setting is stored after the refusals");
+        let info = h
+            .ok("query_data", json!({"sql": "PRAGMA table_info(people)"}))
+            .await;
+        assert!(info["n_rows"].as_u64().unwrap_or(0) >= 2, "{info}");
+    }
+    drop(dir);
+}
+
 #[tokio::test]
 async fn row_limit_and_truncation() {
     let (dir, harnesses) = harnesses().await;

@@ -35,6 +35,11 @@ pub async fn run(app: &App, command: Command) -> anyhow::Result<ExitCode> {
         Command::Set { key, value } => {
             app.settings.set(&key, &value).await?;
             println!("set {key}");
+            if loadout::applies_of(&key) == loadout::Applies::Restart {
+                println!(
+                    "{key} is read at start: restart loadout serve and loadout mcp for it to take effect"
+                );
+            }
         }
         Command::Unset { key } => {
             if app.settings.unset(&key).await? {

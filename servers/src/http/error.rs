@@ -13,6 +13,9 @@ pub enum ApiError {
     BadRequest(String),
     #[error("missing or wrong bearer token")]
     Unauthorized,
+    /// The request's Host or Origin is not one this server answers to.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     NotFound(String),
     /// The request needs settings that are missing (e.g. no model configured).
@@ -40,6 +43,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::NotConfigured(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -55,6 +59,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Unauthorized => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::NotConfigured(_) => "not_configured",
             ApiError::PayloadTooLarge(_) => "payload_too_large",

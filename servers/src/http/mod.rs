@@ -28,7 +28,7 @@ use axum::routing::{get, post};
 
 use crate::app::App;
 use crate::log_writer::AuditWriter;
-use crate::mcp::{BearerToken, McpServer};
+use crate::mcp::{AllowedHosts, BearerToken, HostArgs, McpServer, SessionArgs};
 
 pub use error::ApiError;
 
@@ -50,6 +50,10 @@ pub struct Args {
     /// tools answer "no backend" when called.
     #[arg(long, value_name = "DIR")]
     catalog: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    hosts: HostArgs,
+    #[command(flatten)]
+    sessions: SessionArgs,
 }
 
 /// What every handler can reach.
@@ -58,6 +62,10 @@ pub struct HttpState {
     pub app: App,
     /// Required bearer token, when the server is reachable beyond loopback.
     pub token: Option<BearerToken>,
+    /// The Host names every route answers to (any, with a token).
+    pub hosts: AllowedHosts,
+    /// The bounds of `/mcp`'s sessions.
+    pub sessions: SessionArgs,
     /// The audit log of tool calls (chat turns and `/mcp`).
     pub audit: AuditWriter,
     /// The model client, shared by every chat turn.
@@ -76,11 +84,25 @@ impl HttpState {
         HttpState {
             openai_definitions,
             app,
+            hosts: AllowedHosts::for_server(token.as_ref(), &HostArgs::default()),
+            sessions: SessionArgs::default(),
             token,
             audit,
             llm: chat::llm::LlmClient::default(),
             mcp: None,
         }
+    }
+
+    /// Also answers requests for these host names (`--allowed-host`).
+    pub fn with_allowed_hosts(mut self, args: &HostArgs) -> HttpState {
+        self.hosts = AllowedHosts::for_server(self.token.as_ref(), args);
+        self
+    }
+
+    /// Bounds `/mcp`'s sessions (`--mcp-max-sessions`, `--mcp-idle-minutes`).
+    pub fn with_session_limits(mut self, sessions: SessionArgs) -> HttpState {
+        self.sessions = sessions;
+        self
     }
 
     /// Starts the MCP server that `/mcp` serves (sharing this state's audit writer).
@@ -194,10 +216,20 @@ pub fn app(state: HttpState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(refuse_announced_oversize))
+        .layer(axum::middleware::from_fn_with_state(
+            state.hosts.clone(),
+            crate::mcp::require_allowed_host,
+        ))
         .with_state(state.clone());
     if let Some(mcp) = &state.mcp {
-        // The same token as the API's, checked by the same middleware.
-        router = router.merge(crate::mcp::http_router(mcp, state.token.clone()));
+        // The same token and hosts as the API's, checked by the same middleware.
+        router = router.merge(crate::mcp::http_router(
+            mcp,
+            state.token.clone(),
+            state.hosts.clone(),
+            &state.sessions,
+        ));
     }
     router
 }
@@ -220,6 +252,22 @@ async fn deadline(
     }
 }
 
+/// 413 at once for a body whose `Content-Length` is past [`MAX_BODY_BYTES`]: the
+/// body limit alone would first wait for bytes that never come (30 s, then 400).
+async fn refuse_announced_oversize(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    match crate::mcp::content_length(request.headers()) {
+        Some(length) if length > MAX_BODY_BYTES as u64 => ApiError::PayloadTooLarge(format!(
+            "request body of {length} bytes; at most {MAX_BODY_BYTES}"
+        ))
+        .into_response(),
+        _ => next.run(request).await,
+    }
+}
+
 async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::NotFound(format!("no such endpoint: {}", uri.path()))
 }
@@ -238,6 +286,8 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
     };
     crate::retention::spawn(app.store.clone(), app.settings.clone());
     let state = HttpState::new(app, token)
+        .with_allowed_hosts(&args.hosts)
+        .with_session_limits(args.sessions.clone())
         .with_mcp()
         .await?
         .with_upstream_tools();

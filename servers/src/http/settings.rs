@@ -52,7 +52,20 @@ pub async fn put(
     ApiJson(body): ApiJson<PutBody>,
 ) -> Result<Json<Value>, ApiError> {
     state.app.settings.set(&key, &body.value).await?;
-    Ok(Json(json!({"key": key, "value": shown(&key, &body.value)})))
+    let mut answer = json!({"key": key, "value": shown(&key, &body.value)});
+    restart_note(&mut answer, &key);
+    Ok(Json(answer))
+}
+
+/// Says so when the key is read only at start (`router_dense`, the embeddings
+/// keys): saved, but this process keeps the old value until it restarts.
+fn restart_note(answer: &mut Value, key: &str) {
+    if loadout::applies_of(key) == loadout::Applies::Restart {
+        answer["restart_required"] = json!(true);
+        answer["note"] = json!(format!(
+            "saved; `{key}` is read at start: restart loadout serve and loadout mcp for it to take effect"
+        ));
+    }
 }
 
 pub async fn delete(
@@ -61,7 +74,9 @@ pub async fn delete(
 ) -> Result<Json<Value>, ApiError> {
     loadout_store::validate_setting_key(&key)?;
     if state.app.settings.unset(&key).await? {
-        Ok(Json(json!({"key": key, "deleted": true})))
+        let mut answer = json!({"key": key, "deleted": true});
+        restart_note(&mut answer, &key);
+        Ok(Json(answer))
     } else {
         Err(ApiError::NotFound(format!("setting `{key}` is not set")))
     }

@@ -1,5 +1,6 @@
 //! The one bearer-token check of every listener beyond loopback: `/api` and `/mcp` of
-//! `loadout serve`, and `loadout mcp --http`.
+//! `loadout serve`, and `loadout mcp --http`; and the one Host/Origin check
+//! (DNS-rebinding protection) of every listener without a token.
 //!
 //! The token is trimmed once, when it is loaded, and its length is checked after
 //! that; a request must then present exactly it. The scheme is matched without regard
@@ -9,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -98,6 +99,133 @@ impl BearerToken {
             return false;
         };
         scheme.eq_ignore_ascii_case("bearer") && self.matches(credentials.trim_start_matches(' '))
+    }
+}
+
+/// `--allowed-host`: the Host names a server without a token answers to, besides
+/// loopback's.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct HostArgs {
+    /// Also answer requests for this host name (e.g. a name in /etc/hosts that points
+    /// to loopback); repeat or separate with commas. Without a token, any other
+    /// `Host` or `Origin` is refused with 403 (DNS-rebinding protection).
+    #[arg(
+        long = "allowed-host",
+        value_name = "HOST",
+        env = "LOADOUT_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_hosts: Vec<String>,
+}
+
+/// Host names (no port) a server answers to; `None`: any (a server with a token,
+/// where the token is what keeps other sites out).
+#[derive(Clone, Debug)]
+pub struct AllowedHosts(Option<Arc<[String]>>);
+
+impl AllowedHosts {
+    /// `localhost`, `127.0.0.1` and `::1`, and `extra` (lowercased, without brackets).
+    pub fn loopback_and(extra: &[String]) -> AllowedHosts {
+        let names = ["localhost", "127.0.0.1", "::1"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(extra.iter().map(|h| normalize_host(h)))
+            .filter(|h| !h.is_empty())
+            .collect();
+        AllowedHosts(Some(names))
+    }
+
+    /// The rule of a server: with a token, any host; else loopback and `args`'.
+    pub fn for_server(token: Option<&BearerToken>, args: &HostArgs) -> AllowedHosts {
+        match token {
+            Some(_) => AllowedHosts(None),
+            None => AllowedHosts::loopback_and(&args.allowed_hosts),
+        }
+    }
+
+    /// The names allowed, `None` for any.
+    pub fn names(&self) -> Option<&[String]> {
+        self.0.as_deref()
+    }
+
+    /// Why a request with these headers is refused, if it is: its `Host` (or the
+    /// URI's authority, as HTTP/2 sends it) or its `Origin` names a host not allowed.
+    /// A request with neither is no browser's, so no rebinding.
+    pub fn refusal(&self, uri: &axum::http::Uri, headers: &HeaderMap) -> Option<String> {
+        let allowed = self.0.as_deref()?;
+        let allows = |host: &str| allowed.iter().any(|a| *a == normalize_host(host));
+        let host = match headers.get(header::HOST) {
+            Some(value) => match value
+                .to_str()
+                .ok()
+                .and_then(|v| axum::http::uri::Authority::try_from(v).ok())
+            {
+                Some(authority) => Some(authority.host().to_owned()),
+                None => return Some("the Host header is malformed".to_owned()),
+            },
+            None => uri.authority().map(|a| a.host().to_owned()),
+        };
+        if let Some(host) = host
+            && !allows(&host)
+        {
+            return Some(format!(
+                "Host `{}` is not allowed (DNS-rebinding protection); start the server with --allowed-host to allow it",
+                host.chars().take(64).collect::<String>()
+            ));
+        }
+        let origin = headers.get(header::ORIGIN)?;
+        let origin_host = origin
+            .to_str()
+            .ok()
+            .and_then(|v| axum::http::Uri::try_from(v).ok())
+            .filter(|u| matches!(u.scheme_str(), Some("http" | "https")))
+            .and_then(|u| u.host().map(str::to_owned));
+        match origin_host {
+            Some(host) if allows(&host) => None,
+            _ => Some(format!(
+                "Origin `{}` is not allowed (DNS-rebinding protection)",
+                String::from_utf8_lossy(origin.as_bytes())
+                    .chars()
+                    .take(64)
+                    .collect::<String>()
+            )),
+        }
+    }
+}
+
+fn normalize_host(host: &str) -> String {
+    host.trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase()
+}
+
+/// axum middleware: 403 unless the request's Host and Origin are allowed, checked
+/// before anything reads the body. `/mcp` answers with a JSON-RPC error, the rest
+/// with the API's error body.
+pub async fn require_allowed_host(
+    State(hosts): State<AllowedHosts>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(reason) = hosts.refusal(request.uri(), request.headers()) else {
+        return next.run(request).await;
+    };
+    tracing::warn!("refused a request: {reason}");
+    if request.uri().path().starts_with("/mcp") {
+        let body = super::jsonrpc::error(
+            serde_json::Value::Null,
+            super::jsonrpc::INVALID_REQUEST,
+            reason,
+        );
+        (
+            StatusCode::FORBIDDEN,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    } else {
+        ApiError::Forbidden(reason).into_response()
     }
 }
 

@@ -17,14 +17,14 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rmcp::transport::StreamableHttpServerConfig;
 use rmcp::transport::StreamableHttpService;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use serde_json::{Value, json};
 use tokio_stream::StreamExt as _;
 
 use super::McpServer;
-use super::auth::{self, BearerToken};
+use super::auth::{self, AllowedHosts, BearerToken};
 use super::handler::{McpHandler, Shared};
 use super::jsonrpc::{self, Incoming};
+use super::sessions::{BoundedSessions, SessionArgs, SessionLedger};
 use super::view::{self, View};
 
 /// Largest request body, as rmcp's own limit.
@@ -35,17 +35,38 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Distinct domain sets served at once; each keeps its sessions.
 const MAX_DOMAIN_SETS: usize = 256;
 
-type Service = StreamableHttpService<McpHandler, LocalSessionManager>;
+type Service = StreamableHttpService<McpHandler, BoundedSessions>;
 
 /// The MCP endpoints as an axum router. With a token, every request must carry it
 /// (`Authorization: Bearer …`) and any `Host` and `Origin` is accepted; without one,
-/// only loopback `Host` and `Origin` headers are (DNS-rebinding protection).
-pub fn http_router(server: &McpServer, token: Option<BearerToken>) -> axum::Router {
+/// only the `hosts` (loopback and `--allowed-host`) are, in `Host` and `Origin`
+/// (DNS-rebinding protection), checked before the body is read.
+pub fn http_router(
+    server: &McpServer,
+    token: Option<BearerToken>,
+    hosts: AllowedHosts,
+    sessions: &SessionArgs,
+) -> axum::Router {
     let mut config = StreamableHttpServerConfig::default();
-    config = if token.is_some() {
-        config.disable_allowed_hosts().disable_allowed_origins()
-    } else {
-        config.with_allowed_origins(["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"])
+    // rmcp checks the same list again, after the guard below.
+    config = match hosts.names() {
+        None => config.disable_allowed_hosts().disable_allowed_origins(),
+        Some(names) => {
+            let origins: Vec<String> = names
+                .iter()
+                .flat_map(|name| {
+                    let host = if name.contains(':') {
+                        format!("[{name}]")
+                    } else {
+                        name.clone()
+                    };
+                    [format!("http://{host}:*"), format!("https://{host}:*")]
+                })
+                .collect();
+            config
+                .with_allowed_hosts(names.iter().cloned())
+                .with_allowed_origins(origins)
+        }
     };
     let cancel = config.cancellation_token.clone();
     server
@@ -58,7 +79,9 @@ pub fn http_router(server: &McpServer, token: Option<BearerToken>) -> axum::Rout
         view: server.view.clone(),
         config,
         domain_sets: Mutex::new(HashMap::new()),
+        ledger: SessionLedger::new(sessions),
     });
+    let ledger = endpoints.ledger.clone();
     let router = axum::Router::new()
         .route_service("/mcp", endpoints.service((*server.view).clone()))
         .route(
@@ -66,14 +89,19 @@ pub fn http_router(server: &McpServer, token: Option<BearerToken>) -> axum::Rout
             axum::routing::any(domain_set_endpoint),
         )
         .with_state(endpoints)
-        .layer(axum::middleware::from_fn(jsonrpc_guard));
-    match token {
+        .layer(axum::middleware::from_fn_with_state(ledger, jsonrpc_guard));
+    let router = match token {
         Some(token) => router.layer(axum::middleware::from_fn_with_state(
             token,
             auth::require_bearer,
         )),
         None => router,
-    }
+    };
+    // Outermost: a foreign Origin is refused before the body is parsed.
+    router.layer(axum::middleware::from_fn_with_state(
+        hosts,
+        auth::require_allowed_host,
+    ))
 }
 
 struct Endpoints {
@@ -82,6 +110,8 @@ struct Endpoints {
     view: Arc<View>,
     config: StreamableHttpServerConfig,
     domain_sets: Mutex<HashMap<View, Service>>,
+    /// Every endpoint's sessions, bounded together.
+    ledger: Arc<SessionLedger>,
 }
 
 impl Endpoints {
@@ -89,7 +119,7 @@ impl Endpoints {
         let (shared, view) = (self.shared.clone(), Arc::new(view));
         StreamableHttpService::new(
             move || Ok(McpHandler::new(shared.clone(), view.clone())),
-            Arc::new(LocalSessionManager::default()),
+            Arc::new(self.ledger.manager()),
             self.config.clone(),
         )
     }
@@ -156,7 +186,11 @@ async fn domain_set_endpoint(
 /// A session ended by `DELETE` answers 204 where rmcp answers 202: the Python SDK
 /// takes only 200 and 204 as success and warns on every close otherwise.
 /// Everything else goes on to rmcp unchanged.
-async fn jsonrpc_guard(request: Request, next: Next) -> Response {
+async fn jsonrpc_guard(
+    State(ledger): State<Arc<SessionLedger>>,
+    request: Request,
+    next: Next,
+) -> Response {
     if request.method() == Method::DELETE {
         let response = next.run(request).await;
         if response.status() != StatusCode::ACCEPTED {
@@ -177,8 +211,28 @@ async fn jsonrpc_guard(request: Request, next: Next) -> Response {
                 .next()
                 .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
         });
-    if request.method() != Method::POST || !is_json {
+    if request.method() != Method::POST {
         return next.run(request).await;
+    }
+    // Refused at once on what it announces, rather than after waiting for the body.
+    if let Some(length) = content_length(request.headers())
+        && length > MAX_BODY_BYTES as u64
+    {
+        return jsonrpc_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            jsonrpc::oversized(&[], &[], MAX_BODY_BYTES),
+        );
+    }
+    if !is_json {
+        // rmcp answers 415 in plain text; a client reads a JSON-RPC error.
+        return jsonrpc_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            jsonrpc::error(
+                Value::Null,
+                jsonrpc::INVALID_REQUEST,
+                "Invalid Request: POST /mcp takes a JSON-RPC message with Content-Type: application/json",
+            ),
+        );
     }
     let (parts, body) = request.into_parts();
     let bytes = match tokio::time::timeout(BODY_TIMEOUT, read_body(body)).await {
@@ -199,7 +253,31 @@ async fn jsonrpc_guard(request: Request, next: Next) -> Response {
         }
     };
     match jsonrpc::classify(&bytes) {
-        Incoming::Message(_) => {
+        Incoming::Message(message) => {
+            let opens_session = !parts.headers.contains_key("mcp-session-id")
+                && matches!(
+                    &*message,
+                    rmcp::model::JsonRpcMessage::Request(r)
+                        if matches!(r.request, rmcp::model::ClientRequest::InitializeRequest(_))
+                );
+            if opens_session && let Err(full) = ledger.admit().await {
+                let mut response = jsonrpc_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    jsonrpc::error(
+                        jsonrpc_id(&message),
+                        jsonrpc::INVALID_REQUEST,
+                        format!(
+                            "{} MCP sessions are open, the most this server keeps; retry later",
+                            full.max_sessions
+                        ),
+                    ),
+                );
+                let seconds = full.retry_after.as_secs().max(1);
+                if let Ok(value) = header::HeaderValue::from_str(&seconds.to_string()) {
+                    response.headers_mut().insert(header::RETRY_AFTER, value);
+                }
+                return response;
+            }
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
@@ -233,6 +311,27 @@ async fn read_body(body: Body) -> Result<Vec<u8>, Response> {
         bytes.extend_from_slice(&chunk);
     }
     Ok(bytes)
+}
+
+/// The `Content-Length` a request announces, if it is a number.
+pub fn content_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A request's id as JSON, `null` for other messages.
+fn jsonrpc_id(message: &rmcp::model::ClientJsonRpcMessage) -> Value {
+    match message {
+        rmcp::model::JsonRpcMessage::Request(r) => {
+            serde_json::to_value(&r.id).unwrap_or(Value::Null)
+        }
+        _ => Value::Null,
+    }
 }
 
 fn jsonrpc_response(status: StatusCode, body: Value) -> Response {

@@ -68,6 +68,15 @@ pub fn classify(bytes: &[u8]) -> Incoming {
         return Incoming::Ignored;
     }
     let id = usable_id(value.get("id"));
+    // A message of another JSON-RPC version (or none) is no request at all, whatever
+    // its method: its params are not what is wrong.
+    if value.is_object() && value.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Incoming::Reply(self::error(
+            id,
+            INVALID_REQUEST,
+            "Invalid Request: `jsonrpc` must be \"2.0\"",
+        ));
+    }
     // Most bad params still make a message (rmcp reads it as a request of its own,
     // which the handler answers); params that are no object do not.
     if let Some(method) = value.get("method").and_then(Value::as_str)
@@ -184,6 +193,21 @@ mod tests {
         match classify(bytes) {
             Incoming::Reply(value) => value,
             other => panic!("expected an error reply, got {other:?}"),
+        }
+    }
+
+    /// N7 of issue 36: `"jsonrpc": "1.0"`, or none, on a standard request was
+    /// answered -32602 (bad params).
+    #[test]
+    fn another_jsonrpc_version_is_an_invalid_request() {
+        for input in [
+            r#"{"jsonrpc":"1.0","id":1,"method":"initialize","params":{}}"#,
+            r#"{"id":2,"method":"tools/list"}"#,
+            r#"{"jsonrpc":2.0,"id":3,"method":"ping"}"#,
+        ] {
+            let reply = reply_to(input.as_bytes());
+            assert_eq!(reply["error"]["code"], INVALID_REQUEST, "{input}: {reply}");
+            assert!(reply["id"].is_number(), "{input}: {reply}");
         }
     }
 

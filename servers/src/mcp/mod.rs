@@ -13,6 +13,7 @@ mod handler;
 mod http;
 mod jsonrpc;
 mod meta;
+mod sessions;
 mod stdio;
 pub mod upstream;
 mod view;
@@ -28,11 +29,12 @@ use loadout::Registry;
 use rmcp::ServiceExt;
 use tokio::sync::{mpsc, watch};
 
-pub use auth::{BearerToken, require_bearer};
+pub use auth::{AllowedHosts, BearerToken, HostArgs, require_allowed_host, require_bearer};
 use catalog::Catalog;
 pub use handler::McpHandler;
 use handler::Shared;
-pub use http::http_router;
+pub use http::{content_length, http_router};
+pub use sessions::{SessionArgs, SessionLedger};
 use upstream::Upstreams;
 pub use view::View;
 
@@ -64,6 +66,10 @@ pub struct Args {
     /// listed and answer "no backend" when called.
     #[arg(long, value_name = "DIR")]
     catalog: Option<PathBuf>,
+    #[command(flatten)]
+    hosts: HostArgs,
+    #[command(flatten)]
+    sessions: SessionArgs,
 }
 
 /// How the MCP server is set up, whatever the transport.
@@ -327,6 +333,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         dynamic: args.dynamic,
         max_tools: args.max_tools.map(usize::from),
     };
+    let (hosts, sessions) = (args.hosts, args.sessions);
     let options = Options {
         view,
         catalog: args.catalog,
@@ -340,7 +347,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     tokio::spawn(crate::config::reload_on_hangup(app.clone()));
     let served = match args.http {
         None => serve_stdio(&server).await,
-        Some(addr) => serve_http(&server, addr).await,
+        Some(addr) => serve_http(&server, addr, &hosts, &sessions).await,
     };
     // A stuck upstream server does not hold the exit.
     let _ = tokio::time::timeout(crate::http::SHUTDOWN_GRACE, server.shutdown()).await;
@@ -364,9 +371,15 @@ async fn serve_stdio(server: &McpServer) -> anyhow::Result<()> {
     quit.map(|_| ()).context("MCP over stdio")
 }
 
-async fn serve_http(server: &McpServer, addr: SocketAddr) -> anyhow::Result<()> {
+async fn serve_http(
+    server: &McpServer,
+    addr: SocketAddr,
+    hosts: &HostArgs,
+    sessions: &SessionArgs,
+) -> anyhow::Result<()> {
     let token = BearerToken::for_address(addr, "loadout mcp")?;
-    let router = http_router(server, token);
+    let hosts = AllowedHosts::for_server(token.as_ref(), hosts);
+    let router = http_router(server, token, hosts, sessions);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;

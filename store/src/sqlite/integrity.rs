@@ -26,6 +26,9 @@ const HEADER: &[u8; 16] = b"SQLite format 3\0";
 const WAL_MAGIC: [u32; 2] = [0x377f_0682, 0x377f_0683];
 
 /// Looks at `path` (the main file) and its neighbours; `Err` says what was lost.
+/// Folders of the data dir that only a run which wrote the database can have filled.
+const STATE_BESIDE: [&str; 2] = ["scratchpad", "vectors"];
+
 pub(super) fn inspect(path: &Path) -> Result<Verdict, String> {
     let wal = with_suffix(path, "-wal");
     let decisions = super::decisions_path(path);
@@ -50,6 +53,21 @@ pub(super) fn inspect(path: &Path) -> Result<Verdict, String> {
                 "it is empty (0 bytes) while the decision log beside it ({}) holds {decisions_len} bytes of earlier runs",
                 decisions.display()
             ));
+        }
+        // The scratchpad's databases and the vector cache are written only after
+        // the database has been: a first run cannot have left them.
+        if let Some(dir) = path.parent() {
+            for state in STATE_BESIDE {
+                let state = dir.join(state);
+                let used =
+                    std::fs::read_dir(&state).is_ok_and(|mut entries| entries.next().is_some());
+                if used {
+                    return Err(format!(
+                        "it is empty (0 bytes) while {} beside it holds data of earlier runs",
+                        state.display()
+                    ));
+                }
+            }
         }
         return Ok(Verdict::Sound);
     }
@@ -183,6 +201,32 @@ mod tests {
             b"SQLite format 3\0 and more",
         );
         assert!(inspect(&db).is_err_and(|e| e.contains("0 bytes")));
+    }
+
+    /// Issue 36: a 0-byte `loadout.db` with no WAL or decision log, but the
+    /// scratchpad's databases beside it, started empty without a word.
+    #[test]
+    fn an_emptied_file_beside_other_state_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("loadout.db");
+        write(&db, b"");
+        std::fs::create_dir(dir.path().join("scratchpad")).expect("mkdir");
+        // An empty folder is no earlier data.
+        assert_eq!(inspect(&db), Ok(Verdict::Sound));
+        write(
+            &dir.path().join("scratchpad/alice.db"),
+            b"SQLite format 3\0",
+        );
+        let refused = inspect(&db).expect_err("refused");
+        assert!(
+            refused.contains("0 bytes") && refused.contains("scratchpad"),
+            "{refused}"
+        );
+        let message = refusal(&db, &refused);
+        assert!(
+            message.contains("To recover") && message.contains(".recover"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -130,6 +130,11 @@ impl SqliteStore {
                         return Err(open_err(&integrity::refusal(&opened, &what)));
                     }
                 }
+                // A transaction that reads before it writes (remember: is this a
+                // duplicate?) would, begun deferred, be refused at once with "database
+                // is locked" when another connection committed in between; begun
+                // IMMEDIATE it takes the write lock first and waits (busy_timeout).
+                conn.set_transaction_behavior(rusqlite::TransactionBehavior::Immediate);
                 // Checkpoints run on the log connection, not inside a request's
                 // commit, where copying the WAL back stalled it.
                 conn.pragma_update(None, "wal_autocheckpoint", 0)

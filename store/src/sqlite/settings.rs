@@ -25,6 +25,7 @@ impl SqliteStore {
                  ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_ms = excluded.updated_ms",
             )?
             .execute(params![key, value, now_ms()])?;
+            checkpoint_now(c);
             Ok(())
         })
         .await
@@ -33,9 +34,12 @@ impl SqliteStore {
     pub async fn setting_unset(&self, key: &str) -> Result<bool, StoreError> {
         let key = key.to_owned();
         self.call(move |c| {
-            Ok(c.prepare_cached("DELETE FROM settings WHERE key = ?1")?
+            let removed = c
+                .prepare_cached("DELETE FROM settings WHERE key = ?1")?
                 .execute([key])?
-                > 0)
+                > 0;
+            checkpoint_now(c);
+            Ok(removed)
         })
         .await
     }
@@ -52,5 +56,15 @@ impl SqliteStore {
             )
         })
         .await
+    }
+}
+
+/// Copies the WAL into the database file now (PASSIVE: waits for no one), so that a
+/// setting, once acknowledged, is in the main file even if the WAL is later lost or
+/// cut; the periodic checkpoint would leave up to its interval in the WAL alone.
+/// Settings are written rarely, so the request pays this seldom.
+fn checkpoint_now(c: &rusqlite::Connection) {
+    if let Err(e) = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::debug!("WAL checkpoint after a settings write: {e}");
     }
 }

@@ -212,7 +212,7 @@ impl SessionControl for TurnControl {
             if needs.as_object().is_some_and(|n| !n.is_empty()) {
                 result["needs_settings"] = needs;
                 result["note"] = json!(
-                    "Some domains are not configured, so their tools stay unavailable: ask the user for the keys listed. Set credentials they give you with set_setting; folders and URLs (filesystem_roots, *_url) the user sets from the dashboard or `loadout settings set`."
+                    "Some domains are not configured, so their tools stay unavailable: ask the user for the keys listed. Set credentials they give you with set_setting; folders, hosts and URLs (filesystem_roots, *_host, *_url) the user sets from the dashboard or `loadout settings set`."
                 );
             }
             Ok(result)
