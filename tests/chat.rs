@@ -421,12 +421,6 @@ async fn two_sessions_at_once_do_not_see_each_others_state() {
         Some(json!({"session": "dog-owner", "message": "remember he likes walks"})),
     )
     .await;
-    let tools: Vec<&str> = routed["selection"]["tools"]
-        .as_array()
-        .expect("tools")
-        .iter()
-        .filter_map(|t| t["name"].as_str())
-        .collect();
     // Filesystem may come as the next likeliest tools with room to spare, never as
     // a domain this session holds.
     let filesystem = routed["selection"]["domains"]
