@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use loadout_router::Embedder;
+use crate::Embedder;
 use serde::Deserialize;
 
 /// Settings keys of the endpoint.

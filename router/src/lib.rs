@@ -43,7 +43,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-pub use embed::{DenseIndex, Embedder};
+pub use embed::{DenseIndex, MessageVectors, message_pieces};
 pub use learned::{LearnedEntry, LearnedIndex};
 pub use selection::{
     DomainDecision, Hint, Name, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
@@ -246,6 +246,10 @@ pub struct RouteInput<'a> {
     pub token_budget: Option<usize>,
     /// Past messages and the tools they called: the learned stage's evidence.
     pub learned: Option<&'a LearnedIndex>,
+    /// The message's vectors ([`message_pieces`], embedded by the caller with the
+    /// attached dense stage's encoder): the dense and learned stages' evidence. `None`
+    /// or skipped routes lexically (and says so when a dense stage is attached).
+    pub vectors: Option<&'a MessageVectors>,
 }
 
 /// Picks the tools each message needs. Cheap to share (`Arc`); rebuild when the
@@ -621,18 +625,19 @@ impl Router {
     }
 
     /// `search_tools(query)`: hints for the tools that best match `query`, by keyword,
-    /// BM25 and (once attached) the dense stage, best first, at most `limit`. `active`:
-    /// the settings that make a domain active, so that only active tools are found
-    /// (chat); `None` finds every tool (MCP lists every tool, and one that needs
-    /// settings says which).
+    /// BM25 and (once attached, with `vectors` of the query) the dense stage, best
+    /// first, at most `limit`. `active`: the settings that make a domain active, so
+    /// that only active tools are found (chat); `None` finds every tool (MCP lists
+    /// every tool, and one that needs settings says which).
     pub fn search(
         &self,
         query: &str,
         active: Option<&BTreeMap<String, String>>,
         learned: Option<&LearnedIndex>,
+        vectors: Option<&MessageVectors>,
         limit: usize,
     ) -> Vec<Hint> {
-        let evidence = self.gather_evidence(query, active, learned);
+        let evidence = self.gather_evidence(query, active, learned, vectors);
         let tools = self.registry.all_tools();
         let mut scored: Vec<(f32, usize)> = (0..tools.len())
             .filter(|&t| {
