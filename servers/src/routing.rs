@@ -418,6 +418,10 @@ pub async fn message_vectors(
     text: &str,
 ) -> Option<MessageVectors> {
     let dense = router.dense()?;
+    // A blank query has nothing to embed (and the encoder refuses it).
+    if text.trim().is_empty() {
+        return None;
+    }
     let Some(encoder) = loadout_embed::encoder_for(dense.model_id()) else {
         crate::metrics::record_dense_skipped("encoder_failed");
         return Some(MessageVectors::skipped(format!(
