@@ -57,10 +57,13 @@ pub struct EncoderOptions {
 }
 
 impl EncoderOptions {
-    /// One worker per core (at most 4); batches as the embedder prefers.
+    /// One worker per core but one (at least one, at most 4): a core stays free for
+    /// request handling, which a burst of encoder work would otherwise starve.
+    /// Batches as the embedder prefers.
     pub fn for_embedder(embedder: &dyn Embedder) -> EncoderOptions {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         EncoderOptions {
-            workers: std::thread::available_parallelism().map_or(2, |n| n.get().min(4)),
+            workers: cores.saturating_sub(1).clamp(1, 4),
             max_batch: embedder.max_batch().max(1),
             cache_entries: 4096,
         }
@@ -332,9 +335,21 @@ impl MessageEncoder {
     }
 }
 
+/// How much lower the encoder's threads run than the rest (Unix nice): under a
+/// burst the requests' own work comes first, the encoder takes what is left, and
+/// its measured cost (hence the wait estimate) grows, so more messages go lexical.
+#[cfg(target_os = "linux")]
+const WORKER_NICENESS: i32 = 10;
+
 /// A worker: takes the next job and whatever else is queued (up to `max_batch`
 /// texts), embeds their distinct texts in one call, caches and answers.
 fn work(shared: &Shared, queue: &Mutex<mpsc::Receiver<Job>>, max_batch: usize) {
+    // On Linux the nice value is per thread, and `None` names the calling one
+    // (elsewhere it would be the whole process's).
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICENESS) {
+        tracing::debug!("encoder worker keeps its priority: {e}");
+    }
     loop {
         let batch = {
             let queue = queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -474,20 +489,18 @@ impl RecentVectors {
 /// The process's encoders, one per model id.
 static ENCODERS: Mutex<Vec<Arc<MessageEncoder>>> = Mutex::new(Vec::new());
 
-/// The process's encoder for `embedder`'s model: the one already installed when it
-/// wraps this very embedder, else a new one (with [`EncoderOptions::for_embedder`])
-/// that replaces any other of the same model id.
+/// The process's encoder for `embedder`'s model: the one already installed for its
+/// model id (same id, same vectors: the [`Embedder`] contract), else a new one
+/// (with [`EncoderOptions::for_embedder`]). Routers built at the same time, each
+/// with an embedder of its own, thus share one cache and one set of workers.
 pub fn install_encoder(embedder: Arc<dyn Embedder>) -> Result<Arc<MessageEncoder>, EncodeError> {
     let mut encoders = ENCODERS.lock().unwrap_or_else(|p| p.into_inner());
-    let model_id = embedder.model_id().to_owned();
-    if let Some(existing) = encoders.iter().find(|e| e.model_id() == model_id)
-        && std::ptr::addr_eq(Arc::as_ptr(existing.embedder()), Arc::as_ptr(&embedder))
-    {
+    let model_id = embedder.model_id();
+    if let Some(existing) = encoders.iter().find(|e| e.model_id() == model_id) {
         return Ok(existing.clone());
     }
     let options = EncoderOptions::for_embedder(embedder.as_ref());
     let encoder = Arc::new(MessageEncoder::new(embedder, options)?);
-    encoders.retain(|e| e.model_id() != model_id);
     encoders.push(encoder.clone());
     Ok(encoder)
 }
@@ -671,10 +684,9 @@ mod tests {
         let b = install_encoder(slow.clone()).expect("encoder");
         assert!(Arc::ptr_eq(&a, &b));
         assert!(encoder_for("slow-shared").is_some_and(|e| Arc::ptr_eq(&e, &a)));
-        // Another embedder of the same model replaces it.
+        // Another embedder of the same model (another router's) shares it.
         let c = install_encoder(Slow::new("slow-shared", Duration::ZERO)).expect("encoder");
-        assert!(!Arc::ptr_eq(&a, &c));
-        assert!(encoder_for("slow-shared").is_some_and(|e| Arc::ptr_eq(&e, &c)));
+        assert!(Arc::ptr_eq(&a, &c));
         assert!(encoder_for("nobody").is_none());
     }
 }

@@ -841,13 +841,16 @@ pub fn load(args: &[String]) -> anyhow::Result<()> {
     } else {
         &bodies.plain
     };
-    let load = fixed_rate::run(
+    // Numbered messages: each connection takes its own, so none repeats.
+    let stride = if distinct { connections } else { 1 };
+    let load = fixed_rate::run_strided(
         &addr,
         "/api/route",
         bodies,
         rate,
         connections,
         Duration::from_secs(duration),
+        stride,
     )?;
     println!(
         "{:.0} req/s  p50 {:.2} ms  p99 {:.2} ms  errors {}",
