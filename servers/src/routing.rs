@@ -367,8 +367,13 @@ impl Routing {
     }
 }
 
-/// The router's pass: no encoder runs here (the vectors came before), so it stays on
-/// the runtime's worker.
+/// Learned entries with vectors past which a dense selection's scan of them takes
+/// milliseconds (2026-11-27: about 9 ms at 20,000 in a debug build): enough to move
+/// off the runtime's worker for it.
+const HEAVY_LEARNED_VECTORS: usize = 2_000;
+
+/// The router's pass. No encoder runs here (the vectors came before), so it stays on
+/// the runtime's worker, unless it scans a large learned memory densely.
 fn select(
     router: &Router,
     settings: &BTreeMap<String, String>,
@@ -379,15 +384,22 @@ fn select(
     vectors: Option<&MessageVectors>,
 ) -> Selection {
     let started = std::time::Instant::now();
-    let selection = router.select(&RouteInput {
-        message,
-        settings,
-        session: view,
-        token_budget,
-        learned,
-        vectors,
-    });
     let dense = vectors.is_some_and(MessageVectors::is_dense);
+    let run = || {
+        router.select(&RouteInput {
+            message,
+            settings,
+            session: view,
+            token_budget,
+            learned,
+            vectors,
+        })
+    };
+    let selection = if dense && learned.is_some_and(|l| l.n_vectors() > HEAVY_LEARNED_VECTORS) {
+        off_worker(run)
+    } else {
+        run()
+    };
     crate::metrics::record_route(dense, started.elapsed());
     selection
 }
