@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use loadout_router::Embedder;
+use crate::Embedder;
 use serde::Deserialize;
 
 /// Settings keys of the endpoint.
@@ -152,8 +152,13 @@ impl Embedder for HttpEmbedder {
 mod tests {
     use super::*;
 
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use axum::Json;
     use axum::routing::post;
+
+    use crate::{EncoderOptions, MessageEncoder};
 
     /// A tiny `/v1/embeddings` server: vector = [len, count of 'a'], rows reversed
     /// (so the client must sort by `index`), 401 without the right key.
@@ -231,5 +236,87 @@ mod tests {
             HttpEmbedder::new("http://127.0.0.1:9/v1", "m", None).unwrap_or_else(|e| panic!("{e}"));
         assert!(down.embed(&["a"]).is_err());
         assert!(HttpEmbedder::from_settings(&BTreeMap::new()).is_none());
+    }
+
+    /// An endpoint that answers after 100 ms and counts its requests.
+    async fn serve_counting() -> (String, Arc<AtomicUsize>) {
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = requests.clone();
+        let app = axum::Router::new().route(
+            "/v1/embeddings",
+            post(move |Json(body): Json<serde_json::Value>| {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let data: Vec<serde_json::Value> = body["input"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .enumerate()
+                        .map(|(i, t)| {
+                            let len = t.as_str().map_or(0, str::len) as f32;
+                            serde_json::json!({"index": i, "embedding": [len, 1.0]})
+                        })
+                        .collect();
+                    Json(serde_json::json!({"data": data}))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (format!("http://{addr}/v1"), requests)
+    }
+
+    /// `embeddings_base_url` behind the message encoder: messages that arrive while
+    /// a request is out go in the next request together, and a repeated message
+    /// sends none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn messages_reach_an_endpoint_batched_and_cached() {
+        let (base, requests) = serve_counting().await;
+        let embedder = HttpEmbedder::new(&base, "m", None).unwrap_or_else(|e| panic!("{e}"));
+        let options = EncoderOptions {
+            workers: 1,
+            max_batch: embedder.max_batch(),
+            cache_entries: 64,
+        };
+        let encoder = Arc::new(
+            MessageEncoder::new(Arc::new(embedder), options).unwrap_or_else(|e| panic!("{e}")),
+        );
+        let embed_all = |encoder: &Arc<MessageEncoder>| {
+            let threads: Vec<_> = (0..6)
+                .map(|i| {
+                    let encoder = encoder.clone();
+                    std::thread::spawn(move || encoder.message_vectors(&format!("message {i}")))
+                })
+                .collect();
+            threads
+                .into_iter()
+                .all(|t| t.join().is_ok_and(|v| v.is_dense()))
+        };
+        let encoder_in_thread = encoder.clone();
+        assert!(
+            tokio::task::spawn_blocking(move || embed_all(&encoder_in_thread))
+                .await
+                .unwrap_or(false)
+        );
+        let sent = requests.load(Ordering::SeqCst);
+        assert!(sent < 6, "{sent} requests for 6 messages");
+        let encoder_in_thread = encoder.clone();
+        assert!(
+            tokio::task::spawn_blocking(move || embed_all(&encoder_in_thread))
+                .await
+                .unwrap_or(false)
+        );
+        assert_eq!(
+            requests.load(Ordering::SeqCst),
+            sent,
+            "the repeats were cached"
+        );
     }
 }

@@ -1,13 +1,16 @@
 //! `loadout-embed`: everything the dense stage needs outside the pure router: the
-//! built-in encoder (cargo feature `dense`), an OpenAI-compatible endpoint
-//! ([`http::HttpEmbedder`]), the vector cache in the data dir, and the background
-//! task that fills the router's dense index without delaying start-up.
+//! [`Embedder`] trait, the built-in encoder (cargo feature `dense`), an
+//! OpenAI-compatible endpoint ([`http::HttpEmbedder`]), the vector cache in the data
+//! dir, the background task that fills the router's dense index without delaying
+//! start-up, and the [`message::MessageEncoder`] that embeds each routed message
+//! (cached, batched, skipped when busy) before the router sees it.
 //!
 //! Flow: the server builds its [`Router`] (lexical-only, ready at once) and calls
 //! [`spawn_dense_stage`]. On a worker thread, that loads the encoder, reads the cache,
 //! embeds only the texts whose vectors are missing (a changed description changes its
 //! text hash, so only that tool is embedded again), writes the cache back and attaches
-//! the index with [`Router::attach_dense`]. Until then selections note that they are
+//! the index with [`Router::attach_dense`], after installing the model's
+//! [`message::MessageEncoder`] ([`message::encoder_for`] finds it). Until then selections note that they are
 //! lexical-only. A failure at any step leaves the router lexical-only with a warning.
 //!
 //! Cache file: `<dir>/vectors-<first 16 hex of sha256(model id)>.bin`, little-endian:
@@ -24,9 +27,34 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use loadout_router::{DenseIndex, Embedder, Router};
+use loadout_router::{DenseIndex, Router};
 
 pub mod http;
+pub mod message;
+
+pub use message::{
+    ENCODER_BUSY, EncodeError, EncoderOptions, EncoderStats, MessageEncoder, encoder_for,
+    install_encoder,
+};
+
+/// Turns texts into vectors. Implementations must be deterministic for a given
+/// `model_id`, since vectors are cached by it. Called on the encoder's own threads,
+/// never by the router.
+pub trait Embedder: Send + Sync {
+    /// One vector per text, all of the same length. Texts are never blank.
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String>;
+
+    /// Names the model and its settings, e.g. `paraphrase-MiniLM-L3-v2@q4`; part of the
+    /// vector cache key.
+    fn model_id(&self) -> &str;
+
+    /// Most texts worth sending in one call: an endpoint saves a round trip per
+    /// text batched; an encoder that runs texts one by one gains nothing, and one
+    /// text per call lets every worker take part.
+    fn max_batch(&self) -> usize {
+        32
+    }
+}
 
 const MAGIC: &[u8; 8] = b"LOVEC001";
 
@@ -81,11 +109,26 @@ impl Embedder for BuiltinEncoder {
     fn model_id(&self) -> &str {
         &self.model_id
     }
+
+    /// `pocket-encoder` runs the texts of a call one after the other.
+    fn max_batch(&self) -> usize {
+        1
+    }
 }
 
 /// Whether this build has the built-in encoder.
 pub const fn builtin_available() -> bool {
     cfg!(feature = "dense")
+}
+
+/// The built-in encoder already installed for messages, else a newly loaded one:
+/// another router's dense stage then shares its message cache and workers.
+pub fn shared_builtin() -> Result<Arc<dyn Embedder>, String> {
+    #[cfg(feature = "dense")]
+    if let Some(encoder) = encoder_for(&builtin_model_id()) {
+        return Ok(encoder.embedder().clone());
+    }
+    builtin()
 }
 
 /// The built-in encoder as a trait object, or why there is none.
@@ -283,7 +326,7 @@ pub fn build_dense_index(
         n_embedded: texts.len() - n_cached,
         elapsed: started.elapsed(),
     };
-    Ok((DenseIndex::new(embedder, rows), stats))
+    Ok((DenseIndex::new(embedder.model_id(), rows), stats))
 }
 
 /// A vector for each of `texts`: from `cache` when present, the rest embedded in
@@ -365,12 +408,15 @@ where
 {
     let embedder = make_embedder()?;
     let mut cache = cache_dir.map(|dir| VectorCache::open(dir, embedder.model_id()));
-    let (index, stats) = build_dense_index(router, embedder, cache.as_mut())?;
+    let (index, stats) = build_dense_index(router, embedder.clone(), cache.as_mut())?;
     if let Some(cache) = &mut cache
         && let Err(e) = cache.save()
     {
         tracing::warn!("vector cache {}: {e}", cache.path().display());
     }
+    // Messages are embedded by the encoder installed here, before the router can
+    // ask for them.
+    install_encoder(embedder).map_err(|e| e.to_string())?;
     router
         .attach_dense(index)
         .map_err(|_| "a dense stage was already attached".to_owned())?;
@@ -502,6 +548,7 @@ mod tests {
             session: &session,
             token_budget: None,
             learned: None,
+            vectors: None,
         });
         assert!(selection.contains("get_current_weather"));
         assert!(selection.notes.is_empty(), "{:?}", selection.notes);
@@ -535,18 +582,23 @@ mod tests {
     }
 
     #[cfg(feature = "dense")]
-    fn builtin_router() -> Router {
+    fn builtin_router() -> (Router, MessageEncoder) {
         let router = Router::new(
             registry("Current weather conditions for a place."),
             RouterConfig::default(),
         );
         let embedder = builtin().unwrap_or_else(|e| panic!("{e}"));
+        let encoder = MessageEncoder::new(
+            embedder.clone(),
+            EncoderOptions::for_embedder(embedder.as_ref()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let (index, _) =
             build_dense_index(&router, embedder, None).unwrap_or_else(|e| panic!("{e}"));
         router
             .attach_dense(index)
             .unwrap_or_else(|_| panic!("already attached"));
-        router
+        (router, encoder)
     }
 
     #[cfg(feature = "dense")]
@@ -609,15 +661,18 @@ mod tests {
     #[cfg(feature = "dense")]
     #[test]
     fn builtin_routes_each_request_of_a_message() {
-        let router = builtin_router();
+        let (router, encoder) = builtin_router();
         let settings = BTreeMap::new();
         let session = SessionView::new(1);
+        let message = "check the weather in Busan and put a dentist appointment on friday";
+        let vectors = encoder.message_vectors(message);
         let selection = router.select(&RouteInput {
-            message: "check the weather in Busan and put a dentist appointment on friday",
+            message,
             settings: &settings,
             session: &session,
             token_budget: None,
             learned: None,
+            vectors: Some(&vectors),
         });
         assert!(selection.notes.is_empty(), "{:?}", selection.notes);
         for tool in ["get_current_weather", "create_event"] {
@@ -628,12 +683,15 @@ mod tests {
             );
         }
         // A paraphrase with no keyword reaches its domain through the dense stage.
+        let message = "book me in with the dentist on friday at 3";
+        let vectors = encoder.message_vectors(message);
         let selection = router.select(&RouteInput {
-            message: "book me in with the dentist on friday at 3",
+            message,
             settings: &settings,
             session: &session,
             token_budget: None,
             learned: None,
+            vectors: Some(&vectors),
         });
         assert!(
             selection.contains("create_event"),

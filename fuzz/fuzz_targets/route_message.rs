@@ -44,6 +44,7 @@ libfuzzer_sys::fuzz_target!(|input: (&str, u16)| {
         session: &session,
         token_budget: Some(usize::from(budget)),
         learned: None,
+        vectors: None,
     });
     assert_eq!(
         selection.tokens,

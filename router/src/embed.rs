@@ -1,28 +1,19 @@
 //! The seam for the dense (embedding) similarity stage.
 //!
-//! The router itself never loads a model, opens a file or a connection: whoever owns
-//! the embedder (the server, with the built-in encoder of `loadout-embed` or an
-//! OpenAI-compatible `/v1/embeddings` endpoint) embeds [`Router::dense_texts`]
-//! (possibly in the background, through a vector cache) and attaches the result with
-//! [`Router::attach_dense`]. Until then the router runs lexical-only and its notes say
-//! so. At routing time the router embeds the message and its requests with one
-//! [`Embedder::embed`] call.
+//! The router never loads a model, opens a file or a connection, and never runs an
+//! encoder: whoever owns the encoder (the server, with `loadout-embed`'s built-in
+//! encoder or an OpenAI-compatible `/v1/embeddings` endpoint) embeds
+//! [`Router::dense_texts`] (possibly in the background, through a vector cache) and
+//! attaches the result with [`Router::attach_dense`]. Until then the router runs
+//! lexical-only and its notes say so. At routing time the caller embeds the
+//! [`message_pieces`] of the message and passes them as [`MessageVectors`] in
+//! [`RouteInput::vectors`](crate::RouteInput::vectors): one encoder pass per message,
+//! batched, cached or skipped as the caller sees fit, and `select` stays pure.
 //!
 //! [`Router::dense_texts`]: super::Router::dense_texts
 //! [`Router::attach_dense`]: super::Router::attach_dense
 
-use std::sync::Arc;
-
-/// Turns texts into vectors. Implementations must be deterministic for a given
-/// `model_id`, since vectors are cached by it.
-pub trait Embedder: Send + Sync {
-    /// One vector per text, all of the same length. Texts are never blank.
-    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String>;
-
-    /// Names the model and its settings, e.g. `paraphrase-MiniLM-L3-v2@q4`; part of the
-    /// vector cache key.
-    fn model_id(&self) -> &str;
-}
+use crate::requests;
 
 /// What a dense text stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,12 +24,79 @@ pub(crate) enum DenseOwner {
     Domain(usize),
 }
 
+/// The texts of a message the dense stage scores, in the order
+/// [`MessageVectors::new`] expects their vectors: the whole message (trimmed), then
+/// each request when it chains several (see `requests`). Never empty.
+pub fn message_pieces(message: &str) -> Vec<&str> {
+    let requests = requests::split_requests(message);
+    let mut pieces: Vec<&str> = vec![message.trim()];
+    if requests.len() > 1 {
+        pieces.extend(requests);
+    }
+    pieces
+}
+
+/// A message's vectors, computed outside the router by the encoder of the dense
+/// stage: one per [`message_pieces`] entry, L2-normalised. Or, when the caller chose
+/// not to run the encoder (busy, failed), why: the selection says so and routes
+/// lexically.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageVectors {
+    model_id: String,
+    pieces: Vec<Vec<f32>>,
+    skipped: Option<String>,
+}
+
+impl MessageVectors {
+    /// The vectors of `model_id` for each of the message's [`message_pieces`], in
+    /// that order. Normalised here, so routing needs only dot products.
+    pub fn new(model_id: impl Into<String>, pieces: Vec<Vec<f32>>) -> MessageVectors {
+        let mut pieces = pieces;
+        for piece in &mut pieces {
+            normalize(piece);
+        }
+        MessageVectors {
+            model_id: model_id.into(),
+            pieces,
+            skipped: None,
+        }
+    }
+
+    /// No vectors, and why (`encoder busy`): the selection's notes say `dense
+    /// skipped: {reason}`.
+    pub fn skipped(reason: impl Into<String>) -> MessageVectors {
+        MessageVectors {
+            model_id: String::new(),
+            pieces: Vec::new(),
+            skipped: Some(reason.into()),
+        }
+    }
+
+    pub fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    /// One vector per piece; empty when skipped.
+    pub fn pieces(&self) -> &[Vec<f32>] {
+        &self.pieces
+    }
+
+    /// Why the encoder did not run for this message, if it did not.
+    pub fn skip_reason(&self) -> Option<&str> {
+        self.skipped.as_deref()
+    }
+
+    /// Vectors were computed (not skipped).
+    pub fn is_dense(&self) -> bool {
+        self.skipped.is_none()
+    }
+}
+
 /// L2-normalised vectors of every [`Router::dense_texts`](super::Router::dense_texts)
-/// entry, in that order, plus the embedder that turns messages into vectors at routing
-/// time.
+/// entry, in that order, and the encoder (by id) whose space they are in.
 #[derive(Clone)]
 pub struct DenseIndex {
-    pub(crate) embedder: Arc<dyn Embedder>,
+    pub(crate) model_id: String,
     pub(crate) dims: usize,
     /// Row-major, `n_rows * dims`.
     pub(crate) vectors: Vec<f32>,
@@ -50,7 +108,7 @@ pub struct DenseIndex {
 impl std::fmt::Debug for DenseIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DenseIndex")
-            .field("model_id", &self.embedder.model_id())
+            .field("model_id", &self.model_id)
             .field("n_rows", &self.n_rows)
             .field("dims", &self.dims)
             .finish()
@@ -58,11 +116,10 @@ impl std::fmt::Debug for DenseIndex {
 }
 
 impl DenseIndex {
-    /// Pairs an embedder with the vectors it produced for the router's dense texts
-    /// (same order). Vectors are normalised here so routing needs only dot products. A
-    /// count or length mismatch is reported by every selection (lexical-only), never a
-    /// panic.
-    pub fn new(embedder: Arc<dyn Embedder>, rows: Vec<Vec<f32>>) -> DenseIndex {
+    /// The vectors `model_id` produced for the router's dense texts (same order).
+    /// Vectors are normalised here so routing needs only dot products. A count or
+    /// length mismatch is reported by every selection (lexical-only), never a panic.
+    pub fn new(model_id: impl Into<String>, rows: Vec<Vec<f32>>) -> DenseIndex {
         let dims = rows.first().map_or(0, Vec::len);
         let n_rows = rows.len();
         let mut invalid = None;
@@ -78,7 +135,7 @@ impl DenseIndex {
             vectors.extend_from_slice(&row);
         }
         DenseIndex {
-            embedder,
+            model_id: model_id.into(),
             dims,
             vectors,
             n_rows,
@@ -86,13 +143,14 @@ impl DenseIndex {
         }
     }
 
+    /// The encoder whose space the rows are in; message vectors must come from it.
     pub fn model_id(&self) -> &str {
-        self.embedder.model_id()
+        &self.model_id
     }
 
-    /// The encoder that turns messages into vectors of this index's space.
-    pub fn embedder(&self) -> &Arc<dyn Embedder> {
-        &self.embedder
+    /// Coordinates per vector.
+    pub fn dims(&self) -> usize {
+        self.dims
     }
 
     pub fn n_rows(&self) -> usize {

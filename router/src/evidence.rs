@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use crate::embed::{self, DenseIndex, DenseOwner};
+use crate::embed::{self, DenseIndex, DenseOwner, MessageVectors};
 use crate::keywords::KeywordOwner;
 use crate::learned::LearnedIndex;
-use crate::{Router, lexical, requests};
+use crate::{Router, lexical};
 
 /// Per-message evidence, gathered before any decision.
 pub(crate) struct Evidence {
@@ -52,10 +52,10 @@ pub(crate) struct Evidence {
 
 /// Per piece of the message: cosines per tool and per domain text, and the piece's
 /// own vector.
-struct DenseCosines {
+struct DenseCosines<'v> {
     tools: Vec<Vec<f32>>,
     domains: Vec<Vec<f32>>,
-    queries: Vec<Vec<f32>>,
+    queries: &'v [Vec<f32>],
 }
 
 /// The weight of the pseudo-neighbour that votes for nothing (see `learned_votes`):
@@ -88,11 +88,14 @@ pub(crate) struct PieceScores {
 
 impl Router {
     /// The message's evidence; `settings: None` counts every domain as active.
+    /// `vectors`: the message's pieces embedded by the caller (the dense stage runs
+    /// only with them; the router never runs an encoder).
     pub(crate) fn gather_evidence(
         &self,
         message: &str,
         settings: Option<&BTreeMap<String, String>>,
         learned: Option<&LearnedIndex>,
+        vectors: Option<&MessageVectors>,
     ) -> Evidence {
         let n_domains = self.registry.domains().len();
         let n_tools = self.registry.all_tools().len();
@@ -127,18 +130,26 @@ impl Router {
         });
 
         // The message, then each of its requests when it chains several.
-        let requests = requests::split_requests(message);
-        let mut piece_texts: Vec<&str> = vec![message.trim()];
-        if requests.len() > 1 {
-            piece_texts.extend(requests);
-        }
+        let piece_texts = embed::message_pieces(message);
 
         let mut notes = Vec::new();
         let dense_cosines = match self.dense.get() {
-            Some(dense) => match self.dense_scores(dense, &piece_texts) {
-                Ok(cosines) => Some(cosines),
-                Err(error) => {
-                    notes.push(format!("dense stage off ({error}); lexical only"));
+            Some(dense) => match vectors {
+                Some(vectors) => match vectors.skip_reason() {
+                    Some(reason) => {
+                        notes.push(format!("dense skipped: {reason}; lexical only"));
+                        None
+                    }
+                    None => match self.dense_scores(dense, vectors, piece_texts.len()) {
+                        Ok(cosines) => Some(cosines),
+                        Err(error) => {
+                            notes.push(format!("dense stage off ({error}); lexical only"));
+                            None
+                        }
+                    },
+                },
+                None => {
+                    notes.push("dense skipped: no message vectors given; lexical only".to_owned());
                     None
                 }
             },
@@ -156,7 +167,7 @@ impl Router {
         let mut tool_learned = Vec::new();
         let mut piece_learned: Vec<Vec<LearnedVote>> = vec![Vec::new(); piece_texts.len()];
         if let Some(index) = learned.filter(|index| !index.is_empty()) {
-            let queries = dense_cosines.as_ref().map(|c| c.queries.as_slice());
+            let queries = dense_cosines.as_ref().map(|c| c.queries);
             tool_learned = vec![0.0f32; n_tools];
             piece_learned = self.learned_votes(index, &piece_texts, queries, &mut tool_learned);
         }
@@ -409,9 +420,14 @@ impl Router {
         ((cosine - self.config.dense_floor) / span).clamp(0.0, 1.0)
     }
 
-    /// Cosines between each piece and every tool (best over its texts) and domain,
-    /// clamped to 0..1. One embedder call for all pieces.
-    fn dense_scores(&self, dense: &DenseIndex, pieces: &[&str]) -> Result<DenseCosines, String> {
+    /// Cosines between each piece's vector (computed by the caller) and every tool
+    /// (best over its texts) and domain, clamped to 0..1.
+    fn dense_scores<'v>(
+        &self,
+        dense: &DenseIndex,
+        vectors: &'v MessageVectors,
+        n_pieces: usize,
+    ) -> Result<DenseCosines<'v>, String> {
         if let Some(invalid) = &dense.invalid {
             return Err(invalid.clone());
         }
@@ -422,22 +438,29 @@ impl Router {
                 self.dense_texts.len()
             ));
         }
-        let queries = dense.embedder.embed(pieces)?;
-        if queries.len() != pieces.len() {
+        if vectors.model_id() != dense.model_id {
             return Err(format!(
-                "the embedder returned {} vectors for {} texts",
+                "message vectors of {}, tool vectors of {}",
+                vectors.model_id(),
+                dense.model_id
+            ));
+        }
+        let queries = vectors.pieces();
+        if queries.len() != n_pieces {
+            return Err(format!(
+                "{} message vectors for {} pieces",
                 queries.len(),
-                pieces.len()
+                n_pieces
             ));
         }
         let n_tools = self.names.tool_domains.len();
         let n_domains = self.names.domains.len();
         let mut cosines = DenseCosines {
-            tools: Vec::with_capacity(pieces.len()),
-            domains: Vec::with_capacity(pieces.len()),
-            queries: Vec::with_capacity(pieces.len()),
+            tools: Vec::with_capacity(n_pieces),
+            domains: Vec::with_capacity(n_pieces),
+            queries,
         };
-        for mut query in queries {
+        for query in queries {
             if query.len() != dense.dims {
                 return Err(format!(
                     "query vector has {} dimensions, tool vectors {}",
@@ -445,11 +468,10 @@ impl Router {
                     dense.dims
                 ));
             }
-            embed::normalize(&mut query);
             let mut tools = vec![0.0f32; n_tools];
             let mut domains = vec![0.0f32; n_domains];
             for (row, owner) in self.dense_owners.iter().enumerate() {
-                let cosine = embed::dot(dense.row(row), &query).max(0.0);
+                let cosine = embed::dot(dense.row(row), query).max(0.0);
                 let slot = match *owner {
                     DenseOwner::Tool(t) => tools.get_mut(t),
                     DenseOwner::Domain(d) => domains.get_mut(d),
@@ -460,7 +482,6 @@ impl Router {
             }
             cosines.tools.push(tools);
             cosines.domains.push(domains);
-            cosines.queries.push(query);
         }
         Ok(cosines)
     }

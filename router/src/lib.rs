@@ -45,7 +45,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-pub use embed::{DenseIndex, Embedder};
+pub use embed::{DenseIndex, MessageVectors, message_pieces};
 pub use learned::{LearnedEntry, LearnedIndex};
 pub use selection::{
     DomainDecision, Hint, Name, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
@@ -252,6 +252,10 @@ pub struct RouteInput<'a> {
     pub token_budget: Option<usize>,
     /// Past messages and the tools they called: the learned stage's evidence.
     pub learned: Option<&'a LearnedIndex>,
+    /// The message's vectors ([`message_pieces`], embedded by the caller with the
+    /// attached dense stage's encoder): the dense and learned stages' evidence. `None`
+    /// or skipped routes lexically (and says so when a dense stage is attached).
+    pub vectors: Option<&'a MessageVectors>,
 }
 
 /// Picks the tools each message needs. Cheap to share (`Arc`); rebuild when the
@@ -556,7 +560,12 @@ impl Router {
     /// The scorer's candidate tools for a message, each with its feature row: what
     /// `cargo xtask fit` learns from.
     pub fn feature_rows(&self, input: &RouteInput<'_>) -> Vec<(usize, scorer::Row)> {
-        let evidence = self.gather_evidence(input.message, Some(input.settings), input.learned);
+        let evidence = self.gather_evidence(
+            input.message,
+            Some(input.settings),
+            input.learned,
+            input.vectors,
+        );
         let candidates = self.candidates(input.message, &evidence, input.session, input.learned);
         candidates.tools.into_iter().zip(candidates.rows).collect()
     }
@@ -679,7 +688,7 @@ impl Router {
 
     /// `search_tools(query)`: hints for the tools that best match `query`, ranked by
     /// the fitted scorer as a first turn would be (keywords, BM25, the dense stage
-    /// once attached, learned votes), best first, at most `limit`. `active`:
+    /// once attached, with `vectors` of the query, learned votes), best first, at most `limit`. `active`:
     /// the settings that make a domain active, so that only active tools are found
     /// (chat); `None` finds every tool (MCP lists every tool, and one that needs
     /// settings says which).
@@ -688,9 +697,10 @@ impl Router {
         query: &str,
         active: Option<&BTreeMap<String, String>>,
         learned: Option<&LearnedIndex>,
+        vectors: Option<&MessageVectors>,
         limit: usize,
     ) -> Vec<Hint> {
-        let evidence = self.gather_evidence(query, active, learned);
+        let evidence = self.gather_evidence(query, active, learned, vectors);
         let session = SessionView::default();
         let candidates = self.candidates_with_core(query, &evidence, &session, learned);
         let model = if evidence.dense_on {

@@ -177,6 +177,7 @@ proptest! {
                 session: &session,
                 token_budget: budget,
                 learned: None,
+                vectors: None,
             });
             let budget = budget.unwrap_or(router.config().token_budget);
             prop_assert_eq!(selection.tokens, selection.tools.iter().map(|t| t.tokens).sum::<usize>());

@@ -8,14 +8,16 @@
 //! fed exactly as the server feeds it: the same [`SessionView`] updates (`begin_turn`,
 //! `record_calls`), kept in memory instead of the store.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use loadout::Registry;
 
-use crate::{LearnedIndex, RouteInput, Router, Selection, SessionView, Stage, ToolDecision};
+use crate::{
+    LearnedIndex, MessageVectors, RouteInput, Router, Selection, SessionView, Stage, ToolDecision,
+};
 
 /// One conversation to replay.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -343,12 +345,16 @@ pub struct Routed<'a> {
     pub selection: &'a Selection,
 }
 
-/// Replays `cases` through `router`; `on_turn` sees each routed turn.
+/// Replays `cases` through `router`; `on_turn` sees each routed turn. `vectors`: each
+/// user message's vectors by its text (embedded beforehand by the caller, so that
+/// the route time measured is the router's alone); a message without routes
+/// lexically.
 pub fn replay(
     router: &Router,
     cases: &[Case],
     token_budget: Option<usize>,
     learned: Option<&LearnedIndex>,
+    vectors: Option<&HashMap<String, MessageVectors>>,
     mut on_turn: impl FnMut(&Routed<'_>),
 ) -> Result<Report, String> {
     let registry = router.registry();
@@ -368,6 +374,7 @@ pub fn replay(
                 session: &view,
                 token_budget,
                 learned,
+                vectors: vectors.and_then(|v| v.get(&turn.user)),
             };
             let routed_at = Instant::now();
             let selection = router.select(&input);
@@ -535,7 +542,7 @@ mod tests {
             ),
         ];
         let mut seen = Vec::new();
-        let report = replay(&router, &cases, None, None, |routed| {
+        let report = replay(&router, &cases, None, None, None, |routed| {
             seen.push((routed.case.id.clone(), routed.turn_idx));
         })
         .expect("replay");
@@ -570,9 +577,9 @@ mod tests {
                     {"user": "weather tomorrow?", "needed": ["get_forecast"]}]}"#,
             ),
         ];
-        let baseline = replay(&router(), &cases, None, None, |_| {}).expect("replay");
+        let baseline = replay(&router(), &cases, None, None, None, |_| {}).expect("replay");
         // A budget too small for the forecast tool trims it.
-        let candidate = replay(&router(), &cases, Some(1), None, |_| {}).expect("replay");
+        let candidate = replay(&router(), &cases, Some(1), None, None, |_| {}).expect("replay");
         let key = |m: &&Miss| (m.case_id.clone(), m.turn);
         let worse = Comparison::new(&baseline, &candidate);
         assert_eq!(
@@ -608,7 +615,8 @@ mod tests {
             Ok(2)
         );
         let bad = case(r#"{"id": "x", "configured": "some", "turns": []}"#);
-        let error = replay(&router(), &[bad], None, None, |_| {}).expect_err("bad configured");
+        let error =
+            replay(&router(), &[bad], None, None, None, |_| {}).expect_err("bad configured");
         assert!(error.contains("\"all\" or a list"), "{error}");
     }
 }

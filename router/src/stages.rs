@@ -50,7 +50,12 @@ pub(crate) struct Pass<'a> {
 
 impl<'a> Pass<'a> {
     pub(crate) fn new(router: &'a Router, input: &'a RouteInput<'a>) -> Pass<'a> {
-        let evidence = router.gather_evidence(input.message, Some(input.settings), input.learned);
+        let evidence = router.gather_evidence(
+            input.message,
+            Some(input.settings),
+            input.learned,
+            input.vectors,
+        );
         let session = input.session;
         // Every word of a chit-chat message is social or filler, so a keyword or a
         // similarity it has comes from those words ("good morning" against a

@@ -91,13 +91,28 @@ fn all_settings() -> BTreeMap<String, String> {
 }
 
 fn route(router: &Router, message: &str, session: &SessionView) -> Selection {
+    let vectors = vectors_for(router, message);
     router.select(&RouteInput {
         message,
         settings: &all_settings(),
         session,
         token_budget: None,
         learned: None,
+        vectors: vectors.as_ref(),
     })
+}
+
+/// What a server does before `select`: the message's pieces through the encoder the
+/// attached dense index names (here a fake one per model id); `None` without one.
+fn vectors_for(router: &Router, message: &str) -> Option<MessageVectors> {
+    let dense = router.dense()?;
+    let encode: fn(&str) -> Vec<f32> = match dense.model_id() {
+        "test" => outside_is_weather,
+        "hash" => hash_vector,
+        _ => |_| vec![1.0],
+    };
+    let pieces = message_pieces(message).into_iter().map(encode).collect();
+    Some(MessageVectors::new(dense.model_id(), pieces))
 }
 
 /// The stage a sent tool was sent by (`None`: not sent).
@@ -136,6 +151,7 @@ fn inactive_domains_are_never_sent_and_name_their_missing_settings() {
         session: &SessionView::new(1),
         token_budget: None,
         learned: None,
+        vectors: None,
     });
     let weather = selection
         .domain("weather")
@@ -162,6 +178,7 @@ fn an_unconfigured_domain_that_fits_the_message_is_named_with_its_keys() {
             session: &SessionView::new(1),
             token_budget: None,
             learned: None,
+            vectors: None,
         })
     };
     let selection = route_with("what's the weather in Seoul tomorrow", &unset);
@@ -348,6 +365,7 @@ fn budget_trims_optional_tools_but_never_core_or_sticky() {
         session: &view,
         token_budget: Some(core_and_sticky + 1),
         learned: None,
+        vectors: None,
     });
     assert!(selection.contains("list_domains") && selection.contains("get_setting"));
     assert!(
@@ -397,6 +415,7 @@ fn fallback_over_budget_sends_the_best_domains_that_fit_and_hints_the_rest() {
         session: &SessionView::new(1),
         token_budget: Some(core_tokens + 200),
         learned: None,
+        vectors: None,
     });
     assert!(selection.tokens <= core_tokens + 200);
     assert!(selection.n_tools < selection.n_active_tools);
@@ -419,6 +438,7 @@ fn fallback_over_budget_goes_wide_with_each_domains_best_tools() {
             session: &SessionView::new(1),
             token_budget: Some(all - 1),
             learned: None,
+            vectors: None,
         })
     };
     let optional = [
@@ -520,15 +540,15 @@ fn follow_ups_without_evidence_see_last_turns_tools() {
 #[test]
 fn search_returns_matching_active_tools() {
     let router = router();
-    let hints = router.search("dim the light", Some(&all_settings()), None, 10);
+    let hints = router.search("dim the light", Some(&all_settings()), None, None, 10);
     assert!(hints.iter().any(|h| h.name == "ha_set_light"));
     // Only active tools, unless every tool is asked for.
-    let hints = router.search("weather", Some(&BTreeMap::new()), None, 10);
+    let hints = router.search("weather", Some(&BTreeMap::new()), None, None, 10);
     assert!(hints.iter().all(|h| h.domain != "weather"));
-    let hints = router.search("weather", None, None, 10);
+    let hints = router.search("weather", None, None, None, 10);
     assert!(hints.iter().any(|h| h.domain == "weather"));
-    assert_eq!(router.search("weather", None, None, 1).len(), 1);
-    assert!(router.search("zzzz qqqq", None, None, 10).is_empty());
+    assert_eq!(router.search("weather", None, None, None, 1).len(), 1);
+    assert!(router.search("zzzz qqqq", None, None, None, 10).is_empty());
 }
 
 #[test]
@@ -562,24 +582,12 @@ fn a_selection_lists_the_sent_tools_as_openai_definitions() {
     );
 }
 
-/// Embeds a text that says "outside" as [1, 0], any other as [0, 1].
-struct OutsideIsWeather;
-
-impl Embedder for OutsideIsWeather {
-    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
-        Ok(texts
-            .iter()
-            .map(|t| {
-                if t.contains("outside") {
-                    vec![1.0, 0.0]
-                } else {
-                    vec![0.0, 1.0]
-                }
-            })
-            .collect())
-    }
-    fn model_id(&self) -> &str {
-        "test"
+/// Embeds a text that says "outside" as [1, 0], any other as [0, 1] (model `test`).
+fn outside_is_weather(text: &str) -> Vec<f32> {
+    if text.contains("outside") {
+        vec![1.0, 0.0]
+    } else {
+        vec![0.0, 1.0]
     }
 }
 
@@ -602,18 +610,9 @@ fn weather_rows(router: &Router, rest: [f32; 2]) -> Vec<Vec<f32>> {
 
 #[test]
 fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
-    struct Broken;
-    impl Embedder for Broken {
-        fn embed(&self, _: &[&str]) -> Result<Vec<Vec<f32>>, String> {
-            Err("model missing".into())
-        }
-        fn model_id(&self) -> &str {
-            "broken"
-        }
-    }
     let mut router = router();
     let vectors = weather_rows(&router, [0.0, 1.0]);
-    router.set_dense(Some(DenseIndex::new(Arc::new(OutsideIsWeather), vectors)));
+    router.set_dense(Some(DenseIndex::new("test", vectors)));
     let selection = route(&router, "what's it like outside", &SessionView::new(1));
     assert!(
         selection.contains("get_current_weather"),
@@ -627,7 +626,7 @@ fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
         "{reason:?}"
     );
 
-    router.set_dense(Some(DenseIndex::new(Arc::new(Broken), vec![vec![1.0]; 1])));
+    router.set_dense(Some(DenseIndex::new("broken", vec![vec![1.0]; 1])));
     let selection = route(&router, "weather", &SessionView::new(1));
     assert!(selection.contains("get_current_weather"));
     assert!(
@@ -635,6 +634,121 @@ fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
         "{:?}",
         selection.notes
     );
+}
+
+/// The router never runs an encoder: the dense stage scores the vectors the caller
+/// computed, the same vectors give the same selection, and without them (skipped,
+/// of another model, or not given) it routes lexically and says why.
+#[test]
+fn the_dense_stage_scores_the_callers_vectors_and_runs_no_encoder() {
+    let mut router = router();
+    router.set_dense(Some(DenseIndex::new(
+        "test",
+        weather_rows(&router, [0.0, 1.0]),
+    )));
+    let settings = all_settings();
+    let session = SessionView::new(1);
+    let message = "what's it like outside";
+    let select = |vectors: Option<&MessageVectors>| {
+        router.select(&RouteInput {
+            message,
+            settings: &settings,
+            session: &session,
+            token_budget: None,
+            learned: None,
+            vectors,
+        })
+    };
+    let pieces: Vec<Vec<f32>> = message_pieces(message)
+        .into_iter()
+        .map(outside_is_weather)
+        .collect();
+    let vectors = MessageVectors::new("test", pieces.clone());
+    let dense = select(Some(&vectors));
+    assert_eq!(stage_of(&dense, "weather"), Stage::Dense);
+    assert!(dense.notes.is_empty(), "{:?}", dense.notes);
+    assert_eq!(dense, select(Some(&vectors.clone())));
+
+    let busy = select(Some(&MessageVectors::skipped("encoder busy")));
+    assert!(
+        busy.notes
+            .iter()
+            .any(|n| n.contains("dense skipped: encoder busy")),
+        "{:?}",
+        busy.notes
+    );
+    assert_ne!(stage_of(&busy, "weather"), Stage::Dense);
+    let other_model = select(Some(&MessageVectors::new("other", pieces)));
+    assert!(
+        other_model.notes.iter().any(|n| n.contains("lexical only")),
+        "{:?}",
+        other_model.notes
+    );
+    let none = select(None);
+    assert!(
+        none.notes.iter().any(|n| n.contains("no message vectors")),
+        "{:?}",
+        none.notes
+    );
+    // `search_tools` takes the same vectors.
+    let hints = router.search(message, None, None, Some(&vectors), 3);
+    assert_eq!(
+        hints.first().map(|h| h.name.as_str()),
+        Some("get_current_weather")
+    );
+}
+
+/// ARCHITECTURE's invariant, checked on the crate itself: the router depends on no
+/// encoder, runtime, network or storage crate, and its code opens no file, socket,
+/// process or thread and calls no encoder.
+#[test]
+fn the_router_crate_does_no_io_and_runs_no_encoder() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    let dependencies = manifest
+        .split("[dependencies]")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .expect("a [dependencies] table");
+    let allowed = [
+        "loadout.workspace",
+        "aho-corasick.workspace",
+        "serde.workspace",
+        "serde_json.workspace",
+        "thiserror.workspace",
+        "tiktoken-rs.workspace",
+    ];
+    for line in dependencies.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        assert!(
+            allowed.iter().any(|a| line.starts_with(a)),
+            "the router gained a dependency: {line}"
+        );
+    }
+    let forbidden = [
+        "std::fs",
+        "std::net",
+        "std::process",
+        "std::thread",
+        "Embedder",
+        ".embed(",
+    ];
+    let sources = std::fs::read_dir(root.join("src")).expect("src");
+    for entry in sources.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // The tests read files (this one does); the code they test must not.
+        if !name.ends_with(".rs") || name.starts_with("tests") || name == "proptests.rs" {
+            continue;
+        }
+        let code = std::fs::read_to_string(entry.path()).expect("source");
+        // Only the code before a file's own test module counts.
+        let code = code.split("#[cfg(test)]").next().unwrap_or("");
+        for word in forbidden {
+            assert!(!code.contains(word), "router/src/{name} uses {word}");
+        }
+    }
 }
 
 #[test]
@@ -860,6 +974,7 @@ fn recipients_are_found_in_the_address_book() {
         session: &SessionView::new(1),
         token_budget: None,
         learned: None,
+        vectors: None,
     });
     assert!(selection.contains("forward_email"));
     assert_eq!(
@@ -881,6 +996,7 @@ fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
         session: &SessionView::new(1),
         token_budget: None,
         learned: None,
+        vectors: None,
     });
     assert!(selection.contains("media_delete_series"));
     assert!(selection.contains("media_list_series"));
@@ -909,6 +1025,7 @@ fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
             session: view,
             token_budget: None,
             learned: None,
+            vectors: None,
         })
     };
     let mut view = SessionView::new(1);
@@ -957,7 +1074,7 @@ fn the_dense_stages_best_is_kept_when_shared_words_fill_the_fused_top_k() {
     // Every other text is a little like the message, so the domains that also share
     // a word rank above weather once the two rankings are fused.
     let vectors = weather_rows(&router, [0.2, 0.98]);
-    router.set_dense(Some(DenseIndex::new(Arc::new(OutsideIsWeather), vectors)));
+    router.set_dense(Some(DenseIndex::new("test", vectors)));
     // Two domains share a word with the message and fill the fused top 2; only the
     // dense stage sees weather.
     let selection = route(
@@ -1114,27 +1231,15 @@ impl Rng {
     }
 }
 
-/// Embeds any text as a direction derived from its bytes: arbitrary cosines, the
-/// same for the same text.
-struct HashEmbedder;
-
-impl Embedder for HashEmbedder {
-    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
-        Ok(texts
-            .iter()
-            .map(|text| {
-                let mut rng = Rng(text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-                    (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-                }));
-                let v: Vec<f32> = (0..8).map(|_| rng.unit() - 0.5).collect();
-                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
-                v.into_iter().map(|x| x / norm).collect()
-            })
-            .collect())
-    }
-    fn model_id(&self) -> &str {
-        "hash"
-    }
+/// Embeds any text as a direction derived from its bytes (model `hash`): arbitrary
+/// cosines, the same for the same text.
+fn hash_vector(text: &str) -> Vec<f32> {
+    let mut rng = Rng(text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    }));
+    let v: Vec<f32> = (0..8).map(|_| rng.unit() - 0.5).collect();
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+    v.into_iter().map(|x| x / norm).collect()
 }
 
 /// Words, scripts and shapes a message may have: catalog words, request splitters,
@@ -1356,9 +1461,12 @@ fn random_messages_sessions_and_configs_keep_the_selection_promises() {
         };
         let mut router = Router::new(registry.clone(), config);
         if rng.chance(50) {
-            let texts: Vec<&str> = router.dense_texts().iter().map(String::as_str).collect();
-            let rows = HashEmbedder.embed(&texts).expect("rows");
-            router.set_dense(Some(DenseIndex::new(Arc::new(HashEmbedder), rows)));
+            let rows = router
+                .dense_texts()
+                .iter()
+                .map(|t| hash_vector(t))
+                .collect();
+            router.set_dense(Some(DenseIndex::new("hash", rows)));
         }
         for _conversation in 0..5 {
             let mut session = SessionView::new(1);
@@ -1385,12 +1493,14 @@ fn random_messages_sessions_and_configs_keep_the_selection_promises() {
                 }
                 let message = random_message(&mut rng);
                 let budget = rng.chance(30).then(|| rng.below(5000));
+                let vectors = vectors_for(&router, &message);
                 let input = RouteInput {
                     message: &message,
                     settings: &settings,
                     session: &session,
                     token_budget: budget,
                     learned: None,
+                    vectors: vectors.as_ref(),
                 };
                 let selection = router.select(&input);
                 check_selection(
@@ -1550,6 +1660,7 @@ fn route_learned(router: &Router, message: &str, index: Option<&LearnedIndex>) -
         session: &SessionView::new(1),
         token_budget: None,
         learned: index,
+        vectors: None,
     })
 }
 
@@ -1684,6 +1795,7 @@ fn route_configured(router: &Router, message: &str, session: &SessionView) -> Se
         session,
         token_budget: None,
         learned: None,
+        vectors: None,
     })
 }
 
@@ -1864,7 +1976,7 @@ fn search_ranks_with_the_scorer() {
     let Some(router) = shared_catalog_scorer() else {
         return;
     };
-    let hits = router.search("reboot the server", None, None, 3);
+    let hits = router.search("reboot the server", None, None, None, 3);
     assert_eq!(
         hits.first().map(|h| h.name.as_ref()),
         Some("reboot_server"),

@@ -227,9 +227,11 @@ impl App {
         let build = loadout_embed::spawn_dense_stage(
             router,
             move || match http {
-                Some(Ok(embedder)) => Ok(Arc::new(embedder) as Arc<dyn loadout_router::Embedder>),
+                Some(Ok(embedder)) => Ok(Arc::new(embedder) as Arc<dyn loadout_embed::Embedder>),
                 Some(Err(e)) => Err(e),
-                None => loadout_embed::builtin(),
+                // The weights and the message cache of a router built earlier serve
+                // this one too.
+                None => loadout_embed::shared_builtin(),
             },
             Some(cache_dir),
         );

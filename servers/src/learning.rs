@@ -289,13 +289,16 @@ async fn learn(inner: &Inner, event: LearnEvent) -> Result<LearnOutcome, String>
     if tools.is_empty() || message.trim().is_empty() {
         return Ok(LearnOutcome::Nothing);
     }
-    let (model, vector) = match router.dense() {
-        Some(dense) => {
-            let embedder = dense.embedder().clone();
-            let model = dense.model_id().to_owned();
+    let encoder = router
+        .dense()
+        .and_then(|dense| loadout_embed::encoder_for(dense.model_id()));
+    let (model, vector) = match encoder {
+        Some(encoder) => {
+            let model = encoder.model_id().to_owned();
             let text = message.clone();
+            // Through the message cache: the message was embedded when it was routed.
             let embedded =
-                tokio::task::spawn_blocking(move || embedder.embed(&[text.as_str()])).await;
+                tokio::task::spawn_blocking(move || encoder.encode(&[text.trim()])).await;
             match embedded {
                 Ok(Ok(mut vectors)) if vectors.len() == 1 => (Some(model), vectors.pop()),
                 Ok(Err(e)) => {
@@ -379,8 +382,10 @@ async fn refresh(inner: &Inner) {
         }
     };
     let mut rows = rows;
-    if let (Some(model), Some(dense)) = (&model, router.dense()) {
-        embed_missing(inner, model, dense.embedder().clone(), &mut rows).await;
+    let encoder = model.as_deref().and_then(loadout_embed::encoder_for);
+    if let (Some(model), Some(encoder)) = (&model, encoder) {
+        // Past the message queue: a backlog of entries must not make messages wait.
+        embed_missing(inner, model, encoder.embedder().clone(), &mut rows).await;
     }
     let entries: Vec<LearnedEntry> = rows
         .into_iter()
@@ -421,7 +426,7 @@ const EMBED_PER_BUILD: usize = 256;
 async fn embed_missing(
     inner: &Inner,
     model: &str,
-    embedder: Arc<dyn loadout_router::Embedder>,
+    embedder: Arc<dyn loadout_embed::Embedder>,
     rows: &mut [loadout_store::LearnedRow],
 ) {
     let missing: Vec<usize> = rows
@@ -461,7 +466,8 @@ async fn embed_missing(
 
 #[cfg(test)]
 mod tests {
-    use loadout_router::{DenseIndex, Embedder, RouterConfig};
+    use loadout_embed::Embedder;
+    use loadout_router::{DenseIndex, RouterConfig};
 
     use super::*;
 
@@ -482,11 +488,8 @@ mod tests {
         let router = Router::new(registry, RouterConfig::default());
         if dense {
             let rows = vec![vec![0.0, 1.0]; router.dense_texts().len()];
-            assert!(
-                router
-                    .attach_dense(DenseIndex::new(Arc::new(LengthEmbedder), rows))
-                    .is_ok()
-            );
+            loadout_embed::install_encoder(Arc::new(LengthEmbedder)).expect("encoder");
+            assert!(router.attach_dense(DenseIndex::new("length", rows)).is_ok());
         }
         Arc::new(router)
     }

@@ -25,6 +25,10 @@ pub const MISSES_REPAIRED: &str = "loadout_misses_repaired_total";
 pub const UPSTREAM_UP: &str = "loadout_upstream_up";
 /// Entries of the learned routing memory.
 pub const LEARNED_ENTRIES: &str = "loadout_learned_entries";
+/// Messages routed lexically although a dense stage was attached, by `reason`
+/// (`encoder_busy`: the encoder's queue would have held them past the bound;
+/// `encoder_failed`).
+pub const DENSE_SKIPPED: &str = "loadout_dense_skipped_total";
 
 /// How often the exporter's upkeep runs.
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -80,6 +84,7 @@ fn build() -> Option<PrometheusHandle> {
     describe();
     // Present from the first scrape, before any learner has built its index.
     set_learned_entries(0);
+    ::metrics::counter!(DENSE_SKIPPED, "reason" => "encoder_busy").absolute(0);
     let upkeep = handle.clone();
     let spawned = std::thread::Builder::new()
         .name("metrics-upkeep".into())
@@ -119,6 +124,10 @@ fn describe() {
         "1 while an upstream MCP server is connected, 0 while it is not."
     );
     ::metrics::describe_gauge!(LEARNED_ENTRIES, "Entries of the learned routing memory.");
+    ::metrics::describe_counter!(
+        DENSE_SKIPPED,
+        "Messages routed lexically although the dense stage was on, by reason: encoder_busy (its queue would have held them past router_dense_wait_ms), encoder_failed."
+    );
 }
 
 /// The text exposition (format 0.0.4); `None` without a recorder.
@@ -171,6 +180,11 @@ pub fn record_miss_repaired(via: &'static str) {
 /// The state of one upstream MCP server.
 pub fn set_upstream_up(server: &str, up: bool) {
     ::metrics::gauge!(UPSTREAM_UP, "server" => server.to_owned()).set(if up { 1.0 } else { 0.0 });
+}
+
+/// A message the dense stage skipped (`encoder_busy`, `encoder_failed`).
+pub fn record_dense_skipped(reason: &'static str) {
+    ::metrics::counter!(DENSE_SKIPPED, "reason" => reason).increment(1);
 }
 
 /// The size of the learned routing memory (set by whoever changes it).

@@ -7,10 +7,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
 
 use loadout::StoreError;
 use loadout_router::{
-    DomainState, LearnedIndex, RouteInput, Router, Selection, SessionView, carry_over,
+    DomainState, LearnedIndex, MessageVectors, RouteInput, Router, Selection, SessionView,
+    carry_over,
 };
 use loadout_store::Store;
 use loadout_store::{DecisionRow, MessageLogging, SessionDomainState, now_ms};
@@ -77,6 +79,9 @@ pub struct RoutedTurn {
     pub settings: Arc<BTreeMap<String, String>>,
     /// The learned memory this turn routes with (also for `search_tools`).
     pub learned: Option<Arc<LearnedIndex>>,
+    /// The message's vectors (with the dense stage): a reselection in the same turn
+    /// routes with them again instead of running the encoder.
+    pub vectors: Option<Arc<MessageVectors>>,
 }
 
 /// Routing plus the writers it needs; one per process.
@@ -88,9 +93,6 @@ pub struct Routing {
     pub decisions: DecisionWriter,
     /// Learns from the turns' calls and keeps the learned index of the router.
     pub learner: Learner,
-    /// Selections that run the dense stage in flight at once: one per core. See
-    /// [`Routing::select_off_runtime`].
-    dense_slots: Arc<tokio::sync::Semaphore>,
     /// One lock per session with a turn in flight: concurrent turns of one session run
     /// one after the other instead of interleaving their messages and state.
     sessions: Arc<Mutex<HashMap<String, Weak<SessionLock>>>>,
@@ -108,9 +110,6 @@ impl Routing {
             learner: Learner::start(store.clone(), router.clone()),
             router,
             decisions: DecisionWriter::start(store),
-            dense_slots: Arc::new(tokio::sync::Semaphore::new(
-                std::thread::available_parallelism().map_or(2, |n| n.get()),
-            )),
             sessions: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -184,20 +183,22 @@ impl Routing {
         if !unknown.is_empty() {
             return Err(RouteError::UnknownCalled(unknown));
         }
+        // Embedded once, before anything is read or locked, and outside the router.
+        let vectors = message_vectors(&router, &settings, message)
+            .await
+            .map(Arc::new);
 
         let Some(session) = request.session else {
             let view = SessionView::new(1);
-            let selection = Arc::new(
-                self.select_off_runtime(
-                    &router,
-                    &settings,
-                    &view,
-                    message,
-                    request.token_budget,
-                    &learned,
-                )
-                .await,
-            );
+            let selection = Arc::new(select(
+                &router,
+                &settings,
+                &view,
+                message,
+                request.token_budget,
+                learned.as_deref(),
+                vectors.as_deref(),
+            ));
             self.log(&settings, &selection, None, 1, message);
             crate::metrics::record_turn(selection.n_tools, selection.tokens);
             return Ok(RoutedTurn {
@@ -209,6 +210,7 @@ impl Routing {
                 view,
                 settings,
                 learned,
+                vectors,
             });
         };
         // Reads of a session that does not exist yet are empty; `turn_append` below
@@ -247,17 +249,15 @@ impl Routing {
         let expected = snapshot.turn + 1;
         view.begin_turn(expected, None);
         view.carried_tools = snapshot.carry;
-        let mut selection = Arc::new(
-            self.select_off_runtime(
-                &router,
-                &settings,
-                &view,
-                message,
-                request.token_budget,
-                &learned,
-            )
-            .await,
-        );
+        let mut selection = Arc::new(select(
+            &router,
+            &settings,
+            &view,
+            message,
+            request.token_budget,
+            learned.as_deref(),
+            vectors.as_deref(),
+        ));
         let mut carry = carry_over(&selection);
         let message_json = serde_json::Value::String(message.to_owned());
         let turn = store.turn_append(session, &message_json, &carry).await?;
@@ -267,17 +267,15 @@ impl Routing {
             let carried = std::mem::take(&mut view.carried_tools);
             view.begin_turn(turn, None);
             view.carried_tools = carried;
-            selection = Arc::new(
-                self.select_off_runtime(
-                    &router,
-                    &settings,
-                    &view,
-                    message,
-                    request.token_budget,
-                    &learned,
-                )
-                .await,
-            );
+            selection = Arc::new(select(
+                &router,
+                &settings,
+                &view,
+                message,
+                request.token_budget,
+                learned.as_deref(),
+                vectors.as_deref(),
+            ));
             carry = carry_over(&selection);
             store.session_carry_put(session, turn, &carry).await?;
         }
@@ -291,6 +289,7 @@ impl Routing {
             view,
             settings,
             learned,
+            vectors,
         })
     }
 
@@ -298,17 +297,16 @@ impl Routing {
     /// decision is logged as another row of the same turn. The caller stores the new
     /// carry-over with [`Routing::persist`].
     pub fn reselect(&self, routed: &mut RoutedTurn, session: Option<&str>, message: &str) {
-        // A meta-tool's call runs this inside a task, holding the turn's lock.
-        routed.selection = Arc::new(encoder_work(&routed.router, || {
-            select(
-                &routed.router,
-                &routed.settings,
-                &routed.view,
-                message,
-                None,
-                routed.learned.as_deref(),
-            )
-        }));
+        // The turn's own vectors: no encoder runs under the turn's lock.
+        routed.selection = Arc::new(select(
+            &routed.router,
+            &routed.settings,
+            &routed.view,
+            message,
+            None,
+            routed.learned.as_deref(),
+            routed.vectors.as_deref(),
+        ));
         routed.carry = carry_over(&routed.selection);
         self.log(
             &routed.settings,
@@ -347,76 +345,6 @@ impl Routing {
         Ok(())
     }
 
-    /// [`select`], on a blocking thread when the dense stage is attached.
-    /// The encoder's forward pass takes milliseconds; run on a runtime worker it
-    /// would hold up every other request that worker serves. At most one dense
-    /// selection per core runs at once; the others wait here without holding a
-    /// thread. Lexical selections take microseconds and stay inline.
-    async fn select_off_runtime(
-        &self,
-        router: &Arc<Router>,
-        settings: &Arc<BTreeMap<String, String>>,
-        view: &SessionView,
-        message: &str,
-        token_budget: Option<usize>,
-        learned: &Option<Arc<LearnedIndex>>,
-    ) -> Selection {
-        if router.dense().is_none() {
-            return select(
-                router,
-                settings,
-                view,
-                message,
-                token_budget,
-                learned.as_deref(),
-            );
-        }
-        // The semaphore is never closed; were it, routing inline is still correct.
-        let Ok(slot) = self.dense_slots.clone().acquire_owned().await else {
-            return select(
-                router,
-                settings,
-                view,
-                message,
-                token_budget,
-                learned.as_deref(),
-            );
-        };
-        let owned = (
-            settings.clone(),
-            view.clone(),
-            message.to_owned(),
-            learned.clone(),
-        );
-        let blocking_router = router.clone();
-        let selected = tokio::task::spawn_blocking(move || {
-            let _slot = slot;
-            let (settings, view, message, learned) = owned;
-            select(
-                &blocking_router,
-                &settings,
-                &view,
-                &message,
-                token_budget,
-                learned.as_deref(),
-            )
-        })
-        .await;
-        match selected {
-            Ok(selection) => selection,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Cancelled: the runtime is shutting down.
-            Err(_) => select(
-                router,
-                settings,
-                view,
-                message,
-                token_budget,
-                learned.as_deref(),
-            ),
-        }
-    }
-
     fn log(
         &self,
         settings: &BTreeMap<String, String>,
@@ -439,6 +367,13 @@ impl Routing {
     }
 }
 
+/// Learned entries with vectors past which a dense selection's scan of them takes
+/// milliseconds (2026-11-27: about 9 ms at 20,000 in a debug build): enough to move
+/// off the runtime's worker for it.
+const HEAVY_LEARNED_VECTORS: usize = 2_000;
+
+/// The router's pass. No encoder runs here (the vectors came before), so it stays on
+/// the runtime's worker, unless it scans a large learned memory densely.
 fn select(
     router: &Router,
     settings: &BTreeMap<String, String>,
@@ -446,30 +381,75 @@ fn select(
     message: &str,
     token_budget: Option<usize>,
     learned: Option<&LearnedIndex>,
+    vectors: Option<&MessageVectors>,
 ) -> Selection {
     let started = std::time::Instant::now();
-    let selection = router.select(&RouteInput {
-        message,
-        settings,
-        session: view,
-        token_budget,
-        learned,
-    });
-    crate::metrics::record_route(router.dense().is_some(), started.elapsed());
+    let dense = vectors.is_some_and(MessageVectors::is_dense);
+    let run = || {
+        router.select(&RouteInput {
+            message,
+            settings,
+            session: view,
+            token_budget,
+            learned,
+            vectors,
+        })
+    };
+    let selection = if dense && learned.is_some_and(|l| l.n_vectors() > HEAVY_LEARNED_VECTORS) {
+        off_worker(run)
+    } else {
+        run()
+    };
+    crate::metrics::record_route(dense, started.elapsed());
     selection
 }
 
-/// Runs `f`, which may run the dense encoder (milliseconds), without holding up the
-/// runtime worker it is called on ([`off_worker`] when the dense stage is attached;
-/// lexical work takes microseconds and just runs). For calls inside a task that
-/// cannot move to the blocking pool (they hold a lock or borrow); a turn's selection
-/// goes through [`Routing::select_off_runtime`] instead.
-pub fn encoder_work<T>(router: &Router, f: impl FnOnce() -> T) -> T {
-    if router.dense().is_some() {
-        off_worker(f)
-    } else {
-        f()
+/// The setting that bounds a message's wait for the encoder, in milliseconds.
+pub const DENSE_WAIT_SETTING: &str = "router_dense_wait_ms";
+
+/// The default of [`DENSE_WAIT_SETTING`]: about three forward passes of the built-in
+/// encoder on a loaded core.
+const DEFAULT_DENSE_WAIT: Duration = Duration::from_millis(50);
+
+/// How long a message may wait for the encoder ([`DENSE_WAIT_SETTING`]).
+pub fn dense_wait(settings: &BTreeMap<String, String>) -> Duration {
+    settings
+        .get(DENSE_WAIT_SETTING)
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_DENSE_WAIT, Duration::from_millis)
+}
+
+/// The vectors `router`'s dense stage needs for `text` (a message, or a
+/// `search_tools` query), from the process's encoder of its model; `None` without a
+/// dense stage. When the encoder's queue would hold the text longer than
+/// [`dense_wait`], or the encoder fails, the vectors say why, the selection routes
+/// lexically, and `/metrics` counts it.
+pub async fn message_vectors(
+    router: &Router,
+    settings: &BTreeMap<String, String>,
+    text: &str,
+) -> Option<MessageVectors> {
+    let dense = router.dense()?;
+    // A blank query has nothing to embed (and the encoder refuses it).
+    if text.trim().is_empty() {
+        return None;
     }
+    let Some(encoder) = loadout_embed::encoder_for(dense.model_id()) else {
+        crate::metrics::record_dense_skipped("encoder_failed");
+        return Some(MessageVectors::skipped(format!(
+            "no encoder of {} in this process",
+            dense.model_id()
+        )));
+    };
+    let vectors = encoder
+        .message_vectors_within(text, dense_wait(settings))
+        .await;
+    match vectors.skip_reason() {
+        None => {}
+        Some(loadout_embed::ENCODER_BUSY) => crate::metrics::record_dense_skipped("encoder_busy"),
+        Some(_) => crate::metrics::record_dense_skipped("encoder_failed"),
+    }
+    Some(vectors)
 }
 
 /// Runs slow, blocking `f` so that the runtime worker it is called on is not held
@@ -516,7 +496,8 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    use loadout_router::{DenseIndex, Embedder, RouterConfig};
+    use loadout_embed::{Embedder, EncoderOptions};
+    use loadout_router::{DenseIndex, RouterConfig};
 
     use super::*;
 
@@ -546,8 +527,8 @@ mod tests {
     }
 
     /// With one runtime worker, a task spawned while the encoder runs still runs:
-    /// the dense selection is not on the worker. Run inline, the probe could only
-    /// start after the embedder gave up waiting for it.
+    /// the encoder is not on the worker. Run inline, the probe could only start
+    /// after the embedder gave up waiting for it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_dense_selection_leaves_the_runtime_free() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -562,12 +543,14 @@ mod tests {
             released: AtomicBool::new(false),
         });
         let rows = vec![vec![0.0, 1.0]; router.dense_texts().len()];
-        assert!(
-            router
-                .attach_dense(DenseIndex::new(gate.clone(), rows))
-                .is_ok()
-        );
+        loadout_embed::install_encoder(gate.clone()).expect("encoder");
+        assert!(router.attach_dense(DenseIndex::new("gate", rows)).is_ok());
         let routing = Routing::new(Arc::new(router), store.clone());
+        // The gate holds the encoder as long as the test needs: no bound applies.
+        let settings = Arc::new(BTreeMap::from([(
+            DENSE_WAIT_SETTING.to_owned(),
+            "60000".to_owned(),
+        )]));
 
         let route = tokio::spawn({
             let routing = routing.clone();
@@ -579,9 +562,9 @@ mod tests {
                     token_budget: None,
                 };
                 routing
-                    .route(&store, Arc::new(BTreeMap::new()), request)
+                    .route(&store, settings, request)
                     .await
-                    .map(|routed| routed.selection.n_tools)
+                    .map(|routed| routed.selection)
             }
         });
         // This thread is not the runtime's worker: waiting here blocks nothing.
@@ -590,11 +573,112 @@ mod tests {
             .expect("the dense stage ran");
         let probe = tokio::spawn(async move { release.send(()).is_ok() });
         assert!(probe.await.expect("probe"));
-        let n_tools = route.await.expect("route task").expect("routed");
-        assert!(n_tools > 0);
+        let selection = route.await.expect("route task").expect("routed");
+        assert!(selection.n_tools > 0);
+        assert!(selection.notes.is_empty(), "{:?}", selection.notes);
         assert!(
             gate.released.load(Ordering::SeqCst),
             "the probe only ran after the encoder gave up: the selection held the worker"
+        );
+    }
+
+    /// Sleeps `delay` per text.
+    struct Slow(Duration);
+
+    impl Embedder for Slow {
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+            std::thread::sleep(self.0 * texts.len() as u32);
+            Ok(vec![vec![1.0, 0.0]; texts.len()])
+        }
+        fn model_id(&self) -> &str {
+            "slow-routing"
+        }
+        fn max_batch(&self) -> usize {
+            1
+        }
+    }
+
+    /// Degrade, don't queue: with the encoder's queue longer than the bound, a
+    /// message is routed lexically at once, its notes say why, `/metrics` counts it;
+    /// once the queue drains the next message is dense again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_is_routed_lexically_when_the_encoder_is_busy() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open_dir(dir.path()).await.expect("store");
+        let registry = Arc::new(loadout_domains::registry().expect("registry"));
+        let router = Router::new(registry, RouterConfig::default());
+        let rows = vec![vec![0.0, 1.0]; router.dense_texts().len()];
+        let encoder = loadout_embed::install_encoder(Arc::new(Slow(Duration::from_millis(80))))
+            .expect("encoder");
+        assert!(
+            router
+                .attach_dense(DenseIndex::new("slow-routing", rows))
+                .is_ok()
+        );
+        let routing = Routing::new(Arc::new(router), store.clone());
+        let settings = Arc::new(BTreeMap::from([(
+            DENSE_WAIT_SETTING.to_owned(),
+            "30".to_owned(),
+        )]));
+        // The process's recorder, installed before anything is counted.
+        assert!(crate::metrics::render().is_some());
+        let request = |message| TurnRequest {
+            session: None,
+            message,
+            called: &[],
+            token_budget: None,
+        };
+        // The first message teaches the encoder its cost.
+        let first = routing
+            .route(&store, settings.clone(), request("remember my locker code"))
+            .await
+            .expect("routed");
+        assert!(
+            first.selection.notes.is_empty(),
+            "{:?}",
+            first.selection.notes
+        );
+        // A backlog of several passes of the encoder per worker.
+        let backlog: Vec<_> = (0..3 * EncoderOptions::for_embedder(encoder.embedder().as_ref())
+            .workers)
+            .map(|i| {
+                let encoder = encoder.clone();
+                std::thread::spawn(move || encoder.encode(&[&format!("backlog {i}")]))
+            })
+            .collect();
+        while encoder.estimated_wait() <= Some(Duration::from_millis(60)) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let busy = routing
+            .route(&store, settings.clone(), request("remember where I parked"))
+            .await
+            .expect("routed");
+        assert!(
+            busy.selection
+                .notes
+                .iter()
+                .any(|n| n.contains("dense skipped: encoder busy")),
+            "{:?}",
+            busy.selection.notes
+        );
+        let metrics = crate::metrics::render().unwrap_or_default();
+        assert!(
+            metrics.lines().any(|l| l
+                .starts_with("loadout_dense_skipped_total{reason=\"encoder_busy\"}")
+                && !l.ends_with(" 0")),
+            "{metrics}"
+        );
+        for thread in backlog {
+            assert!(thread.join().expect("thread").is_ok());
+        }
+        let after = routing
+            .route(&store, settings, request("remember where I parked"))
+            .await
+            .expect("routed");
+        assert!(
+            after.selection.notes.is_empty(),
+            "{:?}",
+            after.selection.notes
         );
     }
 

@@ -62,6 +62,16 @@ loadout::setting! {
     description: "whether routing uses the dense (semantic) stage",
 }
 
+// How long a message may queue for the encoder before it is routed lexically: the
+// operator trades recall under a burst for latency.
+loadout::setting! {
+    key: crate::routing::DENSE_WAIT_SETTING,
+    kind: SettingKind::Custom,
+    trust: Trust::Operator,
+    description: "most milliseconds a message waits for the dense stage's encoder before it is routed lexically (default 50)",
+    validate: milliseconds,
+}
+
 loadout::setting! {
     key: crate::routing::DECISION_LOG_SETTING,
     kind: SettingKind::Choice(&["plain", "hash", "off"]),
@@ -103,6 +113,14 @@ fn days(value: &str) -> Result<(), String> {
     }
 }
 
+fn milliseconds(value: &str) -> Result<(), String> {
+    let value = value.trim();
+    value
+        .parse::<u32>()
+        .map(|_| ())
+        .map_err(|_| format!("`{value}` is not a whole number of milliseconds"))
+}
+
 #[cfg(test)]
 mod tests {
     use loadout::{Setter, check_setting};
@@ -114,6 +132,7 @@ mod tests {
             ("decision_log", "bogus"),
             ("decision_log_days", "-3"),
             ("router_dense", "maybe"),
+            ("router_dense_wait_ms", "soon"),
             ("llm_base_url", "localhost:11434"),
             ("llm_api_key", "sk abc"),
             ("learning", "yes"),
@@ -128,6 +147,7 @@ mod tests {
             ("decision_log_days", "forever"),
             ("llm_base_url", "http://127.0.0.1:11434/v1"),
             ("learning", "off"),
+            ("router_dense_wait_ms", "20"),
         ] {
             assert!(check_setting(key, Some(value), Setter::Operator).is_ok());
         }

@@ -614,6 +614,7 @@ async fn rows_of_selections_read_back_as_written() {
             session: &session,
             token_budget: None,
             learned: None,
+            vectors: None,
         });
         let row = DecisionRow::new(&selection, Some("s"), 1, message, MessageLogging::Plain, 5);
         let reasons = &row.reasons;
@@ -645,6 +646,7 @@ async fn rows_of_selections_read_back_as_written() {
             session: &session,
             token_budget: None,
             learned: None,
+            vectors: None,
         }),
         None,
         3,

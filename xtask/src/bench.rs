@@ -8,8 +8,9 @@
 //! `cargo run --release -p xtask -- bench`. Nothing here asserts on time.
 //!
 //! With `--embedder builtin` (the default in a build with the `dense` feature) it also
-//! measures the dense stage: routing time per dev message (one embedder call per
-//! message, for the message and its requests), the time to embed every tool text of
+//! measures the dense stage: routing time per dev message with its vectors given
+//! (the router alone), with the encoder run for it (one call for the message and its
+//! requests) and with its vectors in the message cache; the time to embed every tool text of
 //! the shared catalog (262 tools) and of Seal-Tools (4,077 tools), and cold start
 //! (router + encoder + vectors) with and without the vector cache.
 //!
@@ -173,6 +174,7 @@ fn bench_one(
             session: &session,
             token_budget: None,
             learned: None,
+            vectors: None,
         })
     };
     let router_times = time_per_message(messages, rounds, |m| {
@@ -252,29 +254,58 @@ fn bench_dense(
     registry: Arc<Registry>,
     messages: &[String],
 ) -> anyhow::Result<()> {
-    println!("\ndense stage (built-in encoder, one embedder call per message)");
+    println!("\ndense stage (built-in encoder, messages embedded outside the router)");
     let cache_root = tempfile_dir("loadout-bench-vectors")?;
     let router = Router::new(registry.clone(), RouterConfig::default());
     let line = attach_embedder(&router, &EmbedderChoice::Builtin, Some(&cache_root))?;
     println!("  {line}");
+    let model_id = router.dense().map(|d| d.model_id().to_owned());
+    let encoder = model_id
+        .as_deref()
+        .and_then(loadout_embed::encoder_for)
+        .context("no encoder installed")?;
     let settings = loadout_router::replay::every_setting(&registry);
     let session = SessionView::new(1);
     let rounds = if options.quick { 1 } else { 3 };
-    let times = time_per_message(messages, rounds, |m| {
+    let select = |m: &str, vectors: &loadout_router::MessageVectors| {
         black_box(router.select(&RouteInput {
             message: m,
             settings: &settings,
             session: &session,
             token_budget: None,
             learned: None,
+            vectors: Some(vectors),
         }));
+    };
+    let given = encoder
+        .vectors_by_message(messages.iter().map(String::as_str))
+        .map_err(anyhow::Error::msg)?;
+    let empty = loadout_router::MessageVectors::skipped("not embedded");
+    let router_only = time_per_message(messages, rounds, |m| {
+        select(m, given.get(m).unwrap_or(&empty));
     });
-    println!(
-        "  routing per dev message: p50 {}  p95 {}  ({} messages x {rounds})",
-        micros(percentile(&times, 0.5)),
-        micros(percentile(&times, 0.95)),
-        messages.len()
-    );
+    // The encoder itself, as a message the cache has not seen costs.
+    let uncached = time_per_message(messages, rounds, |m| {
+        let pieces = loadout_router::message_pieces(m);
+        let vectors = encoder.embedder().embed(&pieces).unwrap_or_default();
+        let vectors = loadout_router::MessageVectors::new(encoder.model_id(), vectors);
+        select(m, &vectors);
+    });
+    let cached = time_per_message(messages, rounds, |m| {
+        select(m, &encoder.message_vectors(m));
+    });
+    for (label, times) in [
+        ("vectors given (router only)", &router_only),
+        ("encoder + router, cache miss", &uncached),
+        ("encoder + router, cache hit ", &cached),
+    ] {
+        println!(
+            "  routing per dev message, {label}: p50 {}  p95 {}  ({} messages x {rounds})",
+            micros(percentile(times, 0.5)),
+            micros(percentile(times, 0.95)),
+            messages.len()
+        );
+    }
 
     let mut catalogs: Vec<(String, PathBuf)> =
         vec![("shared catalog".into(), options.catalog.clone())];
@@ -338,14 +369,27 @@ fn bench_learned(
         let cache = tempfile_dir("loadout-bench-learned")?;
         attach_embedder(&router, &embedder, Some(&cache))?;
         let distinct: Vec<String> = turns.iter().map(|(m, _)| m.clone()).collect();
-        let (vectors, model_id) = match router.dense() {
-            Some(dense) => {
+        let encoder = router
+            .dense()
+            .and_then(|dense| loadout_embed::encoder_for(dense.model_id()));
+        let (vectors, model_id) = match &encoder {
+            Some(encoder) => {
                 let (vectors, _) =
-                    loadout_embed::embed_all(dense.embedder().as_ref(), &distinct, None)
+                    loadout_embed::embed_all(encoder.embedder().as_ref(), &distinct, None)
                         .map_err(anyhow::Error::msg)?;
-                (Some(vectors), Some(dense.model_id().to_owned()))
+                (Some(vectors), Some(encoder.model_id().to_owned()))
             }
             None => (None, None),
+        };
+        // The dev messages' own vectors, computed before timing: the learned stage's
+        // cost is measured without the encoder's spread.
+        let message_vectors = match &encoder {
+            Some(encoder) => Some(
+                encoder
+                    .vectors_by_message(messages.iter().map(String::as_str))
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            None => None,
         };
         let mut rng = Lcg(7);
         let entries: Vec<loadout_router::LearnedEntry> = (0..ENTRIES)
@@ -375,6 +419,7 @@ fn bench_learned(
                     session: &session,
                     token_budget: None,
                     learned,
+                    vectors: message_vectors.as_ref().and_then(|v| v.get(m)),
                 }));
             })
         };

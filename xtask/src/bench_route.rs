@@ -794,15 +794,18 @@ fn wrk(script: &Path, url: &str, connections: u32, seconds: u64) -> anyhow::Resu
 }
 
 /// `cargo xtask load --addr HOST:PORT --rate N [--duration S] [--connections N]
-/// [--session]`: the fixed-rate load of `bench-route` against a server that is
-/// already running, for profiling it (e.g. under `perf`) one setting at a time.
+/// [--session | --distinct]`: the fixed-rate load of `bench-route` against a server
+/// that is already running, for profiling it (e.g. under `perf`) one setting at a
+/// time. `--distinct` numbers every message, so that none is in the server's cache
+/// of message vectors: the dense stage's encoder runs for each.
 pub fn load(args: &[String]) -> anyhow::Result<()> {
-    const LOAD_USAGE: &str = "usage: cargo xtask load --addr HOST:PORT --rate N [--duration S] [--connections N] [--session]";
+    const LOAD_USAGE: &str = "usage: cargo xtask load --addr HOST:PORT --rate N [--duration S] [--connections N] [--session | --distinct]";
     let mut addr = None;
     let mut rate = None;
     let mut duration = 10u64;
     let mut connections = 32usize;
     let mut session = false;
+    let mut distinct = false;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let mut value = || {
@@ -815,6 +818,7 @@ pub fn load(args: &[String]) -> anyhow::Result<()> {
             "--duration" => duration = value()?.parse().context("--duration")?,
             "--connections" => connections = value()?.parse().context("--connections")?,
             "--session" => session = true,
+            "--distinct" => distinct = true,
             other => bail!("unknown option `{other}`\n{LOAD_USAGE}"),
         }
     }
@@ -822,18 +826,31 @@ pub fn load(args: &[String]) -> anyhow::Result<()> {
         bail!("{LOAD_USAGE}");
     };
     let bodies = request_bodies();
+    let numbered: Vec<String>;
     let bodies = if session {
         &bodies.session
+    } else if distinct {
+        // More messages than the run sends at any rate this machine reaches.
+        numbered = (0..200_000)
+            .map(|n| {
+                let message = format!("{} (#{n})", MESSAGES[n % MESSAGES.len()]);
+                serde_json::json!({ "message": message }).to_string()
+            })
+            .collect();
+        &numbered
     } else {
         &bodies.plain
     };
-    let load = fixed_rate::run(
+    // Numbered messages: each connection takes its own, so none repeats.
+    let stride = if distinct { connections } else { 1 };
+    let load = fixed_rate::run_strided(
         &addr,
         "/api/route",
         bodies,
         rate,
         connections,
         Duration::from_secs(duration),
+        stride,
     )?;
     println!(
         "{:.0} req/s  p50 {:.2} ms  p99 {:.2} ms  errors {}",

@@ -4,6 +4,7 @@
 //! The session is fed exactly as the server feeds it: the same [`SessionView`] updates
 //! (`begin_turn`, `record_calls`), kept in memory instead of the store.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,7 +14,7 @@ use loadout::Registry;
 use loadout_router::replay::{
     Case, Comparison, Report, cases_from_json_lines, folds, learned_turns, replay,
 };
-use loadout_router::{LearnedEntry, LearnedIndex, Router, RouterConfig};
+use loadout_router::{LearnedEntry, LearnedIndex, MessageVectors, Router, RouterConfig};
 
 const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json] [--verbose]
        [--min-turn-recall X] [--config ROUTER_CONFIG.json] [--budget TOKENS]
@@ -124,6 +125,28 @@ pub fn default_vector_cache() -> PathBuf {
         .join("vector-cache")
 }
 
+/// Every user message of `cases` embedded for `router`'s dense stage (all at once,
+/// through its encoder's queue and cache), as the server does per message; `None`
+/// without a dense stage.
+pub fn case_vectors(
+    router: &Router,
+    cases: &[Case],
+) -> anyhow::Result<Option<HashMap<String, MessageVectors>>> {
+    let Some(dense) = router.dense() else {
+        return Ok(None);
+    };
+    let encoder = loadout_embed::encoder_for(dense.model_id())
+        .ok_or_else(|| anyhow::anyhow!("no encoder installed for {}", dense.model_id()))?;
+    let messages = cases
+        .iter()
+        .flat_map(|case| case.turns.iter().map(|turn| turn.user.as_str()));
+    Ok(Some(
+        encoder
+            .vectors_by_message(messages)
+            .map_err(anyhow::Error::msg)?,
+    ))
+}
+
 /// Attaches the chosen dense stage to `router`, synchronously. Returns a line for the
 /// report.
 pub fn attach_embedder(
@@ -132,9 +155,9 @@ pub fn attach_embedder(
     vector_cache: Option<&std::path::Path>,
 ) -> anyhow::Result<String> {
     let started = Instant::now();
-    let embedder: Arc<dyn loadout_router::Embedder> = match choice {
+    let embedder: Arc<dyn loadout_embed::Embedder> = match choice {
         EmbedderChoice::None => return Ok("embedder none (lexical only)".to_owned()),
-        EmbedderChoice::Builtin => loadout_embed::builtin().map_err(anyhow::Error::msg)?,
+        EmbedderChoice::Builtin => loadout_embed::shared_builtin().map_err(anyhow::Error::msg)?,
         EmbedderChoice::Endpoint { base_url, model } => {
             let api_key = std::env::var("LOADOUT_EMBEDDINGS_API_KEY").ok();
             Arc::new(
@@ -146,8 +169,10 @@ pub fn attach_embedder(
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut cache =
         vector_cache.map(|dir| loadout_embed::VectorCache::open(dir, embedder.model_id()));
-    let (index, stats) = loadout_embed::build_dense_index(router, embedder, cache.as_mut())
+    let (index, stats) = loadout_embed::build_dense_index(router, embedder.clone(), cache.as_mut())
         .map_err(anyhow::Error::msg)?;
+    // Messages are embedded outside the router, by the model's shared encoder.
+    loadout_embed::install_encoder(embedder).map_err(anyhow::Error::msg)?;
     if let Some(cache) = &mut cache {
         cache
             .save()
@@ -298,25 +323,37 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     // Per turn with needed tools: the worst rank of a needed tool in the message-only
     // tool ranking (`search_tools`), `usize::MAX` when one is not ranked at all.
     let mut worst_ranks: Vec<usize> = Vec::new();
-    let report = replay(&router, &cases, options.budget, None, |routed| {
-        let turn = &routed.case.turns[routed.turn_idx];
-        if options.tool_ranks && !turn.needed.is_empty() {
-            let ranking = router.search(&turn.user, Some(routed.settings), None, usize::MAX);
-            let worst = turn
-                .needed
-                .iter()
-                .map(|needed| {
-                    ranking
-                        .iter()
-                        .position(|hint| hint.name == needed.as_str())
-                        .map_or(usize::MAX, |rank| rank + 1)
-                })
-                .max()
-                .unwrap_or(0);
-            worst_ranks.push(worst);
-        }
-        print_verbose(&options, "", routed);
-    })
+    let embedding = Instant::now();
+    let vectors = case_vectors(&router, &cases)?;
+    let embed_ms = embedding.elapsed().as_secs_f64() * 1e3;
+    let report = replay(
+        &router,
+        &cases,
+        options.budget,
+        None,
+        vectors.as_ref(),
+        |routed| {
+            let turn = &routed.case.turns[routed.turn_idx];
+            if options.tool_ranks && !turn.needed.is_empty() {
+                let query = vectors.as_ref().and_then(|v| v.get(&turn.user));
+                let ranking =
+                    router.search(&turn.user, Some(routed.settings), None, query, usize::MAX);
+                let worst = turn
+                    .needed
+                    .iter()
+                    .map(|needed| {
+                        ranking
+                            .iter()
+                            .position(|hint| hint.name == needed.as_str())
+                            .map_or(usize::MAX, |rank| rank + 1)
+                    })
+                    .max()
+                    .unwrap_or(0);
+                worst_ranks.push(worst);
+            }
+            print_verbose(&options, "", routed);
+        },
+    )
     .map_err(anyhow::Error::msg)?;
 
     println!(
@@ -327,6 +364,13 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         registry.all_tools().len()
     );
     println!("{embedder_line}");
+    if let Some(vectors) = &vectors {
+        // Route times below are the router's alone: the messages were embedded here.
+        println!(
+            "messages embedded beforehand: {} distinct in {embed_ms:.0} ms",
+            vectors.len()
+        );
+    }
     for line in report.miss_lines() {
         println!("{line}");
     }
@@ -349,8 +393,16 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     if let Some(candidate) = &options.compare {
         let tried = Router::new(registry.clone(), candidate.clone());
         attach_embedder(&tried, &options.embedder, options.vector_cache.as_deref())?;
-        let tried =
-            replay(&tried, &cases, options.budget, None, |_| {}).map_err(anyhow::Error::msg)?;
+        let tried_vectors = case_vectors(&tried, &cases)?;
+        let tried = replay(
+            &tried,
+            &cases,
+            options.budget,
+            None,
+            tried_vectors.as_ref(),
+            |_| {},
+        )
+        .map_err(anyhow::Error::msg)?;
         let comparison = Comparison::new(&report, &tried);
         for line in comparison.lines() {
             println!("{line}");
@@ -452,9 +504,15 @@ fn learned_report(
                 );
             }
             let index = learned_index(router, &learned_turns(&history), options)?;
-            let report = replay(router, cases, options.budget, Some(&index), |routed| {
-                print_verbose(options, "with history", routed)
-            })
+            let vectors = case_vectors(router, cases)?;
+            let report = replay(
+                router,
+                cases,
+                options.budget,
+                Some(&index),
+                vectors.as_ref(),
+                |routed| print_verbose(options, "with history", routed),
+            )
             .map_err(anyhow::Error::msg)?;
             let line = format!(
                 "learned {} past turns ({} with vectors, about {} KB) from {} in {:.1} s",
@@ -479,9 +537,15 @@ fn learned_report(
                     .collect();
                 let index = learned_index(router, &learned_turns(&others), options)?;
                 n_learned += index.len();
-                let report = replay(router, fold, options.budget, Some(&index), |routed| {
-                    print_verbose(options, "with history", routed)
-                })
+                let vectors = case_vectors(router, fold)?;
+                let report = replay(
+                    router,
+                    fold,
+                    options.budget,
+                    Some(&index),
+                    vectors.as_ref(),
+                    |routed| print_verbose(options, "with history", routed),
+                )
                 .map_err(anyhow::Error::msg)?;
                 total.absorb(report);
             }
@@ -506,7 +570,9 @@ fn learned_index(
     let messages: Vec<String> = turns.iter().map(|(message, _)| message.clone()).collect();
     let (vectors, model_id) = match router.dense() {
         Some(dense) => {
-            let embedder = dense.embedder();
+            let encoder = loadout_embed::encoder_for(dense.model_id())
+                .ok_or_else(|| anyhow::anyhow!("no encoder installed for {}", dense.model_id()))?;
+            let embedder = encoder.embedder();
             let mut cache = options.vector_cache.as_ref().map(|dir| {
                 loadout_embed::VectorCache::open(&dir.join("learned"), embedder.model_id())
             });

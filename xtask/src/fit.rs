@@ -7,16 +7,16 @@
 //! on the other folds only; the selection rule (`SelectionRule`) is chosen on those
 //! held-out routings, and the shipped weights are fitted on every fold's rows.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use loadout::Registry;
 use loadout_router::replay::{Case, Report, cases_from_json_lines, folds, learned_turns, replay};
 use loadout_router::scorer::{self, Model, Row, SelectionRule, Weights};
-use loadout_router::{Embedder, LearnedEntry, LearnedIndex, RouteInput, Router};
+use loadout_router::{LearnedEntry, LearnedIndex, MessageVectors, RouteInput, Router};
 
 const USAGE: &str = "usage: cargo xtask fit --catalog DIR --cases FILE [options]
   --folds K       folds by conversation (default 5)
@@ -106,7 +106,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     });
     if !options.lexical_only && loadout_embed::builtin_available() {
         let mut dense_router = Router::new(registry.clone(), crate::eval::eval_config());
-        attach_memoized_builtin(&dense_router)?;
+        crate::eval::attach_embedder(
+            &dense_router,
+            &crate::eval::EmbedderChoice::Builtin,
+            Some(&crate::eval::default_vector_cache()),
+        )?;
         let dense = fit_path(&mut dense_router, &folds, &options, Path::Dense)?;
         weights.dense = dense.model;
         fitted["dense"] = dense.summary;
@@ -150,7 +154,9 @@ fn fit_path(
     path: Path,
 ) -> anyhow::Result<Fitted> {
     let started = Instant::now();
-    let data = fold_data(router, folds)?;
+    let all: Vec<Case> = folds.iter().flatten().cloned().collect();
+    let vectors = crate::eval::case_vectors(router, &all)?;
+    let data = fold_data(router, folds, vectors.as_ref())?;
     let n_rows: usize = data.iter().map(|d| d.rows.len()).sum();
     let n_positive: usize = data
         .iter()
@@ -172,7 +178,8 @@ fn fit_path(
 
     let mut best: Option<(f64, SelectionRule, Report, Vec<Report>)> = None;
     for rule in rule_grid() {
-        let (total, per_fold) = route_folds(router, folds, &data, &held_out, rule, path)?;
+        let (total, per_fold) =
+            route_folds(router, folds, &data, &held_out, rule, path, vectors.as_ref())?;
         let objective = total.turn_recall() - TOOLS_PER_TURN_OF_RECALL * total.mean_tools();
         if std::env::var_os("FIT_VERBOSE").is_some() {
             println!(
@@ -216,7 +223,11 @@ fn fit_path(
 
 /// Each fold routed with the shipped weights, collecting its feature rows with the
 /// other folds as its learned memory.
-fn fold_data(router: &Router, folds: &[Vec<Case>]) -> anyhow::Result<Vec<FoldData>> {
+fn fold_data(
+    router: &Router,
+    folds: &[Vec<Case>],
+    vectors: Option<&HashMap<String, MessageVectors>>,
+) -> anyhow::Result<Vec<FoldData>> {
     let mut data = Vec::with_capacity(folds.len());
     for f in 0..folds.len() {
         let others: Vec<Case> = folds
@@ -225,10 +236,10 @@ fn fold_data(router: &Router, folds: &[Vec<Case>]) -> anyhow::Result<Vec<FoldDat
             .filter(|&(g, _)| g != f)
             .flat_map(|(_, cases)| cases.iter().cloned())
             .collect();
-        let learned = learned_index(router, &learned_turns(&others))?;
+        let learned = learned_index(router, &learned_turns(&others), vectors);
         let mut rows = Vec::new();
         let mut labels = Vec::new();
-        replay(router, &folds[f], None, Some(&learned), |routed| {
+        replay(router, &folds[f], None, Some(&learned), vectors, |routed| {
             let turn = &routed.case.turns[routed.turn_idx];
             let input = RouteInput {
                 message: &turn.user,
@@ -236,6 +247,7 @@ fn fold_data(router: &Router, folds: &[Vec<Case>]) -> anyhow::Result<Vec<FoldDat
                 session: routed.session,
                 token_budget: None,
                 learned: Some(&learned),
+                vectors: vectors.and_then(|v| v.get(&turn.user)),
             };
             for (t, row) in router.feature_rows(&input) {
                 let name = router.tool_name(t).unwrap_or("");
@@ -274,6 +286,7 @@ fn route_folds(
     held_out: &[(f32, Row)],
     rule: SelectionRule,
     path: Path,
+    vectors: Option<&HashMap<String, MessageVectors>>,
 ) -> anyhow::Result<(Report, Vec<Report>)> {
     let mut total = Report::default();
     let mut per_fold = Vec::new();
@@ -286,7 +299,7 @@ fn route_folds(
             Path::Dense => weights.dense = model,
         }
         router.set_weights(weights);
-        let report = replay(router, fold, None, Some(&data[f].learned), |_| {})
+        let report = replay(router, fold, None, Some(&data[f].learned), vectors, |_| {})
             .map_err(anyhow::Error::msg)?;
         per_fold.push(report.clone());
         total.absorb(report);
@@ -320,77 +333,25 @@ fn rule_grid() -> Vec<SelectionRule> {
     grid
 }
 
-/// Past turns indexed for `router`, with its dense stage's vectors when it runs.
-fn learned_index(router: &Router, turns: &[(String, Vec<String>)]) -> anyhow::Result<LearnedIndex> {
-    let (vectors, model_id): (Vec<Option<Vec<f32>>>, Option<String>) = match router.dense() {
-        Some(dense) => {
-            let texts: Vec<&str> = turns.iter().map(|(m, _)| m.as_str()).collect();
-            let vectors = dense.embedder().embed(&texts).map_err(anyhow::Error::msg)?;
-            (
-                vectors.into_iter().map(Some).collect(),
-                Some(dense.model_id().to_owned()),
-            )
-        }
-        None => (vec![None; turns.len()], None),
-    };
+/// Past turns indexed for `router`, with the vectors its dense stage gave their
+/// messages (the whole message's, the first piece).
+fn learned_index(
+    router: &Router,
+    turns: &[(String, Vec<String>)],
+    vectors: Option<&HashMap<String, MessageVectors>>,
+) -> LearnedIndex {
+    let model_id = router.dense().map(|dense| dense.model_id().to_owned());
     let entries: Vec<LearnedEntry> = turns
         .iter()
-        .zip(vectors)
-        .map(|((message, tools), vector)| LearnedEntry {
+        .map(|(message, tools)| LearnedEntry {
             message: message.clone(),
             tools: tools.clone(),
-            vector,
+            vector: vectors
+                .and_then(|v| v.get(message))
+                .and_then(|v| v.pieces().first().cloned()),
         })
         .collect();
-    Ok(LearnedIndex::new(router, model_id.as_deref(), &entries))
-}
-
-/// The built-in encoder behind a memo: a fit routes every message once per rule
-/// tried, and the encoder is most of a dense selection's time.
-struct Memoized {
-    inner: Arc<dyn Embedder>,
-    seen: Mutex<BTreeMap<String, Vec<f32>>>,
-}
-
-impl Embedder for Memoized {
-    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
-        let mut seen = self.seen.lock().map_err(|_| "memo poisoned".to_owned())?;
-        let missing: Vec<&str> = texts
-            .iter()
-            .copied()
-            .filter(|t| !seen.contains_key(*t))
-            .collect();
-        if !missing.is_empty() {
-            for (text, vector) in missing.iter().zip(self.inner.embed(&missing)?) {
-                seen.insert((*text).to_owned(), vector);
-            }
-        }
-        Ok(texts
-            .iter()
-            .map(|t| seen.get(*t).cloned().unwrap_or_default())
-            .collect())
-    }
-
-    fn model_id(&self) -> &str {
-        self.inner.model_id()
-    }
-}
-
-fn attach_memoized_builtin(router: &Router) -> anyhow::Result<()> {
-    let inner = loadout_embed::builtin().map_err(anyhow::Error::msg)?;
-    let embedder: Arc<dyn Embedder> = Arc::new(Memoized {
-        inner,
-        seen: Mutex::new(BTreeMap::new()),
-    });
-    let mut cache =
-        loadout_embed::VectorCache::open(&crate::eval::default_vector_cache(), embedder.model_id());
-    let (index, _) = loadout_embed::build_dense_index(router, embedder, Some(&mut cache))
-        .map_err(anyhow::Error::msg)?;
-    let _ = cache.save();
-    router
-        .attach_dense(index)
-        .map_err(|_| anyhow::anyhow!("dense stage already attached"))?;
-    Ok(())
+    LearnedIndex::new(router, model_id.as_deref(), &entries)
 }
 
 /// The last component of a path: the weights file names its data, not a machine's

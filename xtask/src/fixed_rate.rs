@@ -47,6 +47,21 @@ pub fn run(
     connections: usize,
     duration: Duration,
 ) -> anyhow::Result<FixedRate> {
+    run_strided(addr, path, bodies, rate, connections, duration, 1)
+}
+
+/// [`run`], each connection stepping `stride` bodies at a time from its own first
+/// one: with `stride == connections` no two requests send the same body until the
+/// bodies run out.
+pub fn run_strided(
+    addr: &str,
+    path: &str,
+    bodies: &[String],
+    rate: f64,
+    connections: usize,
+    duration: Duration,
+    stride: usize,
+) -> anyhow::Result<FixedRate> {
     anyhow::ensure!(
         rate > 0.0 && connections > 0,
         "rate and connections must be > 0"
@@ -76,7 +91,7 @@ pub fn run(
                 connection(
                     &addr,
                     &requests,
-                    c,
+                    (c, stride),
                     start + stagger * c as u32,
                     interval,
                     end,
@@ -108,7 +123,7 @@ pub fn run(
 fn connection(
     addr: &str,
     requests: &[Vec<u8>],
-    index: usize,
+    (index, stride): (usize, usize),
     first: Instant,
     interval: Duration,
     end: Instant,
@@ -129,7 +144,7 @@ fn connection(
             stream = Some(BufReader::new(tcp));
         }
         let request = &requests[n % requests.len()];
-        n += 1;
+        n += stride;
         let ok = stream
             .as_mut()
             .is_some_and(|s| exchange(s, request).unwrap_or(false));

@@ -142,7 +142,16 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
             );
         }
     };
-    let report = replay(&router, &cases, args.budget, None, on_turn).map_err(anyhow::Error::msg)?;
+    let vectors = case_vectors(&router, &cases);
+    let report = replay(
+        &router,
+        &cases,
+        args.budget,
+        None,
+        vectors.as_ref(),
+        on_turn,
+    )
+    .map_err(anyhow::Error::msg)?;
     let Some(candidate) = candidate else {
         for line in report.miss_lines() {
             println!("{line}");
@@ -168,7 +177,16 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     );
     let built = Router::new(app.registry.clone(), candidate.router.clone());
     let (router, _) = router_for(app, built, args).await;
-    let tried = replay(&router, &cases, args.budget, None, on_turn).map_err(anyhow::Error::msg)?;
+    let vectors = case_vectors(&router, &cases);
+    let tried = replay(
+        &router,
+        &cases,
+        args.budget,
+        None,
+        vectors.as_ref(),
+        on_turn,
+    )
+    .map_err(anyhow::Error::msg)?;
     let comparison = Comparison::new(&report, &tried);
     for line in comparison.lines() {
         println!("{line}");
@@ -208,6 +226,27 @@ async fn router_for(app: &App, router: Router, args: &Args) -> (Arc<Router>, Str
         None => "lexical only (router_dense = off)".to_owned(),
     };
     (router, dense)
+}
+
+/// Every user message of `cases` embedded for `router`'s dense stage, all at once
+/// through its encoder (as the server embeds each message before routing it);
+/// `None` lexical-only, or when embedding failed (then the replay is lexical and a
+/// warning says why).
+fn case_vectors(
+    router: &Router,
+    cases: &[Case],
+) -> Option<std::collections::HashMap<String, loadout_router::MessageVectors>> {
+    let encoder = loadout_embed::encoder_for(router.dense()?.model_id())?;
+    let messages = cases
+        .iter()
+        .flat_map(|case| case.turns.iter().map(|turn| turn.user.as_str()));
+    match crate::routing::off_worker(|| encoder.vectors_by_message(messages)) {
+        Ok(vectors) => Some(vectors),
+        Err(e) => {
+            tracing::warn!("messages not embedded ({e}); replaying lexical-only");
+            None
+        }
+    }
 }
 
 fn read_cases(path: &std::path::Path) -> anyhow::Result<Vec<Case>> {

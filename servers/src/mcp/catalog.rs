@@ -58,7 +58,8 @@ impl Catalog {
     /// called), ranked as the router ranks them for chat. `config`: the router's
     /// tunables in force; the router is built on the first search and again when
     /// they change. `on_build` gets the router when this search built it (to attach
-    /// its dense stage).
+    /// its dense stage). Lexical: the server's `search_tools` embeds the query first
+    /// and searches [`Catalog::router`] itself.
     pub fn search(
         &self,
         query: &str,
@@ -67,7 +68,7 @@ impl Catalog {
         on_build: impl FnOnce(&Arc<Router>),
     ) -> Vec<Hint> {
         let router = self.router(config, on_build);
-        crate::routing::encoder_work(&router, || router.search(query, None, None, limit))
+        router.search(query, None, None, None, limit)
     }
 
     /// The router `search_tools` ranks with, built on first use and again when

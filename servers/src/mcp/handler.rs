@@ -328,11 +328,18 @@ impl McpHandler {
         let router = catalog.router(&app.config().router, attach);
         let learner = self.shared.learner_for(&router);
         let learned = learner.index_for(&router);
-        let hits = crate::routing::encoder_work(&router, || {
-            router.search(&search.query, None, learned.as_deref(), search.limit)
-        });
         // One read for every hit; without it the answer leaves configuration out.
         let settings = app.settings.snapshot().await.ok();
+        let no_settings = std::collections::BTreeMap::new();
+        let bound_by = settings.as_deref().unwrap_or(&no_settings);
+        let vectors = crate::routing::message_vectors(&router, bound_by, &search.query).await;
+        let hits = router.search(
+            &search.query,
+            None,
+            learned.as_deref(),
+            vectors.as_ref(),
+            search.limit,
+        );
         if settings.as_deref().is_some_and(learning_allowed) {
             *lock(&self.connection.last_search) = Some(LastSearch {
                 at: Instant::now(),

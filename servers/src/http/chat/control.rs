@@ -14,7 +14,7 @@ use loadout_router::{DomainState, Selection, SessionError};
 use loadout_store::Store;
 use serde_json::{Value, json};
 
-use crate::routing::{RoutedTurn, Routing, encoder_work};
+use crate::routing::{RoutedTurn, Routing};
 
 /// The routed state of one turn, shared by the chat loop and the meta-tools.
 #[derive(Debug)]
@@ -126,19 +126,24 @@ impl SessionControl for TurnControl {
     fn search<'a>(&'a self, query: &'a str, limit: usize) -> ControlFuture<'a> {
         Box::pin(async move {
             self.searched.store(true, Ordering::Relaxed);
+            // The query is embedded before the turn's state is locked, outside the router.
+            let (router, settings) = {
+                let state = self.lock();
+                (state.routed.router.clone(), state.routed.settings.clone())
+            };
+            let vectors = crate::routing::message_vectors(&router, &settings, query).await;
             let state = self.lock();
             let selection = &state.routed.selection;
             let router = &state.routed.router;
-            let hints = encoder_work(router, || {
-                router.search(
-                    query,
-                    Some(&state.routed.settings),
-                    state.routed.learned.as_deref(),
-                    limit,
-                )
-            });
+            let hints = router.search(
+                query,
+                Some(&state.routed.settings),
+                state.routed.learned.as_deref(),
+                vectors.as_ref(),
+                limit,
+            );
             // Matches in domains that are not configured: named with the keys to ask for.
-            let everything = encoder_work(router, || router.search(query, None, None, limit));
+            let everything = router.search(query, None, None, vectors.as_ref(), limit);
             let registry = router.registry();
             let mut not_configured: Vec<String> = Vec::new();
             for hint in &everything {
