@@ -571,6 +571,9 @@ const REFUSED_FUNCTIONS: [&str; 30] = [
 /// folded to lowercase, as PostgreSQL does).
 fn refused_statement(sql: &str) -> Option<String> {
     let words = sql_words(sql);
+    if words.iter().any(|w| w == UNICODE_IDENTIFIER) {
+        return Some("a Unicode-escaped identifier (U&\"…\")".to_owned());
+    }
     if let Some(first) = words.first()
         && REFUSED_STATEMENTS.contains(&first.as_str())
     {
@@ -581,6 +584,10 @@ fn refused_statement(sql: &str) -> Option<String> {
         .find(|w| REFUSED_FUNCTIONS.contains(&w.as_str()))
         .map(|w| format!("{w}()"))
 }
+
+/// Stands for a `U&"…"` identifier among [`sql_words`]' words (no identifier has a
+/// space).
+const UNICODE_IDENTIFIER: &str = "u& identifier";
 
 /// The identifiers and keywords of `sql`, in order.
 fn sql_words(sql: &str) -> Vec<String> {
@@ -630,6 +637,10 @@ fn sql_words(sql: &str) -> Vec<String> {
             }
             i += 1;
         } else if c == '"' {
+            // `U&"\0070g_read_file"` spells a name this check would not see.
+            if i >= 2 && chars[i - 1] == '&' && matches!(chars[i - 2], 'u' | 'U') {
+                words.push(UNICODE_IDENTIFIER.to_owned());
+            }
             let mut word = String::new();
             i += 1;
             while i < chars.len() {
@@ -1372,6 +1383,7 @@ mod unit_tests {
             "SELECT set_config('statement_timeout', '0', false)",
             "SELECT query_to_xml('select pg_read_file(''x'')', true, true, '')",
             "SELECT $$x$$, pg_sleep(100)",
+            "SELECT U&\"\\0070g_read_file\"('x')",
         ] {
             assert!(refused_statement(sql).is_some(), "{sql}");
         }
