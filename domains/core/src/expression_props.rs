@@ -35,6 +35,9 @@ impl Tree {
                     '+' => a + b,
                     '-' => a - b,
                     '*' => a * b,
+                    // The evaluator refuses a division by zero, so the reference has no
+                    // value either (not 0 / (1 / 0) = 0 through infinity).
+                    '/' if b == 0.0 => f64::NAN,
                     '/' => a / b,
                     _ => f64::NAN,
                 }
