@@ -821,10 +821,12 @@ impl<'a> Pass<'a> {
                 )
             ) || (domain_stage == Some(Stage::Scored)
                 && self.top_domain == Some(d));
+            // A domain the scorer sent counts only when it is what the message is
+            // about: "delete all my notes" is about memory, not the scratchpad.
             let on_message_evidence = matches!(
                 domain_stage,
-                Some(Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Scored)
-            );
+                Some(Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused)
+            ) || (domain_stage == Some(Stage::Scored) && self.top_domain == Some(d));
             if !router.destructive[t]
                 || matches!(
                     stage,
