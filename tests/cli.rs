@@ -203,6 +203,29 @@ fn route_uses_the_dense_stage_unless_asked_not_to() {
     assert!(!lexical.contains("dense"), "{lexical}");
 }
 
+/// Issue 37: "delete all my notes" is about memory; the scratchpad's `drop_table`
+/// stays out however close its text comes, on both paths.
+#[test]
+fn a_destructive_tool_of_a_domain_the_message_is_not_about_stays_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for extra in [&[][..], &["--lexical"][..]] {
+        let output = loadout(dir.path())
+            .args(["route", "delete all my notes", "--json"])
+            .args(extra)
+            .output()
+            .expect("run loadout");
+        let selection: serde_json::Value = serde_json::from_str(&stdout_of(output)).expect("json");
+        let sent: Vec<&str> = selection["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        assert!(sent.contains(&"forget"), "{extra:?}: {sent:?}");
+        assert!(!sent.contains(&"drop_table"), "{extra:?}: {sent:?}");
+    }
+}
+
 /// A key no domain declares is refused by name, not routed as if nothing were set.
 #[test]
 fn route_refuses_a_configured_key_no_domain_declares() {
