@@ -32,32 +32,20 @@ impl Router {
                     .is_some_and(|s| s.unloaded))
     }
 
-    /// One feature row per candidate tool.
+    /// One feature row per candidate tool; `with_core` adds core's tools
+    /// (`search_tools` finds them, a selection always sends them).
     pub(crate) fn candidates(
         &self,
         message: &str,
         evidence: &Evidence,
         session: &SessionView,
         learned: Option<&LearnedIndex>,
-    ) -> Candidates {
-        let candidate_domain: Vec<bool> = (0..self.names.domains.len())
-            .map(|d| self.is_candidate_domain(d, evidence, session))
-            .collect();
-        self.rows_for(message, evidence, session, learned, &candidate_domain)
-    }
-
-    /// [`Router::candidates`] with core's tools too: `search_tools` finds them.
-    pub(crate) fn candidates_with_core(
-        &self,
-        message: &str,
-        evidence: &Evidence,
-        session: &SessionView,
-        learned: Option<&LearnedIndex>,
+        with_core: bool,
     ) -> Candidates {
         let candidate_domain: Vec<bool> = (0..self.names.domains.len())
             .map(|d| {
                 self.is_candidate_domain(d, evidence, session)
-                    || (evidence.active[d] && self.domain_is_core[d])
+                    || (with_core && evidence.active[d] && self.domain_is_core[d])
             })
             .collect();
         self.rows_for(message, evidence, session, learned, &candidate_domain)

@@ -566,7 +566,13 @@ impl Router {
             input.learned,
             input.vectors,
         );
-        let candidates = self.candidates(input.message, &evidence, input.session, input.learned);
+        let candidates = self.candidates(
+            input.message,
+            &evidence,
+            input.session,
+            input.learned,
+            false,
+        );
         candidates.tools.into_iter().zip(candidates.rows).collect()
     }
 
@@ -702,7 +708,7 @@ impl Router {
     ) -> Vec<Hint> {
         let evidence = self.gather_evidence(query, active, learned, vectors);
         let session = SessionView::default();
-        let candidates = self.candidates_with_core(query, &evidence, &session, learned);
+        let candidates = self.candidates(query, &evidence, &session, learned, true);
         let model = if evidence.dense_on {
             &self.scorer.dense
         } else {

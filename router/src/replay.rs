@@ -107,6 +107,16 @@ pub fn folds(cases: &[Case], k: usize) -> Vec<Vec<Case>> {
     folds
 }
 
+/// Every fold's cases but fold `f`'s: what fold `f` learns from.
+pub fn all_but(folds: &[Vec<Case>], f: usize) -> Vec<Case> {
+    folds
+        .iter()
+        .enumerate()
+        .filter(|&(g, _)| g != f)
+        .flat_map(|(_, cases)| cases.iter().cloned())
+        .collect()
+}
+
 /// Cases from JSON lines (blank lines skipped); an error names the 1-based line.
 pub fn cases_from_json_lines(text: &str) -> Result<Vec<Case>, String> {
     let mut cases = Vec::new();

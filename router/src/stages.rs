@@ -826,7 +826,8 @@ impl<'a> Pass<'a> {
             let on_message_evidence = matches!(
                 domain_stage,
                 Some(Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused)
-            ) || (domain_stage == Some(Stage::Scored) && self.top_domain == Some(d));
+            ) || (domain_stage == Some(Stage::Scored)
+                && self.top_domain == Some(d));
             if !router.destructive[t]
                 || matches!(
                     stage,

@@ -1799,6 +1799,23 @@ fn route_configured(router: &Router, message: &str, session: &SessionView) -> Se
     })
 }
 
+/// Everyday requests never send a destructive tool.
+fn sends_no_destructive_tool_for_everyday_asks(router: &Router, view: &SessionView) {
+    for message in [
+        "remind me to call mom at 6",
+        "what's on my calendar next week",
+        "how much disk space is left",
+    ] {
+        let selection = route_configured(router, message, view);
+        assert_eq!(
+            sent_destructive(router, &selection),
+            Vec::<String>::new(),
+            "{message}: {}",
+            selection.summary_line()
+        );
+    }
+}
+
 fn sent_destructive(router: &Router, selection: &Selection) -> Vec<String> {
     let registry = router.registry();
     selection
@@ -1819,19 +1836,7 @@ fn destructive_tools_go_out_only_on_direct_evidence() {
         return;
     };
     let view = SessionView::new(1);
-    for message in [
-        "remind me to call mom at 6",
-        "what's on my calendar next week",
-        "how much disk space is left",
-    ] {
-        let selection = route_configured(&router, message, &view);
-        assert_eq!(
-            sent_destructive(&router, &selection),
-            Vec::<String>::new(),
-            "{message}: {}",
-            selection.summary_line()
-        );
-    }
+    sends_no_destructive_tool_for_everyday_asks(&router, &view);
     let reboot = route_configured(&router, "reboot the server now", &view);
     assert!(
         reboot.contains("reboot_server"),
@@ -1946,19 +1951,7 @@ fn the_scorer_keeps_the_hard_rules() {
         hello.summary_line()
     );
     // Destructive tools only on direct evidence.
-    for message in [
-        "remind me to call mom at 6",
-        "what's on my calendar next week",
-        "how much disk space is left",
-    ] {
-        let selection = route_configured(&router, message, &view);
-        assert_eq!(
-            sent_destructive(&router, &selection),
-            Vec::<String>::new(),
-            "{message}: {}",
-            selection.summary_line()
-        );
-    }
+    sends_no_destructive_tool_for_everyday_asks(&router, &view);
     // A tool loaded by name is sent whatever its probability.
     let mut loaded = SessionView::new(1);
     loaded.loaded_tools = vec!["delete_backup".to_owned()];

@@ -529,12 +529,7 @@ fn learned_report(
             let mut total = Report::default();
             let mut n_learned = 0;
             for (f, fold) in folds.iter().enumerate() {
-                let others: Vec<Case> = folds
-                    .iter()
-                    .enumerate()
-                    .filter(|&(g, _)| g != f)
-                    .flat_map(|(_, cases)| cases.iter().cloned())
-                    .collect();
+                let others = loadout_router::replay::all_but(&folds, f);
                 let index = learned_index(router, &learned_turns(&others), options)?;
                 n_learned += index.len();
                 let vectors = case_vectors(router, fold)?;

@@ -14,7 +14,9 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use loadout::Registry;
-use loadout_router::replay::{Case, Report, cases_from_json_lines, folds, learned_turns, replay};
+use loadout_router::replay::{
+    Case, Report, all_but, cases_from_json_lines, folds, learned_turns, replay,
+};
 use loadout_router::scorer::{self, Model, Row, SelectionRule, Weights};
 use loadout_router::{LearnedEntry, LearnedIndex, MessageVectors, RouteInput, Router};
 
@@ -178,8 +180,15 @@ fn fit_path(
 
     let mut best: Option<(f64, SelectionRule, Report, Vec<Report>)> = None;
     for rule in rule_grid() {
-        let (total, per_fold) =
-            route_folds(router, folds, &data, &held_out, rule, path, vectors.as_ref())?;
+        let (total, per_fold) = route_folds(
+            router,
+            folds,
+            &data,
+            &held_out,
+            rule,
+            path,
+            vectors.as_ref(),
+        )?;
         let objective = total.turn_recall() - TOOLS_PER_TURN_OF_RECALL * total.mean_tools();
         if std::env::var_os("FIT_VERBOSE").is_some() {
             println!(
@@ -230,12 +239,7 @@ fn fold_data(
 ) -> anyhow::Result<Vec<FoldData>> {
     let mut data = Vec::with_capacity(folds.len());
     for f in 0..folds.len() {
-        let others: Vec<Case> = folds
-            .iter()
-            .enumerate()
-            .filter(|&(g, _)| g != f)
-            .flat_map(|(_, cases)| cases.iter().cloned())
-            .collect();
+        let others = all_but(folds, f);
         let learned = learned_index(router, &learned_turns(&others), vectors);
         let mut rows = Vec::new();
         let mut labels = Vec::new();

@@ -29,6 +29,7 @@ impl Pass<'_> {
             &self.evidence,
             self.input.session,
             self.input.learned,
+            false,
         );
         let model = self.model().clone();
         for (&t, row) in candidates.tools.iter().zip(&candidates.rows) {
