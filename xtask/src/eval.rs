@@ -323,6 +323,9 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     // Per turn with needed tools: the worst rank of a needed tool in the message-only
     // tool ranking (`search_tools`), `usize::MAX` when one is not ranked at all.
     let mut worst_ranks: Vec<usize> = Vec::new();
+    // Turns whose message is written in Hangul, and how many of them hit: reported
+    // on their own line, since the built-in encoder is English-only.
+    let (mut korean_turns, mut korean_hits) = (0usize, 0usize);
     let embedding = Instant::now();
     let vectors = case_vectors(&router, &cases)?;
     let embed_ms = embedding.elapsed().as_secs_f64() * 1e3;
@@ -334,6 +337,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         vectors.as_ref(),
         |routed| {
             let turn = &routed.case.turns[routed.turn_idx];
+            if turn.user.chars().any(is_hangul) {
+                korean_turns += 1;
+                korean_hits +=
+                    usize::from(turn.needed.iter().all(|t| routed.selection.contains(t)));
+            }
             if options.tool_ranks && !turn.needed.is_empty() {
                 let query = vectors.as_ref().and_then(|v| v.get(&turn.user));
                 let ranking =
@@ -375,6 +383,12 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         println!("{line}");
     }
     println!("{}", report.summary_line());
+    if korean_turns > 0 {
+        println!(
+            "korean (Hangul messages): turns {korean_turns}  turn_recall {:.3}",
+            korean_hits as f64 / korean_turns as f64
+        );
+    }
     if options.tool_ranks {
         let n = worst_ranks.len().max(1) as f64;
         let at = |k: usize| worst_ranks.iter().filter(|&&r| r <= k).count() as f64 / n;
@@ -460,6 +474,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+fn is_hangul(c: char) -> bool {
+    matches!(c, '\u{AC00}'..='\u{D7A3}' | '\u{1100}'..='\u{11FF}' | '\u{3130}'..='\u{318F}')
 }
 
 /// With `--verbose`, one turn's message and selection.
