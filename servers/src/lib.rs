@@ -22,6 +22,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The heading of the options every subcommand takes, apart from its own in `--help`.
+const GLOBAL_OPTIONS: &str = "Global options";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "loadout",
@@ -30,14 +33,14 @@ use clap::{Parser, Subcommand};
 )]
 pub struct Cli {
     /// Directory for the database and per-session files.
-    #[arg(long, env = "LOADOUT_DATA_DIR", global = true)]
+    #[arg(long, env = "LOADOUT_DATA_DIR", global = true, help_heading = GLOBAL_OPTIONS)]
     data_dir: Option<PathBuf>,
     /// State backend URL; default: SQLite `loadout.db` in the data dir.
-    #[arg(long, env = "LOADOUT_DATABASE_URL", global = true)]
+    #[arg(long, env = "LOADOUT_DATABASE_URL", global = true, help_heading = GLOBAL_OPTIONS)]
     database_url: Option<String>,
     /// Config file: `[router]` tunables and upstream `[servers.<name>]`; default:
     /// `loadout.toml` in the data dir, if it exists.
-    #[arg(long, env = "LOADOUT_CONFIG", global = true, value_name = "PATH")]
+    #[arg(long, env = "LOADOUT_CONFIG", global = true, value_name = "PATH", help_heading = GLOBAL_OPTIONS)]
     config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
@@ -71,6 +74,17 @@ enum Command {
     Serve(http::Args),
     /// Serves every tool over MCP (stdio by default).
     Mcp(mcp::Args),
+}
+
+/// Whether a command failed only because its reader went away (`… | head -1`): the
+/// binary then exits quietly, as a command-line tool does, rather than print an
+/// error about a pipe the user closed on purpose.
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Runs one parsed command line.
