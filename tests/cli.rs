@@ -1073,3 +1073,59 @@ fn a_reader_that_goes_away_ends_the_command_quietly() {
         "{stderr}"
     );
 }
+
+/// Issue 40: `loadout clients add` prints a token once and keeps only its hash;
+/// `list` shows what each client may reach, never the token; `revoke` removes it.
+/// Names that are no domain or tool are refused by name.
+#[test]
+fn clients_are_added_with_a_token_shown_once_listed_and_revoked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |args: &[&str]| {
+        loadout(dir.path())
+            .args(args)
+            .output()
+            .expect("run loadout")
+    };
+    let added = stdout_of(run(&[
+        "clients",
+        "add",
+        "notes-agent",
+        "--domains",
+        "memory",
+        "--tools",
+        "calculate",
+        "--rate",
+        "30/min",
+        "--read-only",
+    ]));
+    let token = added
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(token.len(), 48, "{added}");
+    let listed = stdout_of(run(&["clients", "list"]));
+    assert!(
+        listed
+            .starts_with("notes-agent domains memory tools calculate rate 30/min read-only since "),
+        "{listed}"
+    );
+    assert!(!listed.contains(&token), "{listed}");
+    let database = std::fs::read(dir.path().join("loadout.db")).expect("database");
+    assert!(
+        !database.windows(token.len()).any(|w| w == token.as_bytes()),
+        "the token is stored in clear"
+    );
+    let again = run(&["clients", "add", "notes-agent"]);
+    assert!(!again.status.success());
+    let wrong = run(&["clients", "add", "other", "--domains", "no_such_domain"]);
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("no domain is named `no_such_domain`"),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+    assert!(stdout_of(run(&["clients", "revoke", "notes-agent"])).contains("revoked"));
+    assert_eq!(stdout_of(run(&["clients", "list"])), "");
+    assert!(!run(&["clients", "revoke", "notes-agent"]).status.success());
+}

@@ -60,6 +60,9 @@ enum Command {
     /// Reads and writes settings.
     #[command(subcommand)]
     Settings(cli::settings::Command),
+    /// Clients with tokens of their own: `add NAME`, `list`, `revoke NAME`.
+    #[command(subcommand)]
+    Clients(cli::clients::Command),
     /// Prints the newest tool calls from the audit log.
     Audit(cli::audit::Args),
     /// Prints the newest routing decisions from the decision log, with their reasons.
@@ -101,6 +104,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Route(args) => cli::route::run(&app, args).await,
         Command::Replay(args) => cli::replay::run(&app, args).await,
         Command::Settings(command) => cli::settings::run(&app, command).await,
+        Command::Clients(command) => cli::clients::run(&app, command).await,
         Command::Audit(args) => cli::audit::run(&app, args).await,
         Command::Decisions(args) => cli::decisions::run(&app, args).await,
         Command::Learned(args) => cli::learned::run(&app, args).await,

@@ -12,6 +12,7 @@ macro_rules! outln {
 
 pub mod audit;
 pub mod call;
+pub mod clients;
 pub mod decisions;
 pub mod learned;
 pub mod replay;
