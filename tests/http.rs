@@ -853,3 +853,90 @@ async fn nothing_is_learned_when_the_decision_log_hashes_or_learning_is_off() {
         assert!(rows.is_empty(), "{key} = {value}: {rows:?}");
     }
 }
+
+/// Issue 40: a client's own token reaches `/api/route` and sees only its set (core,
+/// its domains and tools; read-only tools only when it says so); the operator's
+/// token sees everything; an unknown or revoked token, and a client's token on an
+/// operator endpoint, get 401.
+#[tokio::test]
+async fn a_clients_token_routes_within_its_own_set() {
+    use loadout_server::app::{App, Config};
+    use loadout_server::http::{HttpState, app};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let app_state = App::open(&Config::in_data_dir(dir.path().to_path_buf()))
+        .await
+        .expect("open app");
+    let store = app_state.store().clone();
+    let client_token = "client-token-of-the-notes-agent";
+    store
+        .client_insert(loadout_store::ClientRow {
+            name: "notes-agent".into(),
+            token_sha256: loadout_store::sha256_hex(client_token),
+            domains: vec!["memory".into()],
+            tools: vec![],
+            rate_per_min: None,
+            read_only: true,
+            created_ms: 0,
+        })
+        .await
+        .expect("insert client");
+    let operator =
+        loadout_server::mcp::BearerToken::new("operator-token-0123456789").expect("token");
+    let app = app(HttpState::new(app_state, Some(operator)));
+    let route = |token: &str| {
+        Request::builder()
+            .method("POST")
+            .uri("/api/route")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::from(
+                json!({"message": "remember that my parrot is called Polly, and make a table of my expenses"})
+                    .to_string(),
+            ))
+            .expect("request")
+    };
+    let names = |bytes: &[u8]| -> Vec<String> {
+        let body: Value = serde_json::from_slice(bytes).expect("JSON");
+        body["selection"]["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let (status, bytes) = send_request(&app, route("operator-token-0123456789")).await;
+    assert_eq!(status, StatusCode::OK);
+    let everything = names(&bytes);
+    assert!(
+        everything.iter().any(|t| t == "create_table")
+            && everything.iter().any(|t| t == "remember"),
+        "{everything:?}"
+    );
+    let (status, bytes) = send_request(&app, route(client_token)).await;
+    assert_eq!(status, StatusCode::OK);
+    let seen = names(&bytes);
+    assert!(seen.iter().any(|t| t == "recall"), "{seen:?}");
+    assert!(seen.iter().any(|t| t == "current_time"), "{seen:?}");
+    // Not its domain, and not read-only.
+    assert!(!seen.iter().any(|t| t == "create_table"), "{seen:?}");
+    assert!(!seen.iter().any(|t| t == "remember"), "{seen:?}");
+    let body: Value = serde_json::from_slice(&bytes).expect("JSON");
+    assert_eq!(
+        body["tools"].as_array().map(Vec::len),
+        Some(seen.len()),
+        "{body}"
+    );
+
+    let (status, _) = send_request(&app, route("not-a-token-of-anyone-at-all")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let settings = Request::builder()
+        .uri("/api/settings")
+        .header("authorization", format!("Bearer {client_token}"))
+        .body(Body::empty())
+        .expect("request");
+    let (status, _) = send_request(&app, settings).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(store.client_revoke("notes-agent").await.expect("revoke"));
+    let (status, _) = send_request(&app, route(client_token)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}

@@ -6,6 +6,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod clients;
 pub mod config;
 pub mod http;
 pub mod learning;
