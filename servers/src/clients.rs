@@ -63,25 +63,34 @@ pub async fn require_operator_or_client(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let authorization = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    if let Some(authorization) = authorization {
-        if token.accepts(&authorization) {
-            return next.run(request).await;
+    match client_of(&token, &store, authorization_of(&request)).await {
+        Ok(Some(client)) => {
+            request.extensions_mut().insert(client);
+            next.run(request).await
         }
-        if let Some(presented) = bearer_credentials(&authorization) {
-            // Only the hash is stored, so the lookup is by hash: a token that is not
-            // a client's costs one indexed read.
+        Ok(None) => next.run(request).await,
+        Err(response) => response,
+    }
+}
+
+/// The client a request's bearer token names: `Ok(None)` for the operator's token,
+/// `Err` with the 401 answer for anything else.
+async fn client_of(
+    token: &BearerToken,
+    store: &Store,
+    authorization: Option<String>,
+) -> Result<Option<Client>, Response> {
+    if let Some(authorization) = authorization.as_deref() {
+        if token.accepts(authorization) {
+            return Ok(None);
+        }
+        // Only the hash is stored, so the lookup is by hash: a token that is not a
+        // client's costs one indexed read.
+        if let Some(presented) = bearer_credentials(authorization) {
             match store.client_by_token_hash(&sha256_hex(presented)).await {
-                Ok(Some(row)) => {
-                    request.extensions_mut().insert(Client(Arc::new(row)));
-                    return next.run(request).await;
-                }
+                Ok(Some(row)) => return Ok(Some(Client(Arc::new(row)))),
                 Ok(None) => {}
-                Err(e) => return ApiError::from(e).into_response(),
+                Err(e) => return Err(ApiError::from(e).into_response()),
             }
         }
     }
@@ -90,7 +99,65 @@ pub async fn require_operator_or_client(
         header::WWW_AUTHENTICATE,
         header::HeaderValue::from_static("Bearer"),
     );
-    response
+    Err(response)
+}
+
+/// The MCP endpoints beyond loopback: the operator's token reaches the path asked
+/// for; a client limited to domains is served `/mcp/domains/<its domains>` whatever
+/// path it asks for, so that its `tools/list`, `search_tools` and `call_tool` are
+/// that view's (a call outside it is refused by name, as any view refuses); a
+/// client limited by tool names or to read-only tools is refused here, since no MCP
+/// view serves those limits yet.
+pub async fn mcp_gate(
+    token: BearerToken,
+    store: Store,
+    mcp: axum::Router,
+    mut request: Request,
+) -> Response {
+    use tower::ServiceExt as _;
+    let client = match client_of(&token, &store, authorization_of(&request)).await {
+        Ok(client) => client,
+        Err(response) => return response,
+    };
+    if let Some(Client(row)) = &client {
+        if !row.tools.is_empty() || row.read_only {
+            let message = format!(
+                "client `{}` is limited by tool names or to read-only tools, which MCP does not serve yet; use /api/route",
+                row.name
+            );
+            return (
+                axum::http::StatusCode::FORBIDDEN,
+                axum::Json(serde_json::json!({"error": {"kind": "forbidden", "message": message}})),
+            )
+                .into_response();
+        }
+        if !row.domains.is_empty() {
+            let path = format!("/mcp/domains/{}", row.domains.join(","));
+            let query = request
+                .uri()
+                .query()
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default();
+            match format!("{path}{query}").parse() {
+                Ok(uri) => *request.uri_mut() = uri,
+                Err(_) => return ApiError::BadRequest("bad request path".into()).into_response(),
+            }
+        }
+    }
+    match mcp.oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// The `Authorization` header, owned: a borrow of the request held across the
+/// store's read would make the middleware's future not `Send`.
+fn authorization_of(request: &Request) -> Option<String> {
+    request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }
 
 /// The token of an `Authorization: Bearer <token>` value (scheme in any case).

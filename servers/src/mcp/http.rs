@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tokio_stream::StreamExt as _;
 
 use super::McpServer;
-use super::auth::{self, BearerToken};
+use super::auth::BearerToken;
 use super::handler::{McpHandler, Shared};
 use super::jsonrpc::{self, Incoming};
 use super::view::{self, View};
@@ -68,10 +68,18 @@ pub fn http_router(server: &McpServer, token: Option<BearerToken>) -> axum::Rout
         .with_state(endpoints)
         .layer(axum::middleware::from_fn(jsonrpc_guard));
     match token {
-        Some(token) => router.layer(axum::middleware::from_fn_with_state(
-            token,
-            auth::require_bearer,
-        )),
+        // A client's token is served the view of its own domains (issue 40): the
+        // request is checked, and its path chosen, before the MCP routes see it.
+        Some(token) => {
+            let store = server.shared.app.store().clone();
+            let gate = axum::routing::any(move |request: Request| {
+                let (router, token, store) = (router.clone(), token.clone(), store.clone());
+                async move { crate::clients::mcp_gate(token, store, router, request).await }
+            });
+            axum::Router::new()
+                .route("/mcp", gate.clone())
+                .route("/mcp/domains/{set}", gate)
+        }
         None => router,
     }
 }
