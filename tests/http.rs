@@ -1081,6 +1081,23 @@ async fn a_clients_token_is_served_the_mcp_view_of_its_domains() {
         called["result"]["isError"] == json!(true) || called.get("error").is_some(),
         "a call outside the client's domains ran: {called}"
     );
+    // A call within its view is audited under the client's name.
+    let (_, recalled, _) = mcp_post(
+        &app,
+        token,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+               "params": {"name": "recall", "arguments": {"query": "parrot"}}}),
+    )
+    .await;
+    assert!(recalled.get("result").is_some(), "{recalled}");
+    let audited = store.audit_tail(5).await.expect("audit");
+    assert!(
+        audited
+            .iter()
+            .any(|r| r.tool == "recall" && r.client == "notes-agent"),
+        "{audited:?}"
+    );
 
     let (status, refused, _) = mcp_post(
         &app,

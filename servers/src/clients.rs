@@ -119,6 +119,10 @@ pub async fn mcp_gate(
         Ok(client) => client,
         Err(response) => return response,
     };
+    if let Some(client) = &client {
+        // rmcp hands the request's parts to the handler: the audit names the client.
+        request.extensions_mut().insert(client.clone());
+    }
     if let Some(Client(row)) = &client {
         if !row.tools.is_empty() || row.read_only {
             let message = format!(

@@ -706,9 +706,17 @@ fn first_text(result: &CallToolResult) -> Option<String> {
         .map(|t| t.text.chars().take(1000).collect())
 }
 
-/// The client's name from its `initialize` (or the request's metadata), for the
-/// audit log; `mcp` when it gave none.
+/// The client's name for the audit log: the Loadout client its token names (issue
+/// 40), else the name from its `initialize` (or the request's metadata); `mcp` when
+/// it gave none.
 fn client_name(context: &RequestContext<RoleServer>) -> String {
+    let by_token = context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<crate::clients::Client>());
+    if let Some(crate::clients::Client(row)) = by_token {
+        return row.name.clone();
+    }
     context
         .client_info()
         .map(|info| info.name.chars().take(64).collect::<String>())
