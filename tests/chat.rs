@@ -1009,7 +1009,7 @@ async fn metrics_count_turns_calls_and_repaired_misses() {
         );
     };
     at_least(
-        r#"loadout_tool_calls_total{tool="write_file",outcome="invalid"}"#,
+        r#"loadout_tool_calls_total{tool="write_file",outcome="refused"}"#,
         1.0,
     );
     at_least(

@@ -684,6 +684,11 @@ fn decisions_prints_the_logged_rows_with_their_reasons() {
         text.contains("\"read the file notes.txt\"") && text.contains("\"tools\":["),
         "{text}"
     );
+    // Issue 40: times as `loadout audit` prints them, not epoch milliseconds.
+    assert!(
+        text.split(' ').next().is_some_and(is_iso_utc_millis),
+        "{text}"
+    );
 }
 
 /// `2026-11-26T23:41:07.123Z`: ISO 8601 UTC with milliseconds.
@@ -907,6 +912,14 @@ fn learn_imports_labeled_turns_and_learned_lists_and_forgets_them() {
         one.contains("remember to zorblax the quarterly ledgers") && one.contains("import"),
         "{one}"
     );
+    // Issue 40: the newest entry's time and each entry's, in ISO 8601 UTC.
+    let newest = one
+        .split("newest ")
+        .nth(1)
+        .map(|rest| rest.get(..24).unwrap_or(rest));
+    assert!(newest.is_some_and(is_iso_utc_millis), "{one}");
+    let entry = one.lines().nth(1).and_then(|l| l.split_whitespace().next());
+    assert!(entry.is_some_and(is_iso_utc_millis), "{one}");
     // Imported twice, a turn merges into its entry instead of being added again.
     let again = stdout_of(run(&["learn", "--cases", cases_arg]));
     assert!(
@@ -944,6 +957,13 @@ fn learn_imports_labeled_turns_and_learned_lists_and_forgets_them() {
     );
 
     assert!(stdout_of(run(&["learned", "--forget", "list_tables"])).contains("forgot 1"));
+    // Issue 40: a name no tool has is an error, not "forgot 0".
+    let unknown = run(&["learned", "--forget", "no_such_tool"]);
+    assert!(!unknown.status.success());
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(stderr.contains("unknown tool `no_such_tool`"), "{stderr}");
+    // A known tool with nothing learned forgets nothing, and says so.
+    assert!(stdout_of(run(&["learned", "--forget", "recall"])).contains("forgot 0"));
     let listed = stdout_of(run(&["learned", "--json"]));
     assert!(
         !listed.contains("list_tables") && listed.contains("calculate"),
@@ -961,4 +981,186 @@ fn learn_imports_labeled_turns_and_learned_lists_and_forgets_them() {
         String::from_utf8_lossy(&refused.stderr)
     );
     assert!(stdout_of(run(&["learned"])).contains("nothing learned yet"));
+}
+
+/// Issue 40: an unconfigured domain is named only on real evidence. "what time is it
+/// in Seoul?" shares "time" with the file tools, but `current_time` (always on)
+/// explains it: nothing is named. A message about files names filesystem, with where
+/// its key is set (the operator's: not `set_setting`).
+#[test]
+fn route_names_an_unconfigured_domain_only_on_real_evidence_and_says_where_it_is_set() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let route = |message: &str| {
+        stdout_of(
+            loadout(dir.path())
+                .args(["route", "--lexical", message])
+                .output()
+                .expect("run loadout"),
+        )
+    };
+    let seoul = route("what time is it in Seoul?");
+    assert!(!seoul.contains("not configured"), "{seoul}");
+    let files = route("read the file notes.txt from my documents folder");
+    assert!(
+        files.contains(
+            "not sent: filesystem (not configured: set filesystem_roots): the operator sets filesystem_roots from the dashboard or `loadout settings set` (`set_setting` may not)"
+        ),
+        "{files}"
+    );
+    let tools = stdout_of(
+        loadout(dir.path())
+            .args(["tools", "--no-upstream"])
+            .output()
+            .expect("run loadout"),
+    );
+    assert!(
+        tools.contains("inactive: the operator sets filesystem_roots from the dashboard"),
+        "{tools}"
+    );
+    // The model's list_domains says so too.
+    let domains: Value = serde_json::from_str(&stdout_of(
+        loadout(dir.path())
+            .args(["call", "list_domains", "--args", "{}"])
+            .output()
+            .expect("run loadout"),
+    ))
+    .expect("JSON");
+    let filesystem = domains
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["name"] == "filesystem"))
+        .unwrap_or_else(|| panic!("no filesystem in {domains}"));
+    assert!(
+        filesystem["how_to_configure"]
+            .as_str()
+            .is_some_and(|h| h.contains("`set_setting` may not")),
+        "{filesystem}"
+    );
+}
+
+/// Issue 40: the text of `loadout route` names the keyword that sent a domain.
+#[test]
+fn route_text_names_the_keyword_that_matched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = stdout_of(
+        loadout(dir.path())
+            .args(["route", "--lexical", "make a table of my expenses"])
+            .output()
+            .expect("run loadout"),
+    );
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("  scratchpad: keyword"));
+    assert!(
+        line.is_some_and(|l| l.contains("keyword \"table\"")),
+        "{text}"
+    );
+}
+
+/// Issue 40: each subcommand's help sets the global options apart from its own.
+#[test]
+fn subcommand_help_puts_the_global_options_under_their_own_heading() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for command in ["route", "tools", "learned", "serve"] {
+        let help = stdout_of(
+            loadout(dir.path())
+                .args([command, "--help"])
+                .output()
+                .expect("run loadout"),
+        );
+        let (own, global) = help
+            .split_once("Global options:")
+            .unwrap_or_else(|| panic!("no global heading in {command} --help:\n{help}"));
+        for option in ["--data-dir <", "--database-url <", "--config <"] {
+            assert!(
+                global.contains(option) && !own.contains(option),
+                "{command} --help:\n{help}"
+            );
+        }
+    }
+}
+
+/// Issue 40: `loadout route "…" | head -1` ends quietly when its reader goes away,
+/// without a "failed printing to stdout" panic.
+#[test]
+fn a_reader_that_goes_away_ends_the_command_quietly() {
+    use std::io::Read as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = loadout(dir.path())
+        .args(["route", "--lexical", "make a table of my expenses"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run loadout");
+    // The reader closes before the command writes anything, as `head` does after its
+    // lines: every write of the command meets a closed pipe.
+    drop(child.stdout.take());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("Broken pipe"),
+        "{stderr}"
+    );
+}
+
+/// Issue 40: `loadout clients add` prints a token once and keeps only its hash;
+/// `list` shows what each client may reach, never the token; `revoke` removes it.
+/// Names that are no domain or tool are refused by name.
+#[test]
+fn clients_are_added_with_a_token_shown_once_listed_and_revoked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |args: &[&str]| {
+        loadout(dir.path())
+            .args(args)
+            .output()
+            .expect("run loadout")
+    };
+    let added = stdout_of(run(&[
+        "clients",
+        "add",
+        "notes-agent",
+        "--domains",
+        "memory",
+        "--tools",
+        "calculate",
+        "--rate",
+        "30/min",
+        "--read-only",
+    ]));
+    let token = added
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(token.len(), 48, "{added}");
+    let listed = stdout_of(run(&["clients", "list"]));
+    assert!(
+        listed
+            .starts_with("notes-agent domains memory tools calculate rate 30/min read-only since "),
+        "{listed}"
+    );
+    assert!(!listed.contains(&token), "{listed}");
+    let database = std::fs::read(dir.path().join("loadout.db")).expect("database");
+    assert!(
+        !database.windows(token.len()).any(|w| w == token.as_bytes()),
+        "the token is stored in clear"
+    );
+    let again = run(&["clients", "add", "notes-agent"]);
+    assert!(!again.status.success());
+    let wrong = run(&["clients", "add", "other", "--domains", "no_such_domain"]);
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("no domain is named `no_such_domain`"),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+    assert!(stdout_of(run(&["clients", "revoke", "notes-agent"])).contains("revoked"));
+    assert_eq!(stdout_of(run(&["clients", "list"])), "");
+    assert!(!run(&["clients", "revoke", "notes-agent"]).status.success());
 }

@@ -865,3 +865,261 @@ async fn nothing_is_learned_when_the_decision_log_hashes_or_learning_is_off() {
         assert!(rows.is_empty(), "{key} = {value}: {rows:?}");
     }
 }
+
+/// Issue 40: a client's own token reaches `/api/route` and sees only its set (core,
+/// its domains and tools; read-only tools only when it says so); the operator's
+/// token sees everything; an unknown or revoked token, and a client's token on an
+/// operator endpoint, get 401.
+#[tokio::test]
+async fn a_clients_token_routes_within_its_own_set() {
+    use loadout_server::app::{App, Config};
+    use loadout_server::http::{HttpState, app};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let app_state = App::open(&Config::in_data_dir(dir.path().to_path_buf()))
+        .await
+        .expect("open app");
+    let store = app_state.store().clone();
+    let client_token = "client-token-of-the-notes-agent";
+    store
+        .client_insert(loadout_store::ClientRow {
+            name: "notes-agent".into(),
+            token_sha256: loadout_store::sha256_hex(client_token),
+            domains: vec!["memory".into()],
+            tools: vec![],
+            rate_per_min: None,
+            read_only: true,
+            created_ms: 0,
+        })
+        .await
+        .expect("insert client");
+    let operator =
+        loadout_server::mcp::BearerToken::new("operator-token-0123456789").expect("token");
+    let app = app(HttpState::new(app_state, Some(operator)));
+    let route = |token: &str| {
+        Request::builder()
+            .method("POST")
+            .uri("/api/route")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::from(
+                json!({"message": "remember that my parrot is called Polly, and make a table of my expenses"})
+                    .to_string(),
+            ))
+            .expect("request")
+    };
+    let names = |bytes: &[u8]| -> Vec<String> {
+        let body: Value = serde_json::from_slice(bytes).expect("JSON");
+        body["selection"]["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let (status, bytes) = send_request(&app, route("operator-token-0123456789")).await;
+    assert_eq!(status, StatusCode::OK);
+    let everything = names(&bytes);
+    assert!(
+        everything.iter().any(|t| t == "create_table")
+            && everything.iter().any(|t| t == "remember"),
+        "{everything:?}"
+    );
+    let (status, bytes) = send_request(&app, route(client_token)).await;
+    assert_eq!(status, StatusCode::OK);
+    let seen = names(&bytes);
+    assert!(seen.iter().any(|t| t == "recall"), "{seen:?}");
+    assert!(seen.iter().any(|t| t == "current_time"), "{seen:?}");
+    // Not its domain, and not read-only.
+    assert!(!seen.iter().any(|t| t == "create_table"), "{seen:?}");
+    assert!(!seen.iter().any(|t| t == "remember"), "{seen:?}");
+    let body: Value = serde_json::from_slice(&bytes).expect("JSON");
+    assert_eq!(
+        body["tools"].as_array().map(Vec::len),
+        Some(seen.len()),
+        "{body}"
+    );
+
+    let (status, _) = send_request(&app, route("not-a-token-of-anyone-at-all")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let settings = Request::builder()
+        .uri("/api/settings")
+        .header("authorization", format!("Bearer {client_token}"))
+        .body(Body::empty())
+        .expect("request");
+    let (status, _) = send_request(&app, settings).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(store.client_revoke("notes-agent").await.expect("revoke"));
+    let (status, _) = send_request(&app, route(client_token)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+/// One JSON-RPC request to `/mcp` with a bearer token: status, the answer's JSON
+/// (from an SSE `data:` line or a plain body) and the session id it gave.
+async fn mcp_post(
+    app: &axum::Router,
+    token: &str,
+    session: Option<&str>,
+    body: Value,
+) -> (StatusCode, Value, Option<String>) {
+    let mut builder = Request::builder()
+        .method("POST")
+        .uri("/mcp")
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {token}"));
+    if let Some(session) = session {
+        builder = builder.header("mcp-session-id", session);
+    }
+    let request = builder.body(Body::from(body.to_string())).expect("request");
+    let response = app.clone().oneshot(request).await.expect("response");
+    let status = response.status();
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let json = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|v| v.get("result").is_some() || v.get("error").is_some())
+        .or_else(|| serde_json::from_str(&text).ok())
+        .unwrap_or(Value::String(text));
+    (status, json, session)
+}
+
+/// Issue 40: over MCP a client limited to domains is served the view of those
+/// domains: `tools/list` has core and them only, and a call outside them is refused
+/// by name. A client limited by tool names is refused on MCP rather than given more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_token_is_served_the_mcp_view_of_its_domains() {
+    use loadout_server::app::{App, Config};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let app_state = App::open(&Config::in_data_dir(dir.path().to_path_buf()))
+        .await
+        .expect("open app");
+    let store = app_state.store().clone();
+    for (name, token, domains, tools) in [
+        (
+            "notes-agent",
+            "client-token-of-the-notes-agent",
+            vec!["memory".to_owned()],
+            vec![],
+        ),
+        (
+            "calc-agent",
+            "client-token-of-the-calc-agent",
+            vec![],
+            vec!["calculate".to_owned()],
+        ),
+    ] {
+        store
+            .client_insert(loadout_store::ClientRow {
+                name: name.into(),
+                token_sha256: loadout_store::sha256_hex(token),
+                domains,
+                tools,
+                rate_per_min: None,
+                read_only: false,
+                created_ms: 0,
+            })
+            .await
+            .expect("insert client");
+    }
+    let operator =
+        loadout_server::mcp::BearerToken::new("operator-token-0123456789").expect("token");
+    let state = loadout_server::http::HttpState::new(app_state, Some(operator))
+        .with_mcp()
+        .await
+        .expect("mcp");
+    let app = loadout_server::http::app(state);
+    let token = "client-token-of-the-notes-agent";
+    let (status, init, session) = mcp_post(
+        &app,
+        token,
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "client-test", "version": "1"}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{init}");
+    let session = session.expect("a session id");
+    mcp_post(
+        &app,
+        token,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (status, listed, _) = mcp_post(
+        &app,
+        token,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"recall") && names.contains(&"calculate"),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"create_table") && !names.contains(&"read_file"),
+        "{names:?}"
+    );
+    let (_, called, _) = mcp_post(
+        &app,
+        token,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+               "params": {"name": "call_tool", "arguments": {"name": "list_tables", "arguments": {}}}}),
+    )
+    .await;
+    assert!(called.to_string().contains("list_tables"), "{called}");
+    assert!(
+        called["result"]["isError"] == json!(true) || called.get("error").is_some(),
+        "a call outside the client's domains ran: {called}"
+    );
+    // A call within its view is audited under the client's name.
+    let (_, recalled, _) = mcp_post(
+        &app,
+        token,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+               "params": {"name": "recall", "arguments": {"query": "parrot"}}}),
+    )
+    .await;
+    assert!(recalled.get("result").is_some(), "{recalled}");
+    let audited = store.audit_tail(5).await.expect("audit");
+    assert!(
+        audited
+            .iter()
+            .any(|r| r.tool == "recall" && r.client == "notes-agent"),
+        "{audited:?}"
+    );
+
+    let (status, refused, _) = mcp_post(
+        &app,
+        "client-token-of-the-calc-agent",
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "client-test", "version": "1"}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    assert!(refused.to_string().contains("calc-agent"), "{refused}");
+}

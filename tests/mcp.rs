@@ -480,6 +480,13 @@ async fn dynamic_mode_reaches_every_tool_through_a_constant_list() {
     );
     assert_eq!(read_file["configured"], json!(false));
     assert_eq!(read_file["needs_settings"], json!(["filesystem_roots"]));
+    // Issue 40: an operator key is not the model's to set: the answer says where.
+    assert!(
+        read_file["how_to_configure"].as_str().is_some_and(|h| h
+            .contains("`loadout settings set`")
+            && h.contains("`set_setting` may not")),
+        "{read_file}"
+    );
     assert_eq!(read_file["listed"], json!(false));
     // The first search also starts the dense stage of the ranking, in the
     // background; its vectors land in the data dir's cache.
@@ -1726,7 +1733,9 @@ async fn ending_a_session_answers_204() {
 
 /// Issue 29: over MCP, a `search_tools` query followed by a successful call (here
 /// through `call_tool`) of a tool it returned teaches that query the tool (source
-/// `mcp_search`); a call of a tool the search did not return teaches nothing.
+/// `mcp_search`); a call of a tool the search did not return teaches nothing, and
+/// neither does a second found tool called after the first (issue 40: only the first
+/// call answers the query).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_search_followed_by_a_call_of_a_found_tool_is_learned() {
     let data = tempfile::tempdir().expect("tempdir");
@@ -1748,8 +1757,19 @@ async fn a_search_followed_by_a_call_of_a_found_tool_is_learned() {
             .is_some_and(|r| r.iter().any(|hit| hit["name"] == "list_tables")),
         "list_tables not found: {found}"
     );
+    assert!(
+        found["results"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|hit| hit["name"] == "query_data")),
+        "query_data not found: {found}"
+    );
     mcp.call_ok("call_tool", json!({"name": "list_tables", "arguments": {}}))
         .await;
+    mcp.call_ok(
+        "call_tool",
+        json!({"name": "query_data", "arguments": {"sql": "SELECT 1"}}),
+    )
+    .await;
     mcp.call_ok("calculate", json!({"expression": "2 + 2"}))
         .await;
     mcp.close().await;

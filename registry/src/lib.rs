@@ -27,7 +27,7 @@ pub use error::{RegistryError, ToolError};
 pub use registry::{CALL_TIMEOUT, CallOutput, Registry, RegistryBuilder};
 pub use setting_spec::{
     Applies, Setter, SettingEntry, SettingKind, SettingRefused, Trust, applies_of, check_setting,
-    is_credential_key, names_a_place, setting_spec, setting_specs, trust_of,
+    is_credential_key, names_a_place, setting_spec, setting_specs, trust_of, where_to_set,
 };
 pub use settings::{Settings, is_secret_key, mask_secret, validate_setting_key};
 pub use storage::{BoxFuture, SettingsChange, Storage, StoreError};

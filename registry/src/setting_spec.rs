@@ -178,6 +178,31 @@ pub fn applies_of(key: &str) -> Applies {
     setting_spec(key).map_or(Applies::Live, |spec| spec.applies)
 }
 
+/// Where missing keys are set, for the advice given to the user and the model: the
+/// model may store its keys with `set_setting` when the user gives them, but only the
+/// operator sets the others, so telling the model to store those sends it into a
+/// refusal.
+pub fn where_to_set<S: AsRef<str>>(keys: &[S]) -> String {
+    let (operator, model): (Vec<&str>, Vec<&str>) = keys
+        .iter()
+        .map(AsRef::as_ref)
+        .partition(|key| trust_of(key) == Trust::Operator);
+    let mut parts = Vec::new();
+    if !model.is_empty() {
+        parts.push(format!(
+            "set {} with the `set_setting` tool when the user gives it",
+            model.join(", ")
+        ));
+    }
+    if !operator.is_empty() {
+        parts.push(format!(
+            "the operator sets {} from the dashboard or `loadout settings set` (`set_setting` may not)",
+            operator.join(", ")
+        ));
+    }
+    parts.join("; ")
+}
+
 /// Whether `setter` may write `value` to `key` (`None`: remove it). A removal by the
 /// operator is always allowed; the model may touch no operator key at all.
 pub fn check_setting(key: &str, value: Option<&str>, setter: Setter) -> Result<(), SettingRefused> {
@@ -315,6 +340,18 @@ mod tests {
         trust: Trust::Model,
         description: "a test number",
         validate: |v: &str| v.parse::<u32>().map(|_| ()).map_err(|e| format!("`{v}`: {e}")),
+    }
+
+    #[test]
+    fn advice_says_where_each_key_is_set() {
+        assert_eq!(
+            where_to_set(&["spec_test_number"]),
+            "set spec_test_number with the `set_setting` tool when the user gives it"
+        );
+        assert_eq!(
+            where_to_set(&["spec_test_choice", "spec_test_number", "weather_url"]),
+            "set spec_test_number with the `set_setting` tool when the user gives it; the operator sets spec_test_choice, weather_url from the dashboard or `loadout settings set` (`set_setting` may not)"
+        );
     }
 
     #[test]

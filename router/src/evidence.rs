@@ -19,6 +19,9 @@ pub(crate) struct Evidence {
     /// Per domain: hits of its own keywords and of its tools'.
     pub(crate) keyword_hits_in_domain: Vec<u16>,
     pub(crate) tool_keyword_hits: Vec<u16>,
+    /// Every keyword hit as (domain, keyword pattern id), in message order: what a
+    /// keyword verdict names as its reason.
+    pub(crate) keyword_matches: Vec<(usize, u32)>,
     /// Per tool: what ranks tools inside a domain: the BM25 share (0..1) lexical-only,
     /// the fused (RRF) score of BM25 and dense with the dense stage; best over the
     /// message and its requests.
@@ -107,7 +110,8 @@ impl Router {
         let mut domain_keyword_hits = vec![0u16; n_domains];
         let mut keyword_hits_in_domain = vec![0u16; n_domains];
         let mut tool_keyword_hits = vec![0u16; n_tools];
-        self.keywords.for_each_match(&lowered, |owner| {
+        let mut keyword_matches = Vec::new();
+        self.keywords.for_each_match(&lowered, |owner, pattern| {
             let domain = match owner {
                 KeywordOwner::Domain(d) => {
                     let Some(hits) = domain_keyword_hits.get_mut(d) else {
@@ -127,6 +131,7 @@ impl Router {
             if let Some(hits) = keyword_hits_in_domain.get_mut(domain) {
                 *hits = hits.saturating_add(1);
             }
+            keyword_matches.push((domain, pattern));
         });
 
         // The message, then each of its requests when it chains several.
@@ -298,6 +303,7 @@ impl Router {
             domain_keyword_hits,
             keyword_hits_in_domain,
             tool_keyword_hits,
+            keyword_matches,
             tool_similarity,
             tool_bm25,
             tool_dense,

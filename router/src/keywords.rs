@@ -43,6 +43,8 @@ pub(crate) struct KeywordIndex {
     /// Per pattern id: the owners that declared it (one keyword may be declared by
     /// several domains).
     owners_by_pattern: Vec<Vec<KeywordOwner>>,
+    /// Per pattern id: the keyword, lowercased, so that a reason can name it.
+    patterns: Vec<String>,
 }
 
 /// Inflections an ASCII keyword may be followed by and still match.
@@ -83,7 +85,13 @@ impl KeywordIndex {
             automaton,
             pattern_is_ascii,
             owners_by_pattern,
+            patterns,
         }
+    }
+
+    /// The keyword of a pattern id passed to `for_each_match`.
+    pub(crate) fn pattern(&self, id: u32) -> &str {
+        self.patterns.get(id as usize).map_or("", String::as_str)
     }
 
     /// Number of distinct keywords compiled in.
@@ -92,11 +100,12 @@ impl KeywordIndex {
     }
 
     /// Calls `on_match` once per (keyword, owner) occurrence in `lowercased_message`,
-    /// which must already be lowercased with [`str::to_lowercase`].
+    /// which must already be lowercased with [`str::to_lowercase`], with the keyword's
+    /// pattern id (see [`KeywordIndex::pattern`]).
     pub(crate) fn for_each_match(
         &self,
         lowercased_message: &str,
-        mut on_match: impl FnMut(KeywordOwner),
+        mut on_match: impl FnMut(KeywordOwner, u32),
     ) {
         let Some(automaton) = &self.automaton else {
             return;
@@ -113,7 +122,7 @@ impl KeywordIndex {
             }
             if let Some(owners) = self.owners_by_pattern.get(pattern_idx) {
                 for &owner in owners {
-                    on_match(owner);
+                    on_match(owner, pattern_idx as u32);
                 }
             }
         }
@@ -152,7 +161,7 @@ mod tests {
     fn matches(keyword: &str, message: &str) -> bool {
         let index = KeywordIndex::new([(keyword, KeywordOwner::Domain(0))]);
         let mut hit = false;
-        index.for_each_match(&message.to_lowercase(), |_| hit = true);
+        index.for_each_match(&message.to_lowercase(), |_, _| hit = true);
         hit
     }
 
@@ -204,7 +213,7 @@ mod tests {
         ]);
         assert_eq!(index.n_patterns(), 1);
         let mut owners = Vec::new();
-        index.for_each_match("schedule a backup", |o| owners.push(o));
+        index.for_each_match("schedule a backup", |o, _| owners.push(o));
         assert_eq!(
             owners,
             vec![KeywordOwner::Domain(0), KeywordOwner::Domain(1)]

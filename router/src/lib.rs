@@ -751,7 +751,7 @@ impl Router {
     pub fn keyword_domains(&self, message: &str) -> Vec<usize> {
         let lowered = message.to_lowercase();
         let mut matched = Vec::new();
-        self.keywords.for_each_match(&lowered, |owner| {
+        self.keywords.for_each_match(&lowered, |owner, _| {
             matched.push(match owner {
                 KeywordOwner::Domain(d) => d,
                 KeywordOwner::Tool(t) => self.names.tool_domains[t],

@@ -151,11 +151,7 @@ impl<'a> Pass<'a> {
                 DomainVerdict::ranked(
                     Stage::Keyword,
                     keyword_score(keyword_hits).max(similarity),
-                    Cow::Borrowed(if keyword_hits == 1 {
-                        "a keyword matched"
-                    } else {
-                        "several keywords matched"
-                    }),
+                    Cow::Owned(router.matched_keywords(evidence, d)),
                 )
             } else if router.has_loaded_tool(session, d) {
                 DomainVerdict::ranked(
@@ -922,10 +918,9 @@ impl<'a> Pass<'a> {
             .sum()
     }
 
-    /// The selection: domain decisions as what is actually sent says, the sent tools
-    /// (core first, then by score), and hints for the best of the rest.
-    /// Unconfigured domains with a keyword, or past a similarity gate, that score at
-    /// least as well as the best domain sent on the message's evidence: at most
+    /// Unconfigured domains with a keyword, or past the similarity gate a configured
+    /// domain would need and better than the always-on domains, that score at least
+    /// as well as the best domain sent on the message's evidence: at most
     /// `MAX_UNCONFIGURED`, best first. Never for chit-chat.
     fn unconfigured_matches(&self) -> Vec<Unconfigured> {
         const MAX_UNCONFIGURED: usize = 3;
@@ -957,15 +952,24 @@ impl<'a> Pass<'a> {
             if evidence.active[d] || router.domain_is_core[d] {
                 continue;
             }
-            let bm25 = evidence
-                .pieces
-                .iter()
-                .any(|p| p.domain_bm25[d] >= config.bm25_min_score);
+            // Naming a domain makes the model ask the user for its settings, so it
+            // needs more than a configured domain would: the gate of its stage, and a
+            // better fit than the always-on tools already sent ("what time is it?"
+            // shares "time" with the file tools, but `current_time` explains it).
+            let bm25 = evidence.pieces.iter().any(|p| {
+                let b = p.domain_bm25[d];
+                b >= config.bm25_min_score
+                    && b >= config.bm25_relative * best_of(&p.domain_bm25, &router.domain_is_core)
+                    && b > best_of_core(&p.domain_bm25, &router.domain_is_core)
+            });
             let dense = evidence.dense_on
-                && evidence
-                    .pieces
-                    .iter()
-                    .any(|p| p.domain_dense[d] >= config.dense_min_score);
+                && evidence.pieces.iter().any(|p| {
+                    let c = p.domain_dense[d];
+                    c >= config.dense_min_score
+                        && c >= best_of(&p.domain_dense, &router.domain_is_core)
+                            - config.dense_margin
+                        && c > best_of_core(&p.domain_dense, &router.domain_is_core)
+                });
             let hits = evidence.keyword_hits_in_domain[d];
             let stage = match (hits > 0, bm25, dense) {
                 (true, ..) => Stage::Keyword,
@@ -992,6 +996,8 @@ impl<'a> Pass<'a> {
         matches
     }
 
+    /// The selection: domain decisions as what is actually sent says, the sent tools
+    /// (core first, then by score), and hints for the best of the rest.
     pub(crate) fn finish(self) -> Selection {
         let unconfigured = self.unconfigured_matches();
         let Pass {
@@ -1294,6 +1300,45 @@ const DESTRUCTIVE_VERBS: &[&str] = &[
 ];
 
 /// Keyword evidence on the 0..1 scale of the other stages: one hit 0.6, two 0.8, ...
+impl Router {
+    /// `keyword "table"` or `keywords "table", "sql"`: the keywords (the domain's own
+    /// or its tools') that matched the message, each once, in message order.
+    pub(crate) fn matched_keywords(&self, evidence: &Evidence, d: usize) -> String {
+        let mut keywords: Vec<&str> = Vec::new();
+        for &(domain, pattern) in &evidence.keyword_matches {
+            let keyword = self.keywords.pattern(pattern);
+            if domain == d && !keywords.contains(&keyword) {
+                keywords.push(keyword);
+            }
+        }
+        let quoted: Vec<String> = keywords.iter().map(|k| format!("{k:?}")).collect();
+        match quoted.len() {
+            1 => format!("keyword {}", quoted[0]),
+            _ => format!("keywords {}", quoted.join(", ")),
+        }
+    }
+}
+
+/// The best score of the domains that are not always on.
+fn best_of(scores: &[f32], always_on: &[bool]) -> f32 {
+    scores
+        .iter()
+        .zip(always_on)
+        .filter(|&(_, &core)| !core)
+        .map(|(&s, _)| s)
+        .fold(0.0f32, f32::max)
+}
+
+/// The best score of the always-on domains.
+fn best_of_core(scores: &[f32], always_on: &[bool]) -> f32 {
+    scores
+        .iter()
+        .zip(always_on)
+        .filter(|&(_, &core)| core)
+        .map(|(&s, _)| s)
+        .fold(0.0f32, f32::max)
+}
+
 fn keyword_score(hits: u16) -> f32 {
     if hits == 0 {
         0.0

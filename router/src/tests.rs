@@ -215,6 +215,38 @@ fn an_unconfigured_domain_that_fits_the_message_is_named_with_its_keys() {
 }
 
 #[test]
+fn an_unconfigured_domain_is_not_named_when_the_always_on_tools_explain_the_message_better() {
+    let router = router();
+    // "current" is in a weather tool's description and passes the BM25 gate, but
+    // the core tools explain the message better: naming weather would make the
+    // model ask for a key the user does not need.
+    let selection = router.select(&RouteInput {
+        message: "read the current setting by key",
+        settings: &BTreeMap::new(),
+        session: &SessionView::new(1),
+        token_budget: None,
+        learned: None,
+        vectors: None,
+    });
+    assert!(
+        selection.unconfigured.is_empty(),
+        "{:?}",
+        selection.unconfigured
+    );
+}
+
+#[test]
+fn a_keyword_verdict_names_its_keywords() {
+    let router = router();
+    let selection = route(&router, "make a table of my expenses", &SessionView::new(1));
+    let reason = selection.domain("scratchpad").map(|d| d.reason.to_string());
+    assert_eq!(reason.as_deref(), Some("keyword \"table\""));
+    let selection = route(&router, "run sql over the table", &SessionView::new(1));
+    let reason = selection.domain("scratchpad").map(|d| d.reason.to_string());
+    assert_eq!(reason.as_deref(), Some("keywords \"sql\", \"table\""));
+}
+
+#[test]
 fn korean_keywords_route() {
     let router = router();
     let selection = route(&router, "부산 지금 날씨 어때", &SessionView::new(1));

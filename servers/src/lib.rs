@@ -6,6 +6,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod clients;
 pub mod config;
 pub mod http;
 pub mod learning;
@@ -22,6 +23,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The heading of the options every subcommand takes, apart from its own in `--help`.
+const GLOBAL_OPTIONS: &str = "Global options";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "loadout",
@@ -30,14 +34,14 @@ use clap::{Parser, Subcommand};
 )]
 pub struct Cli {
     /// Directory for the database and per-session files.
-    #[arg(long, env = "LOADOUT_DATA_DIR", global = true)]
+    #[arg(long, env = "LOADOUT_DATA_DIR", global = true, help_heading = GLOBAL_OPTIONS)]
     data_dir: Option<PathBuf>,
     /// State backend URL; default: SQLite `loadout.db` in the data dir.
-    #[arg(long, env = "LOADOUT_DATABASE_URL", global = true)]
+    #[arg(long, env = "LOADOUT_DATABASE_URL", global = true, help_heading = GLOBAL_OPTIONS)]
     database_url: Option<String>,
     /// Config file: `[router]` tunables and upstream `[servers.<name>]`; default:
     /// `loadout.toml` in the data dir, if it exists.
-    #[arg(long, env = "LOADOUT_CONFIG", global = true, value_name = "PATH")]
+    #[arg(long, env = "LOADOUT_CONFIG", global = true, value_name = "PATH", help_heading = GLOBAL_OPTIONS)]
     config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
@@ -57,6 +61,9 @@ enum Command {
     /// Reads and writes settings.
     #[command(subcommand)]
     Settings(cli::settings::Command),
+    /// Clients with tokens of their own: `add NAME`, `list`, `revoke NAME`.
+    #[command(subcommand)]
+    Clients(cli::clients::Command),
     /// Prints the newest tool calls from the audit log.
     Audit(cli::audit::Args),
     /// Prints the newest routing decisions from the decision log, with their reasons.
@@ -73,6 +80,17 @@ enum Command {
     Mcp(mcp::Args),
 }
 
+/// Whether a command failed only because its reader went away (`… | head -1`): the
+/// binary then exits quietly, as a command-line tool does, rather than print an
+/// error about a pipe the user closed on purpose.
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 /// Runs one parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = app::Config {
@@ -87,6 +105,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Route(args) => cli::route::run(&app, args).await,
         Command::Replay(args) => cli::replay::run(&app, args).await,
         Command::Settings(command) => cli::settings::run(&app, command).await,
+        Command::Clients(command) => cli::clients::run(&app, command).await,
         Command::Audit(args) => cli::audit::run(&app, args).await,
         Command::Decisions(args) => cli::decisions::run(&app, args).await,
         Command::Learned(args) => cli::learned::run(&app, args).await,

@@ -41,6 +41,7 @@ fn main() -> ExitCode {
     };
     let code = match runtime.block_on(loadout_server::run(cli)) {
         Ok(code) => code,
+        Err(e) if loadout_server::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

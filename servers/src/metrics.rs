@@ -113,7 +113,7 @@ fn describe() {
     );
     ::metrics::describe_counter!(
         TOOL_CALLS,
-        "Tool calls (chat, MCP) by tool and outcome: ok, invalid, not_configured, timeout, error."
+        "Tool calls (chat, MCP) by tool and outcome, as the audit names it: ok, invalid_args, unknown_tool, refused, not_configured, timeout, error."
     );
     ::metrics::describe_counter!(
         MISSES_REPAIRED,
@@ -160,11 +160,15 @@ pub fn record_tool_call(tool: &str, outcome: &str) {
 }
 
 /// The few outcomes the counter tells apart, from an audit outcome (a tool error's
-/// kind, or the chat's `refused`).
+/// kind, or the chat's `refused`): named as the audit names them, so that a series
+/// and its audit rows are found by one word; the failures of the tool itself fold
+/// into `error`.
 pub fn call_outcome(outcome: &str) -> &'static str {
     match outcome {
         "ok" => "ok",
-        "invalid_args" | "unknown_tool" | "refused" => "invalid",
+        "invalid_args" => "invalid_args",
+        "unknown_tool" => "unknown_tool",
+        "refused" => "refused",
         "not_configured" => "not_configured",
         "timeout" => "timeout",
         _ => "error",
@@ -199,9 +203,9 @@ mod tests {
     #[test]
     fn outcomes_fold_into_the_few_the_counter_tells_apart() {
         assert_eq!(call_outcome("ok"), "ok");
-        assert_eq!(call_outcome("invalid_args"), "invalid");
-        assert_eq!(call_outcome("unknown_tool"), "invalid");
-        assert_eq!(call_outcome("refused"), "invalid");
+        assert_eq!(call_outcome("invalid_args"), "invalid_args");
+        assert_eq!(call_outcome("unknown_tool"), "unknown_tool");
+        assert_eq!(call_outcome("refused"), "refused");
         assert_eq!(call_outcome("not_configured"), "not_configured");
         assert_eq!(call_outcome("timeout"), "timeout");
         assert_eq!(call_outcome("execution"), "error");

@@ -11,6 +11,7 @@
 //! Depends on the `loadout` contract only (and on `loadout-router` with the `router`
 //! feature, to build decision rows from selections); never on a domain or a server.
 
+mod clients;
 mod decisions;
 mod learned;
 pub mod postgres;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub use clients::ClientRow;
 pub use deadpool_postgres;
 pub use decisions::{
     DecisionRow, DomainReason, LOGGED_NOT_SENT, MessageLogging, Reasons, ToolReason, sha256_hex,
@@ -492,6 +494,26 @@ impl Store {
             summary.retain(|s| s.tool == tool);
         }
         Ok(summary)
+    }
+
+    /// Adds a client; `false` when one of that name exists (nothing written).
+    pub async fn client_insert(&self, row: ClientRow) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.client_insert(row).await)
+    }
+
+    /// Every client, by name.
+    pub async fn clients_list(&self) -> Result<Vec<ClientRow>, StoreError> {
+        dispatch!(self, s => s.clients_list().await)
+    }
+
+    /// Removes a client, and with it its token; `false` when there was none.
+    pub async fn client_revoke(&self, name: &str) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.client_revoke(name).await)
+    }
+
+    /// The client whose token has this hex SHA-256, if any.
+    pub async fn client_by_token_hash(&self, hash: &str) -> Result<Option<ClientRow>, StoreError> {
+        dispatch!(self, s => s.client_by_token_hash(hash).await)
     }
 
     /// Forgets what was learned for `tool` (`None`: everything); returns how many

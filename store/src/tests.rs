@@ -1679,3 +1679,68 @@ async fn an_acknowledged_setting_is_in_the_main_file_without_its_wal() {
     assert_eq!(n, 29);
     drop(store);
 }
+
+/// Issue 40: clients by name and token hash, on every backend; a name is taken once
+/// and revoking removes the token with the client.
+#[tokio::test]
+async fn clients_are_added_found_by_token_hash_listed_and_revoked() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let row = crate::ClientRow {
+            name: "agent-a".into(),
+            token_sha256: sha256_hex("token-of-agent-a-0123456789"),
+            domains: vec!["memory".into()],
+            tools: vec!["calculate".into()],
+            rate_per_min: Some(30),
+            read_only: true,
+            created_ms: 7,
+        };
+        assert!(
+            t.store.client_insert(row.clone()).await.expect("insert"),
+            "{}",
+            t.name
+        );
+        assert!(
+            !t.store
+                .client_insert(row.clone())
+                .await
+                .expect("insert again"),
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            t.store.clients_list().await.expect("list"),
+            std::slice::from_ref(&row),
+            "{}",
+            t.name
+        );
+        let found = t
+            .store
+            .client_by_token_hash(&row.token_sha256)
+            .await
+            .expect("find");
+        assert_eq!(found.as_ref(), Some(&row), "{}", t.name);
+        assert!(
+            t.store.client_revoke("agent-a").await.expect("revoke"),
+            "{}",
+            t.name
+        );
+        assert!(
+            !t.store
+                .client_revoke("agent-a")
+                .await
+                .expect("revoke again"),
+            "{}",
+            t.name
+        );
+        assert_eq!(
+            t.store
+                .client_by_token_hash(&row.token_sha256)
+                .await
+                .expect("find"),
+            None,
+            "{}",
+            t.name
+        );
+    }
+}

@@ -51,13 +51,17 @@ pub struct DomainStatus {
     pub always_on: bool,
     /// Settings keys the domain needs that have no value yet.
     pub missing_settings: Vec<String>,
+    /// Where the missing keys are set: `set_setting` for some, the operator for others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub how_to_configure: Option<String>,
     pub n_tools: usize,
 }
 
 /// Lists every domain with whether it is active, which settings it still needs, and how many tools it has.
 ///
 /// Use it to see what Loadout can do and what must be configured first: a domain
-/// with `missing_settings` becomes active once those keys are set with `set_setting`.
+/// with `missing_settings` becomes active once those keys are set, where
+/// `how_to_configure` says.
 #[loadout::tool(
     domain = "core",
     keywords = ["domains", "capabilities", "what can you do", "active", "도메인"],
@@ -78,6 +82,8 @@ pub async fn list_domains(ctx: &ToolContext) -> Result<Vec<DomainStatus>, ToolEr
                 description: domain.description.clone(),
                 active: missing_settings.is_empty(),
                 always_on: domain.always_on,
+                how_to_configure: (!missing_settings.is_empty())
+                    .then(|| loadout::where_to_set(&missing_settings)),
                 missing_settings,
                 n_tools: domain.tools.len(),
             }

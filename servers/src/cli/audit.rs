@@ -20,9 +20,9 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     let rows = app.store().audit_tail(args.tail).await?;
     for row in rows {
         if args.json {
-            println!("{}", serde_json::to_string(&audit_json(&row))?);
+            outln!("{}", serde_json::to_string(&audit_json(&row))?)?;
         } else {
-            println!(
+            outln!(
                 "{} {:<12} {:<20} {:<14} {:>8.1}ms {}",
                 iso_utc(row.at_ms),
                 row.client,
@@ -30,7 +30,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
                 row.outcome,
                 row.duration_ms,
                 row.args
-            );
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -51,7 +51,7 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         .await;
     match result {
         Ok(value) => {
-            println!("{}", serde_json::to_string_pretty(&value)?);
+            outln!("{}", serde_json::to_string_pretty(&value)?)?;
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {

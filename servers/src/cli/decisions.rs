@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 use crate::app::App;
+use crate::log_writer::iso_utc;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -32,18 +33,18 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     };
     for row in rows {
         if args.json {
-            println!("{}", serde_json::to_string(&row)?);
+            outln!("{}", serde_json::to_string(&row)?)?;
         } else {
-            println!(
+            outln!(
                 "{} {} turn {} {} tools {} tokens {:?}\n  {}",
-                row.at_ms,
+                iso_utc(row.at_ms),
                 row.session.as_deref().unwrap_or("-"),
                 row.turn,
                 row.n_tools,
                 row.tokens,
                 row.message,
                 row.reasons.to_json()
-            );
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -13,6 +13,7 @@ use loadout_store::{LearnOutcome, LearnedWrite, now_ms};
 
 use crate::app::App;
 use crate::learning::{ENTRIES_PER_TOOL, LearnSource};
+use crate::log_writer::iso_utc;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -47,20 +48,27 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
     if args.forget_all || args.forget.is_some() {
         let n = store.learned_forget(args.forget.as_deref()).await?;
         match &args.forget {
-            Some(tool) => println!("forgot {n} learned entries of {tool}"),
-            None => println!("forgot {n} learned entries"),
+            // A typo'd name would otherwise read as success ("forgot 0"); a tool no
+            // longer linked but with entries still forgets them.
+            Some(tool) if n == 0 && app.registry.tool(tool).is_none() => {
+                anyhow::bail!(
+                    "unknown tool `{tool}`: no tool has that name and nothing was learned for it; `loadout learned` lists the tools with entries"
+                )
+            }
+            Some(tool) => outln!("forgot {n} learned entries of {tool}")?,
+            None => outln!("forgot {n} learned entries")?,
         }
         return Ok(ExitCode::SUCCESS);
     }
     let summary = store.learned_summary(args.tool.as_deref()).await?;
     if args.json {
         for tool in &summary {
-            println!("{}", serde_json::to_string(tool)?);
+            outln!("{}", serde_json::to_string(tool)?)?;
         }
     } else if summary.is_empty() {
         match &args.tool {
-            Some(tool) => println!("nothing learned for {tool}"),
-            None => println!("nothing learned yet"),
+            Some(tool) => outln!("nothing learned for {tool}")?,
+            None => outln!("nothing learned yet")?,
         }
     } else {
         for tool in &summary {
@@ -69,31 +77,31 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
                 .iter()
                 .map(|(source, n)| format!("{source} {n}"))
                 .collect();
-            println!(
+            outln!(
                 "{}: {} entries ({} uses; {}), newest {}: {:?}",
                 tool.tool,
                 tool.entries,
                 tool.uses,
                 sources.join(", "),
-                tool.newest_ms,
+                iso_utc(tool.newest_ms),
                 tool.example
-            );
+            )?;
         }
     }
     if let Some(tool) = &args.tool {
         for row in store.learned_rows(Some(tool), None).await? {
             if args.json {
-                println!("{}", serde_json::to_string(&row)?);
+                outln!("{}", serde_json::to_string(&row)?)?;
             } else {
-                println!(
+                outln!(
                     "  {} {} {} ×{} {:?} → {}",
-                    row.at_ms,
+                    iso_utc(row.at_ms),
                     row.source,
                     row.session.as_deref().unwrap_or("-"),
                     row.n_merged,
                     row.message,
                     row.tools.join(", ")
-                );
+                )?;
             }
         }
     }
@@ -147,10 +155,10 @@ pub async fn learn(app: &App, args: LearnArgs) -> anyhow::Result<ExitCode> {
             LearnOutcome::Nothing => {}
         }
     }
-    println!(
+    outln!(
         "learned {added} turns from {} ({merged} merged into entries already learned)",
         args.cases.display()
-    );
+    )?;
     if !unknown.is_empty() {
         let names: Vec<&str> = unknown.iter().map(String::as_str).take(20).collect();
         eprintln!(

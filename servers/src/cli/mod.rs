@@ -1,7 +1,18 @@
 //! One module per subcommand.
 
+/// `println!` that returns the write's error instead of panicking: when the reader
+/// goes away (`loadout route … | head -1`) the command ends quietly (see
+/// [`crate::is_broken_pipe`]) after its own clean-up.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 pub mod audit;
 pub mod call;
+pub mod clients;
 pub mod decisions;
 pub mod learned;
 pub mod replay;

@@ -125,15 +125,16 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         format!("defaults (no {})", file.path.display())
     };
-    println!(
+    outln!(
         "replay of {source}: {} tools, {dense}, budget {}; config {config}",
         router.registry().all_tools().len(),
         args.budget.unwrap_or(router.config().token_budget),
-    );
+    )?;
     let verbose = args.verbose;
     let on_turn = |routed: &loadout_router::replay::Routed<'_>| {
         if verbose {
-            println!(
+            // A closed reader fails the next line printed after the replay too.
+            let _ = outln!(
                 "{} #{} {:?}\n    {}",
                 routed.case.id,
                 routed.turn_idx + 1,
@@ -154,19 +155,19 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     .map_err(anyhow::Error::msg)?;
     let Some(candidate) = candidate else {
         for line in report.miss_lines() {
-            println!("{line}");
+            outln!("{line}")?;
         }
-        println!("{}", report.summary_line());
+        outln!("{}", report.summary_line())?;
         if args.json {
             let mut summary = report.to_json();
             summary["source"] = source.into();
-            println!("{summary}");
+            outln!("{summary}")?;
         }
         return Ok(ExitCode::SUCCESS);
     };
 
     let changes = file.router_changes(&candidate);
-    println!(
+    outln!(
         "candidate {}: {}",
         candidate.path.display(),
         if changes.is_empty() {
@@ -174,7 +175,7 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
         } else {
             changes.join(", ")
         }
-    );
+    )?;
     let built = Router::new(app.registry.clone(), candidate.router.clone());
     let (router, _) = router_for(app, built, args).await;
     let vectors = case_vectors(&router, &cases);
@@ -189,21 +190,21 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     .map_err(anyhow::Error::msg)?;
     let comparison = Comparison::new(&report, &tried);
     for line in comparison.lines() {
-        println!("{line}");
+        outln!("{line}")?;
     }
-    println!("baseline   {}", report.summary_line());
-    println!("candidate  {}", tried.summary_line());
-    println!(
+    outln!("baseline   {}", report.summary_line())?;
+    outln!("candidate  {}", tried.summary_line())?;
+    outln!(
         "{} turns now missed, {} now hit",
         comparison.now_missed.len(),
         comparison.now_hit.len()
-    );
+    )?;
     if args.json {
         let mut summary = comparison.to_json();
         summary["baseline"] = report.to_json();
         summary["candidate"] = tried.to_json();
         summary["source"] = source.into();
-        println!("{summary}");
+        outln!("{summary}")?;
     }
     Ok(ExitCode::SUCCESS)
 }

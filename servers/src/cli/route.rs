@@ -72,22 +72,42 @@ async fn route_and_print(app: &App, args: &Args) -> anyhow::Result<()> {
         .await?;
     let selection = &routed.selection;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(selection)?);
+        outln!("{}", serde_json::to_string_pretty(selection)?)?;
     } else {
-        println!("{}", selection.summary_line());
+        outln!("{}", selection.summary_line())?;
+        // Why each domain was sent, e.g. `keyword "table"`: the summary gives only
+        // the stage.
+        for domain in &selection.domains {
+            if domain.included && domain.stage != loadout_router::Stage::AlwaysOn {
+                outln!(
+                    "  {}: {} {:.2}, {}",
+                    domain.domain,
+                    domain.stage,
+                    domain.score,
+                    domain.reason
+                )?;
+            }
+        }
         for tool in &selection.tools {
-            println!(
+            outln!(
                 "  {:<28} {:<14} {:<10} {:.2} {:>5} tokens",
-                tool.name, tool.domain, tool.stage, tool.score, tool.tokens
-            );
+                tool.name,
+                tool.domain,
+                tool.stage,
+                tool.score,
+                tool.tokens
+            )?;
         }
         for unconfigured in &selection.unconfigured {
-            println!("not sent: {unconfigured}");
+            outln!(
+                "not sent: {unconfigured}: {}",
+                loadout::where_to_set(&unconfigured.missing_settings)
+            )?;
         }
         if !selection.hints.is_empty() {
-            println!("hints ({} tokens):", selection.hint_tokens);
+            outln!("hints ({} tokens):", selection.hint_tokens)?;
             for hint in &selection.hints {
-                println!("  {:<28} {}", hint.name, hint.hint);
+                outln!("  {:<28} {}", hint.name, hint.hint)?;
             }
         }
     }

@@ -25,8 +25,8 @@ pub enum Command {
 pub async fn run(app: &App, command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Get { key, reveal } => match app.settings.get(&key).await? {
-            Some(value) if is_secret_key(&key) && !reveal => println!("{}", mask_secret(&value)),
-            Some(value) => println!("{value}"),
+            Some(value) if is_secret_key(&key) && !reveal => outln!("{}", mask_secret(&value))?,
+            Some(value) => outln!("{value}")?,
             None => {
                 eprintln!("error: `{key}` is not set");
                 return Ok(ExitCode::from(2));
@@ -34,18 +34,18 @@ pub async fn run(app: &App, command: Command) -> anyhow::Result<ExitCode> {
         },
         Command::Set { key, value } => {
             app.settings.set(&key, &value).await?;
-            println!("set {key}");
+            outln!("set {key}")?;
             if loadout::applies_of(&key) == loadout::Applies::Restart {
-                println!(
+                outln!(
                     "{key} is read at start: restart loadout serve and loadout mcp for it to take effect"
-                );
+                )?;
             }
         }
         Command::Unset { key } => {
             if app.settings.unset(&key).await? {
-                println!("unset {key}");
+                outln!("unset {key}")?;
             } else {
-                println!("{key} was not set");
+                outln!("{key} was not set")?;
             }
         }
         Command::List => {
@@ -55,7 +55,7 @@ pub async fn run(app: &App, command: Command) -> anyhow::Result<ExitCode> {
                 } else {
                     value.clone()
                 };
-                println!("{key}={shown}");
+                outln!("{key}={shown}")?;
             }
         }
     }

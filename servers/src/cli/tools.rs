@@ -53,7 +53,7 @@ async fn list(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
         } else if active {
             "active (configured)".to_owned()
         } else {
-            format!("inactive: set {}", missing.join(", "))
+            format!("inactive: {}", loadout::where_to_set(&missing))
         };
         let mut tools_json = Vec::new();
         let mut domain_tokens = 0;
@@ -95,31 +95,31 @@ async fn list(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
             "all_tools_tokens": all_tokens,
             "active_tools_tokens": active_tokens,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     for domain in &domains_json {
-        println!(
+        outln!(
             "{:<14} {:>3} tools {:>6} tokens  {}",
             domain["name"].as_str().unwrap_or_default(),
             domain["tools"].as_array().map_or(0, Vec::len),
             thousands(domain["tokens"].as_u64().unwrap_or(0) as usize),
             domain["status"].as_str().unwrap_or_default(),
-        );
+        )?;
         for tool in domain["tools"].as_array().into_iter().flatten() {
-            println!(
+            outln!(
                 "    {:<22} {:>5}  {}",
                 tool["name"].as_str().unwrap_or_default(),
                 tool["tokens"].as_u64().unwrap_or(0),
                 tool["hint"].as_str().unwrap_or_default(),
-            );
+            )?;
         }
     }
-    println!(
+    outln!(
         "{n_tools} tools in {} domains; {n_active_tools} active; all tools {} tokens, active {} tokens (o200k_base)",
         domains_json.len(),
         thousands(all_tokens),
         thousands(active_tokens),
-    );
+    )?;
     Ok(ExitCode::SUCCESS)
 }

@@ -184,7 +184,6 @@ pub fn app(state: HttpState) -> Router {
         .route("/api/domains", get(domains::list))
         .route("/api/audit", get(audit::tail))
         .route("/metrics", get(prometheus::metrics))
-        .route("/api/route", post(route::route))
         .route("/openapi.json", get(openapi::document))
         .route_layer(axum::middleware::from_fn_with_state(
             REQUEST_TIMEOUT,
@@ -195,13 +194,28 @@ pub fn app(state: HttpState) -> Router {
             post(chat::chat)
                 .route_layer(axum::middleware::from_fn_with_state(CHAT_TIMEOUT, deadline)),
         );
-    let api = match &state.token {
-        Some(token) => api.route_layer(axum::middleware::from_fn_with_state(
-            token.clone(),
-            crate::mcp::require_bearer,
-        )),
-        None => api,
+    // The endpoints a client's own token may use (issue 40); the rest are the
+    // operator's.
+    let for_clients = Router::new()
+        .route("/api/route", post(route::route))
+        .route_layer(axum::middleware::from_fn_with_state(
+            REQUEST_TIMEOUT,
+            deadline,
+        ));
+    let (api, for_clients) = match &state.token {
+        Some(token) => (
+            api.route_layer(axum::middleware::from_fn_with_state(
+                token.clone(),
+                crate::mcp::require_bearer,
+            )),
+            for_clients.route_layer(axum::middleware::from_fn_with_state(
+                (token.clone(), state.app.store().clone()),
+                crate::clients::require_operator_or_client,
+            )),
+        ),
+        None => (api, for_clients),
     };
+    let api = api.merge(for_clients);
     // The page holds no data: every call it makes goes through the API's auth.
     let page = Router::new()
         .route("/", get(dashboard::page))

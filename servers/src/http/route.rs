@@ -28,6 +28,7 @@ pub struct RouteBody {
 
 pub async fn route(
     State(state): State<HttpState>,
+    client: Option<axum::Extension<crate::clients::Client>>,
     ApiJson(body): ApiJson<RouteBody>,
 ) -> Result<Response, ApiError> {
     if let Some(session) = &body.session {
@@ -52,7 +53,16 @@ pub async fn route(
             },
         )
         .await?;
-    selection_response(&state, &routed)
+    match client {
+        // A client sees only its own set; the decision log keeps what the router
+        // decided.
+        Some(axum::Extension(client)) => {
+            let mut seen = routed;
+            seen.selection = Arc::new(client.filter(seen.router.registry(), &seen.selection));
+            selection_response(&state, &seen)
+        }
+        None => selection_response(&state, &routed),
+    }
 }
 
 /// Each tool's OpenAI definition as JSON text, built on first use: the hot path of

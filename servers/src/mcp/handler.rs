@@ -368,6 +368,9 @@ impl McpHandler {
                 if let Some(settings) = &settings {
                     let missing = catalog.registry.missing_settings(&hit.domain, settings);
                     result["configured"] = json!(missing.is_empty());
+                    if !missing.is_empty() {
+                        result["how_to_configure"] = json!(loadout::where_to_set(&missing));
+                    }
                     result["needs_settings"] = json!(missing);
                 }
                 Some(result)
@@ -376,25 +379,29 @@ impl McpHandler {
         let note = if results.is_empty() {
             "No tool matched; try other words."
         } else {
-            "Run one with call_tool {\"name\": ..., \"arguments\": {...}} (a listed one can also be called directly). A domain that is not configured needs its settings first (set_setting)."
+            "Run one with call_tool {\"name\": ..., \"arguments\": {...}} (a listed one can also be called directly). A domain that is not configured needs its settings first: its how_to_configure says where they are set."
         };
         success(json!({"results": results, "note": note}))
     }
 
     /// A successful call of a tool the connection's latest `search_tools` returned
     /// (a few minutes ago at most) teaches that query the tool: MCP has no chat
-    /// message, but the model's query says what it wanted.
+    /// message, but the model's query says what it wanted. Only the first such call:
+    /// the tools called after it are the workflow's next steps, not what was asked.
     async fn learn_from_search(&self, tool: &str) {
         let query = {
-            let last = lock(&self.connection.last_search);
-            match &*last {
+            let mut last = lock(&self.connection.last_search);
+            match last.take() {
                 Some(search)
                     if search.at.elapsed() <= SEARCH_TEACHES_FOR
                         && search.tools.iter().any(|t| t == tool) =>
                 {
-                    search.query.clone()
+                    search.query
                 }
-                _ => return,
+                other => {
+                    *last = other;
+                    return;
+                }
             }
         };
         let Some((learner, _)) = self.shared.learner.get() else {
@@ -706,9 +713,17 @@ fn first_text(result: &CallToolResult) -> Option<String> {
         .map(|t| t.text.chars().take(1000).collect())
 }
 
-/// The client's name from its `initialize` (or the request's metadata), for the
-/// audit log; `mcp` when it gave none.
+/// The client's name for the audit log: the Loadout client its token names (issue
+/// 40), else the name from its `initialize` (or the request's metadata); `mcp` when
+/// it gave none.
 fn client_name(context: &RequestContext<RoleServer>) -> String {
+    let by_token = context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<crate::clients::Client>());
+    if let Some(crate::clients::Client(row)) = by_token {
+        return row.name.clone();
+    }
     context
         .client_info()
         .map(|info| info.name.chars().take(64).collect::<String>())

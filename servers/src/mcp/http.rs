@@ -91,10 +91,18 @@ pub fn http_router(
         .with_state(endpoints)
         .layer(axum::middleware::from_fn_with_state(ledger, jsonrpc_guard));
     let router = match token {
-        Some(token) => router.layer(axum::middleware::from_fn_with_state(
-            token,
-            auth::require_bearer,
-        )),
+        // A client's token is served the view of its own domains (issue 40): the
+        // request is checked, and its path chosen, before the MCP routes see it.
+        Some(token) => {
+            let store = server.shared.app.store().clone();
+            let gate = axum::routing::any(move |request: Request| {
+                let (router, token, store) = (router.clone(), token.clone(), store.clone());
+                async move { crate::clients::mcp_gate(token, store, router, request).await }
+            });
+            axum::Router::new()
+                .route("/mcp", gate.clone())
+                .route("/mcp/domains/{set}", gate)
+        }
         None => router,
     };
     // Outermost: a foreign Origin is refused before the body is parsed.

@@ -11,9 +11,10 @@ const MIGRATION_LOCK: i64 = 0x6c6f_6164_6f75_7401;
 
 /// Versioned migrations, applied in order at connect. Never edit a shipped one: add
 /// one, under the same number as SQLite's migration of the same meaning.
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    r#"
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        r#"
     CREATE TABLE settings (
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL,
@@ -110,10 +111,27 @@ const MIGRATIONS: &[(i64, &str)] = &[(
     );
     INSERT INTO learned_version (id, version) VALUES (1, 0);
     "#,
-)];
+    ),
+    (
+        2,
+        r#"
+    -- Issue 40: clients told apart by their own token, stored as its SHA-256 only.
+    -- `domains` and `tools` are JSON arrays (empty: no limit of that kind).
+    CREATE TABLE clients (
+        name TEXT PRIMARY KEY,
+        token_sha256 TEXT NOT NULL UNIQUE,
+        domains TEXT NOT NULL,
+        tools TEXT NOT NULL,
+        rate_per_min BIGINT,
+        read_only BOOLEAN NOT NULL,
+        created_ms BIGINT NOT NULL
+    );
+    "#,
+    ),
+];
 
 /// Newest schema version this binary knows; equal to SQLite's.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 pub(super) enum MigrateError {
     Store(StoreError),

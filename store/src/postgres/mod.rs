@@ -13,6 +13,7 @@
 //!   [`audit`].
 
 mod audit;
+mod clients;
 mod decisions;
 mod learned;
 mod listener;

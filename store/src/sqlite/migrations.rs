@@ -12,9 +12,10 @@ use crate::{StoreError, now_ms};
 
 /// The main file: settings, sessions, messages, router state, audit log, learned
 /// memory.
-pub(super) const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    r#"
+pub(super) const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        r#"
     CREATE TABLE settings (
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL,
@@ -111,10 +112,27 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[(
     );
     INSERT INTO learned_version(id, version) VALUES (1, 0);
     "#,
-)];
+    ),
+    (
+        2,
+        r#"
+    -- Issue 40: clients told apart by their own token, stored as its SHA-256 only.
+    -- `domains` and `tools` are JSON arrays (empty: no limit of that kind).
+    CREATE TABLE clients (
+        name TEXT PRIMARY KEY,
+        token_sha256 TEXT NOT NULL UNIQUE,
+        domains TEXT NOT NULL,
+        tools TEXT NOT NULL,
+        rate_per_min INTEGER,
+        read_only INTEGER NOT NULL,
+        created_ms INTEGER NOT NULL
+    );
+    "#,
+    ),
+];
 
 /// Newest schema version of the main file this binary knows.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The decision log's file. A row is one append: each row of a session points to
 /// the session's previous row (`prev_id`) and `session_last` holds each session's

@@ -6,6 +6,7 @@
 //! batch of log rows never holds the lock routing and tool calls wait on.
 
 mod audit;
+mod clients;
 mod connection;
 mod decisions;
 mod integrity;

@@ -148,7 +148,11 @@ impl SessionControl for TurnControl {
             let mut not_configured: Vec<String> = Vec::new();
             for hint in &everything {
                 let missing = registry.missing_settings(&hint.domain, &state.routed.settings);
-                let line = loadout_router::not_configured(&hint.domain, &missing);
+                let line = format!(
+                    "{}: {}",
+                    loadout_router::not_configured(&hint.domain, &missing),
+                    loadout::where_to_set(&missing)
+                );
                 if !missing.is_empty() && !not_configured.contains(&line) {
                     not_configured.push(line);
                 }
@@ -215,10 +219,25 @@ impl SessionControl for TurnControl {
             });
             let needs = self.needs_settings(names);
             if needs.as_object().is_some_and(|n| !n.is_empty()) {
-                result["needs_settings"] = needs;
+                result["needs_settings"] = needs.clone();
                 result["note"] = json!(
-                    "Some domains are not configured, so their tools stay unavailable: ask the user for the keys listed. Set credentials they give you with set_setting; folders, hosts and URLs (filesystem_roots, *_host, *_url) the user sets from the dashboard or `loadout settings set`."
+                    "Some domains are not configured, so their tools stay unavailable: tell the user what they need. Each domain's how_to_configure says where its keys are set."
                 );
+                let how: serde_json::Map<String, Value> = needs
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(domain, keys)| {
+                        let keys: Vec<&str> = keys
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(Value::as_str)
+                            .collect();
+                        (domain.clone(), json!(loadout::where_to_set(&keys)))
+                    })
+                    .collect();
+                result["how_to_configure"] = Value::Object(how);
             }
             Ok(result)
         })

@@ -465,9 +465,12 @@ pub fn system_prompt(selection: &Selection, registry: &loadout::Registry) -> Str
         .filter(|d| !d.included && d.stage != Stage::Inactive)
         .collect();
     if !selection.unconfigured.is_empty() {
-        prompt.push_str("Domains that fit this message but are not configured (ask the user for these settings; credentials they give you can be stored with set_setting):\n");
+        prompt.push_str("Domains that fit this message but are not configured (tell the user what each needs and where it is set):\n");
         for unconfigured in &selection.unconfigured {
-            prompt.push_str(&format!("- {unconfigured}\n"));
+            prompt.push_str(&format!(
+                "- {unconfigured}: {}\n",
+                loadout::where_to_set(&unconfigured.missing_settings)
+            ));
         }
     }
     if selection.hints.is_empty() && other_domains.is_empty() {
@@ -647,6 +650,30 @@ mod tests {
             content,
             at_ms: 0,
         }
+    }
+
+    /// Issue 40: the prompt tells the model where an unconfigured domain's key is
+    /// set; `filesystem_roots` is the operator's, so not with `set_setting`.
+    #[test]
+    fn the_prompt_says_where_an_unconfigured_domains_keys_are_set() {
+        let registry = std::sync::Arc::new(loadout_domains::registry().expect("registry"));
+        let router = loadout_router::Router::new(registry.clone(), Default::default());
+        let selection = router.select(&loadout_router::RouteInput {
+            message: "read the file notes.txt from my documents folder",
+            settings: &Default::default(),
+            session: &loadout_router::SessionView::new(1),
+            token_budget: None,
+            learned: None,
+            vectors: None,
+        });
+        let prompt = system_prompt(&selection, &registry);
+        assert!(
+            prompt.contains(
+                "- filesystem (not configured: set filesystem_roots): the operator sets filesystem_roots from the dashboard or `loadout settings set` (`set_setting` may not)"
+            ),
+            "{prompt}"
+        );
+        assert!(!prompt.contains("stored with set_setting"), "{prompt}");
     }
 
     #[test]
