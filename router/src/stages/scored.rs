@@ -216,8 +216,14 @@ impl Pass<'_> {
                     Stage::Keyword | Stage::Sticky | Stage::Loaded => verdict.stage,
                     _ => Stage::Scored,
                 };
-                self.verdicts[d] =
-                    DomainVerdict::ranked(stage, p, Cow::Owned(format!("{tool} {why}")));
+                // A stage that held the domain keeps its own words first ("keyword
+                // \"table\"").
+                let reason = if stage == Stage::Scored {
+                    format!("{tool} {why}")
+                } else {
+                    format!("{}; {tool} {why}", verdict.reason)
+                };
+                self.verdicts[d] = DomainVerdict::ranked(stage, p, Cow::Owned(reason));
             } else {
                 let reason = match verdict.stage {
                     Stage::NotMatched => format!("likeliest {tool} {why}: below the rule"),
