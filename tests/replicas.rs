@@ -1034,11 +1034,21 @@ async fn what_one_replica_learns_another_routes_with() {
                 Some(json!({"message": "remember to zorblax the monthly frobnication ledgers"})),
             )
             .await;
-        routed["selection"]["tools"]
+        let sent = routed["selection"]["tools"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|t| t["name"] == "list_tables" && t["stage"] == "learned")
+            .any(|t| t["name"] == "list_tables");
+        // The scorer sends it on the learned features, which its domain's reason names.
+        let learned = routed["selection"]["domains"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|d| {
+                d["domain"] == "scratchpad"
+                    && d["reason"].as_str().is_some_and(|r| r.contains("learned"))
+            });
+        sent && learned
     };
     within(WAIT, "B routing with what A learned", learned_by_b).await;
     let rows = db

@@ -769,6 +769,7 @@ impl Router {
             pass.score_tools();
             pass.send_held();
             pass.loaded_tools();
+            pass.carry_over();
             pass.send_by_probability();
             pass.tool_collisions();
             pass.destructive_guard();

@@ -56,6 +56,9 @@ impl Pass<'_> {
             })
             .sum();
         self.candidates = candidates;
+        // A follow-up with no keyword of its own ("yes, do it") sees what the last
+        // turn sent on its evidence (`carry_over`, a hard rule).
+        self.evidence_found = self.verdicts.iter().any(|v| v.stage == Stage::Keyword);
         self.top_domain = (0..self.domain_scores.len())
             .filter(|&d| self.domain_scores[d] > 0.0)
             .max_by(|&a, &b| {
@@ -92,7 +95,6 @@ impl Pass<'_> {
     /// next tool is likely enough beside the likeliest, within the token budget.
     pub(crate) fn send_by_probability(&mut self) {
         if self.chit_chat {
-            self.notes.push("chit-chat: core only".to_owned());
             return;
         }
         let router = self.router;
@@ -213,7 +215,9 @@ impl Pass<'_> {
             let tool = &router.names.tools[t];
             if sent_in_domain[d] {
                 let stage = match verdict.stage {
-                    Stage::Keyword | Stage::Sticky | Stage::Loaded => verdict.stage,
+                    Stage::Keyword | Stage::Sticky | Stage::Loaded | Stage::Carried => {
+                        verdict.stage
+                    }
                     _ => Stage::Scored,
                 };
                 // A stage that held the domain keeps its own words first ("keyword
