@@ -24,7 +24,7 @@ const USAGE: &str = "usage: cargo xtask fit --catalog DIR --cases FILE [options]
   --folds K       folds by conversation (default 5)
   --out FILE      where to write the weights (default router/weights.json)
   --l2 X          L2 penalty on the weights (default 1)
-  --lexical-only  fit the lexical model only; keep the dense model of --out";
+  --lexical-only  fit the lexical model only; keep the shipped dense model";
 
 /// A turn of recall is worth this many tools sent when the selection rule is chosen:
 /// recall first, but a rule that sends 15 more tools for one turn in 300 loses.
