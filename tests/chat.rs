@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use crate::support::domain_decision;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -423,12 +424,7 @@ async fn two_sessions_at_once_do_not_see_each_others_state() {
     .await;
     // Filesystem may come as the next likeliest tools with room to spare, never as
     // a domain this session holds.
-    let filesystem = routed["selection"]["domains"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|d| d["domain"] == "filesystem")
-        .expect("filesystem decided");
+    let filesystem = domain_decision(&routed["selection"], "filesystem");
     assert_ne!(filesystem["stage"], "sticky", "{filesystem}");
     assert!(
         !filesystem["reason"]

@@ -2,6 +2,7 @@
 
 use std::process::Command;
 
+use crate::support::domain_decision;
 use serde_json::Value;
 
 fn loadout(data_dir: &std::path::Path) -> Command {
@@ -943,12 +944,7 @@ fn learn_imports_labeled_turns_and_learned_lists_and_forgets_them() {
             .any(|t| t["name"] == "list_tables"),
         "{routed}"
     );
-    let scratchpad = selection["domains"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|d| d["domain"] == "scratchpad")
-        .expect("scratchpad decided");
+    let scratchpad = domain_decision(&selection, "scratchpad");
     assert!(
         scratchpad["reason"]
             .as_str()

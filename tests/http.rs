@@ -5,7 +5,7 @@ use axum::http::{Request, StatusCode};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::support::{http_app, logged_selections, send, send_request};
+use crate::support::{domain_decision, http_app, logged_selections, send, send_request};
 
 #[tokio::test]
 async fn settings_are_masked_on_read_and_deletable() {
@@ -815,12 +815,7 @@ async fn a_tool_called_for_a_message_is_routed_to_a_similar_message_later() {
         .find(|t| t["name"] == "list_tables")
         .expect("list_tables");
     assert_eq!(tool["stage"], "scored", "{tool}");
-    let scratchpad = after["selection"]["domains"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|d| d["domain"] == "scratchpad")
-        .expect("scratchpad decided");
+    let scratchpad = domain_decision(&after["selection"], "scratchpad");
     assert!(
         scratchpad["reason"]
             .as_str()

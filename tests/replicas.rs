@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::domain_decision;
 use loadout_store::testing::{self, TestStore};
 use loadout_store::{StoreBackend, StoreError};
 use rmcp::model::{CallToolRequestParams, CallToolResult};
@@ -246,16 +247,6 @@ fn http_client() -> reqwest::Client {
         .expect("HTTP client")
 }
 
-/// The per-domain decision of a routed turn.
-fn domain_decision<'a>(routed: &'a Value, domain: &str) -> &'a Value {
-    routed["selection"]["domains"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|d| d["domain"] == domain)
-        .unwrap_or_else(|| panic!("no decision for `{domain}` in {}", routed["summary"]))
-}
-
 /// A client of a replica's `/mcp` endpoint (streamable HTTP, one MCP session),
 /// written against the wire format so that it needs no HTTP client transport.
 struct McpHttp {
@@ -436,14 +427,20 @@ async fn two_replicas_and_an_mcp_process_share_one_database() {
         .route(&session, "make a table of my monthly expenses", &[])
         .await;
     assert_eq!(first["turn"], 1);
-    assert_eq!(domain_decision(&first, "scratchpad")["included"], true);
+    assert_eq!(
+        domain_decision(&first["selection"], "scratchpad")["included"],
+        true
+    );
     // `create_table`, called by the client's model since turn 1, pins scratchpad.
     let second = a.route(&session, "add the rent", &["create_table"]).await;
     assert_eq!(second["turn"], 2);
-    assert_eq!(domain_decision(&second, "scratchpad")["stage"], "pinned");
+    assert_eq!(
+        domain_decision(&second["selection"], "scratchpad")["stage"],
+        "pinned"
+    );
     let third = b.route(&session, "what time is it in Seoul?", &[]).await;
     assert_eq!(third["turn"], 3, "B continues A's turn count");
-    let pinned = domain_decision(&third, "scratchpad");
+    let pinned = domain_decision(&third["selection"], "scratchpad");
     assert_eq!(pinned["stage"], "pinned", "{}", third["summary"]);
     assert_eq!(pinned["included"], true);
     let shown = b.ok("GET", &format!("/api/sessions/{session}"), None).await;
@@ -466,7 +463,10 @@ async fn two_replicas_and_an_mcp_process_share_one_database() {
     // Back on A, whose in-process memory of the session stops at turn 2.
     let fourth = a.route(&session, "and in Paris?", &[]).await;
     assert_eq!(fourth["turn"], 4);
-    assert_eq!(domain_decision(&fourth, "scratchpad")["stage"], "pinned");
+    assert_eq!(
+        domain_decision(&fourth["selection"], "scratchpad")["stage"],
+        "pinned"
+    );
 
     // A follow-up with no evidence of its own, routed through B the moment A routed
     // the turn before, with no decision log to read: the carry-over comes from the
@@ -480,11 +480,14 @@ async fn two_replicas_and_an_mcp_process_share_one_database() {
     let fifth = a
         .route(&session, "remember that my parrot is called Polly", &[])
         .await;
-    assert_eq!(domain_decision(&fifth, "memory")["stage"], "keyword");
+    assert_eq!(
+        domain_decision(&fifth["selection"], "memory")["stage"],
+        "keyword"
+    );
     let sixth = b.route(&session, "yes, do it", &[]).await;
     assert_eq!(sixth["turn"], 6);
     assert_eq!(
-        domain_decision(&sixth, "memory")["stage"],
+        domain_decision(&sixth["selection"], "memory")["stage"],
         "carried",
         "{}",
         sixth["summary"]
@@ -517,7 +520,7 @@ async fn two_replicas_and_an_mcp_process_share_one_database() {
                     Some(json!({"message": "read the file notes.txt"})),
                 )
                 .await;
-            domain_decision(&routed, "filesystem")["included"] == true
+            domain_decision(&routed["selection"], "filesystem")["included"] == true
         },
     )
     .await;

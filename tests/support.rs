@@ -126,3 +126,14 @@ pub fn hangup(pid: u32) {
         .expect("run kill");
     assert!(sent.success(), "kill -HUP {pid}");
 }
+
+/// A selection's decision on one domain (a selection as `/api/route` and `loadout
+/// route --json` give it).
+pub fn domain_decision<'a>(selection: &'a Value, domain: &str) -> &'a Value {
+    selection["domains"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["domain"] == domain)
+        .unwrap_or_else(|| panic!("no decision for `{domain}` in {selection}"))
+}
