@@ -1160,3 +1160,80 @@ fn clients_are_added_with_a_token_shown_once_listed_and_revoked() {
     assert_eq!(stdout_of(run(&["clients", "list"])), "");
     assert!(!run(&["clients", "revoke", "notes-agent"]).status.success());
 }
+
+/// Issue 37: `loadout fit` fits the scorer on what the deployment learned (folds by
+/// conversation), says how the held-out folds route before and after, and writes
+/// `weights.json` in the data dir; every command then routes with it. Too little
+/// data is refused; a broken file stops commands with its name; `--reset` removes
+/// it even then.
+#[test]
+fn fit_refits_the_scorer_on_the_learned_memory_and_routes_with_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |args: &[&str]| {
+        loadout(dir.path())
+            .args(args)
+            .output()
+            .expect("run loadout")
+    };
+    let refused = run(&["fit", "--lexical"]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("too little to fit"), "{stderr}");
+
+    // Forty conversations of one turn each: a coined verb means a scratchpad table.
+    let things = ["ledgers", "invoices", "receipts", "budgets", "payrolls"];
+    let mut lines = Vec::new();
+    for i in 0..40 {
+        let thing = things[i % things.len()];
+        let (user, tool) = if i % 2 == 0 {
+            (format!("zorblax the {thing} of week {i}"), "list_tables")
+        } else {
+            (
+                format!("remember that the {thing} of week {i} are due"),
+                "remember",
+            )
+        };
+        lines.push(
+            serde_json::json!({"id": format!("c{i}"), "configured": "all",
+                "turns": [{"user": user, "needed": [tool]}]})
+            .to_string(),
+        );
+    }
+    let cases = dir.path().join("cases.jsonl");
+    std::fs::write(&cases, lines.join("\n")).expect("write cases");
+    stdout_of(run(&["learn", "--cases", cases.to_str().expect("utf-8")]));
+
+    let weights = dir.path().join("weights.json");
+    let dry = stdout_of(run(&["fit", "--lexical", "--folds", "2", "--dry-run"]));
+    assert!(
+        dry.contains("weights in force: shipped") && dry.contains("all folds: turns 40"),
+        "{dry}"
+    );
+    assert!(dry.contains("with the weights before the fit"), "{dry}");
+    assert!(!weights.exists());
+
+    let fitted = stdout_of(run(&["fit", "--lexical", "--folds", "2", "--force"]));
+    assert!(fitted.contains("wrote "), "{fitted}");
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(&weights).expect("weights.json"))
+            .expect("weights JSON");
+    assert_eq!(file["fitted"]["cases"], "stored sessions", "{file}");
+    assert_eq!(file["fitted"]["lexical"]["positive"], 40, "{file}");
+    let again = stdout_of(run(&["fit", "--lexical", "--folds", "2", "--dry-run"]));
+    assert!(
+        again.contains("weights in force: weights.json (fitted "),
+        "{again}"
+    );
+    // Routed with the fitted weights: the learned verb brings its table tool.
+    let routed = stdout_of(run(&["route", "zorblax the audits", "--lexical", "--json"]));
+    assert!(routed.contains("\"list_tables\""), "{routed}");
+
+    std::fs::write(&weights, "{\"lexical\": 1}").expect("break the file");
+    let broken = run(&["route", "hello", "--lexical"]);
+    assert!(!broken.status.success());
+    let stderr = String::from_utf8_lossy(&broken.stderr);
+    assert!(stderr.contains("weights.json"), "{stderr}");
+    assert!(stdout_of(run(&["fit", "--reset"])).contains("removed"));
+    assert!(!weights.exists());
+    stdout_of(run(&["route", "hello", "--lexical"]));
+}

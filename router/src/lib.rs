@@ -27,6 +27,7 @@ mod chitchat;
 mod embed;
 mod evidence;
 mod features;
+pub mod fit;
 mod keywords;
 mod learned;
 mod lexical;

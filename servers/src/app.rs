@@ -68,7 +68,8 @@ impl App {
         let file = match &config.config_file {
             Some(path) => ConfigFile::load(path, true)?,
             None => ConfigFile::load(&config.data_dir.join(CONFIG_FILE), false)?,
-        };
+        }
+        .with_weights_from(&config.data_dir)?;
         let registry = loadout_domains::registry().context("building the tool registry")?;
         warn_unknown_pins(&file, &registry);
         let store = open_store(config.database_url.as_deref(), &config.data_dir).await?;
@@ -122,7 +123,12 @@ impl App {
     /// builds its routers here, so `[router]` applies to chat, `/api/route`,
     /// `loadout route` and MCP's `search_tools` alike.
     pub fn new_router(&self, registry: Arc<Registry>) -> Router {
-        Router::new(registry, self.config().router.clone())
+        let config = self.config();
+        let mut router = Router::new(registry, config.router.clone());
+        if let Some(weights) = &config.weights {
+            router.set_weights(weights.clone());
+        }
+        router
     }
 
     /// Reads the config file again. A file with problems changes nothing. New
@@ -146,7 +152,7 @@ impl App {
         let rebuilt = match self.routing.get() {
             Some(routing) if !reloaded.router_changes.is_empty() => {
                 let registry = routing.router().registry().clone();
-                Some((routing, build_router(registry, new.router.clone()).await?))
+                Some((routing, build_router(registry, &new).await?))
             }
             _ => None,
         };
@@ -161,7 +167,7 @@ impl App {
     /// upstream server's tools changed) and the config in force.
     pub async fn replace_router(&self, registry: Arc<Registry>) -> anyhow::Result<Arc<Router>> {
         let _replacing = self.replacing.lock().await;
-        let router = build_router(registry, self.config().router.clone()).await?;
+        let router = build_router(registry, &self.config()).await?;
         self.install(self.routing(), router.clone()).await;
         Ok(router)
     }
@@ -253,13 +259,17 @@ impl App {
 }
 
 /// Indexes and token counts take a tenth of a second or more: built off the runtime.
-async fn build_router(
-    registry: Arc<Registry>,
-    config: loadout_router::RouterConfig,
-) -> anyhow::Result<Arc<Router>> {
-    let router = tokio::task::spawn_blocking(move || Router::new(registry, config))
-        .await
-        .context("building the router")?;
+async fn build_router(registry: Arc<Registry>, file: &ConfigFile) -> anyhow::Result<Arc<Router>> {
+    let (config, weights) = (file.router.clone(), file.weights.clone());
+    let router = tokio::task::spawn_blocking(move || {
+        let mut router = Router::new(registry, config);
+        if let Some(weights) = weights {
+            router.set_weights(weights);
+        }
+        router
+    })
+    .await
+    .context("building the router")?;
     Ok(Arc::new(router))
 }
 

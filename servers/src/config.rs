@@ -27,12 +27,17 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use loadout_router::RouterConfig;
+use loadout_router::scorer::Weights;
 use serde::Deserialize;
 
 use crate::mcp::upstream::{self, ServerConfig};
 
 /// The config file's name in the data dir.
 pub const CONFIG_FILE: &str = "loadout.toml";
+
+/// The weights `loadout fit` fitted on this deployment's sessions, in the data dir;
+/// without it the router scores with the weights it ships with.
+pub const WEIGHTS_FILE: &str = "weights.json";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,6 +59,10 @@ pub struct ConfigFile {
     pub router: RouterConfig,
     /// The user named the file (`--config`): a reload must find it too.
     explicit: bool,
+    /// The scorer's weights of [`WEIGHTS_FILE`], when the data dir has one.
+    pub weights: Option<Weights>,
+    /// Where the weights are read from at start and at each reload.
+    weights_path: Option<PathBuf>,
 }
 
 impl ConfigFile {
@@ -64,6 +73,8 @@ impl ConfigFile {
             servers: Vec::new(),
             router: RouterConfig::default(),
             explicit: false,
+            weights: None,
+            weights_path: None,
         }
     }
 
@@ -93,12 +104,33 @@ impl ConfigFile {
             servers,
             router: file.router,
             explicit,
+            weights: None,
+            weights_path: None,
         })
+    }
+
+    /// Also reads `dir`'s [`WEIGHTS_FILE`] (now and at each reload). A file that does
+    /// not parse, or names a feature the scorer lacks, is an error, as a typo in the
+    /// config is: routing must not fall back to other weights unnoticed.
+    pub fn with_weights_from(mut self, dir: &Path) -> anyhow::Result<ConfigFile> {
+        let path = dir.join(WEIGHTS_FILE);
+        self.weights = read_weights(&path)?;
+        self.weights_path = Some(path);
+        Ok(self)
+    }
+
+    /// The weights every router built from this config scores with.
+    pub fn router_weights(&self) -> Weights {
+        self.weights.clone().unwrap_or_else(Weights::shipped)
     }
 
     /// The file read again from where this one was read, checked as at start.
     pub fn reload(&self) -> anyhow::Result<ConfigFile> {
-        ConfigFile::load(&self.path, self.explicit)
+        let file = ConfigFile::load(&self.path, self.explicit)?;
+        match &self.weights_path {
+            Some(path) => file.with_weights_from(path.parent().unwrap_or(Path::new("."))),
+            None => Ok(file),
+        }
     }
 
     /// The `[router]` fields whose values differ in `other`, as `name: old → new`.
@@ -108,13 +140,60 @@ impl ConfigFile {
             _ => serde_json::Map::new(),
         };
         let (old, new) = (fields(&self.router), fields(&other.router));
-        new.iter()
+        let mut changes: Vec<String> = new
+            .iter()
             .filter(|(name, value)| old.get(*name) != Some(value))
             .map(|(name, value)| {
                 let was = old.get(name).unwrap_or(&serde_json::Value::Null);
                 format!("{name}: {was} → {value}")
             })
-            .collect()
+            .collect();
+        if self.weights != other.weights {
+            let describe = |weights: &Option<Weights>| match weights {
+                Some(weights) => format!("{WEIGHTS_FILE} ({})", fitted_on(weights)),
+                None => "shipped".to_owned(),
+            };
+            changes.push(format!(
+                "weights: {} → {}",
+                describe(&self.weights),
+                describe(&other.weights)
+            ));
+        }
+        changes
+    }
+}
+
+/// `path`'s weights; `None` when there is no such file.
+fn read_weights(path: &Path) -> anyhow::Result<Option<Weights>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+    };
+    let weights: Weights = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "invalid {} (remove it to route with the shipped weights)",
+            path.display()
+        )
+    })?;
+    let unknown = weights.unknown_features();
+    if !unknown.is_empty() {
+        anyhow::bail!(
+            "{}: features the scorer does not have: {} (fitted by another version? run `loadout fit` again, or remove the file)",
+            path.display(),
+            unknown.join(", ")
+        );
+    }
+    Ok(Some(weights))
+}
+
+/// When and on what the weights were fitted, as their file says.
+pub fn fitted_on(weights: &Weights) -> String {
+    let field = |name: &str| weights.fitted.get(name).and_then(|v| v.as_str());
+    match (field("date"), field("cases")) {
+        (Some(date), Some(cases)) => format!("fitted {date} on {cases}"),
+        (Some(date), None) => format!("fitted {date}"),
+        _ => "fitted".to_owned(),
     }
 }
 

@@ -58,6 +58,9 @@ enum Command {
     /// The stored sessions routed again with the current tools and config: did each
     /// turn get the tools its model called?
     Replay(cli::replay::Args),
+    /// Fits the router's scorer on this deployment's sessions and learned memory
+    /// (folds by conversation) and writes `weights.json` in the data dir.
+    Fit(cli::fit::Args),
     /// Reads and writes settings.
     #[command(subcommand)]
     Settings(cli::settings::Command),
@@ -98,12 +101,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         database_url: cli.database_url,
         config_file: cli.config,
     };
+    // Before the app opens: a weights file it cannot read is what `--reset` removes.
+    if let Command::Fit(args) = &cli.command
+        && args.reset
+    {
+        return cli::fit::reset(&config.data_dir);
+    }
     let app = app::App::open(&config).await?;
     match cli.command {
         Command::Tools(args) => cli::tools::run(&app, args).await,
         Command::Call(args) => cli::call::run(&app, args).await,
         Command::Route(args) => cli::route::run(&app, args).await,
         Command::Replay(args) => cli::replay::run(&app, args).await,
+        Command::Fit(args) => cli::fit::run(&app, args).await,
         Command::Settings(command) => cli::settings::run(&app, command).await,
         Command::Clients(command) => cli::clients::run(&app, command).await,
         Command::Audit(args) => cli::audit::run(&app, args).await,

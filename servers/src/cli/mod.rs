@@ -14,6 +14,7 @@ pub mod audit;
 pub mod call;
 pub mod clients;
 pub mod decisions;
+pub mod fit;
 pub mod learned;
 pub mod replay;
 pub mod route;

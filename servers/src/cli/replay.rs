@@ -82,7 +82,8 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     let (cases, source) = match &args.cases {
         Some(path) => (read_cases(path)?, path.display().to_string()),
         None => {
-            let cases = stored_cases(app, args).await?;
+            let cases =
+                stored_cases(app, args.session.as_deref(), args.sessions, args.since_days).await?;
             let source = match &args.session {
                 Some(id) => format!("session {id}"),
                 None => format!(
@@ -118,7 +119,7 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
         Some(path) => Some(ConfigFile::load(path, true)?),
         None => None,
     };
-    let (router, dense) = router_for(app, app.new_router(app.registry.clone()), args).await;
+    let (router, dense) = router_for(app, app.new_router(app.registry.clone()), args.lexical).await;
     let file = app.config();
     let config = if file.path.exists() {
         file.path.display().to_string()
@@ -176,8 +177,9 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
             changes.join(", ")
         }
     )?;
-    let built = Router::new(app.registry.clone(), candidate.router.clone());
-    let (router, _) = router_for(app, built, args).await;
+    let mut built = Router::new(app.registry.clone(), candidate.router.clone());
+    built.set_weights(app.config().router_weights());
+    let (router, _) = router_for(app, built, args.lexical).await;
     let vectors = case_vectors(&router, &cases);
     let tried = replay(
         &router,
@@ -209,11 +211,11 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `router` with the dense stage attached (waited for) unless `--lexical` or
+/// `router` with the dense stage attached (waited for) unless `lexical` or
 /// `router_dense = off`, and a phrase saying which.
-async fn router_for(app: &App, router: Router, args: &Args) -> (Arc<Router>, String) {
+pub(super) async fn router_for(app: &App, router: Router, lexical: bool) -> (Arc<Router>, String) {
     let router = Arc::new(router);
-    if args.lexical {
+    if lexical {
         return (router, "lexical only (--lexical)".to_owned());
     }
     let dense = match app.attach_dense_stage_to(router.clone()).await {
@@ -233,7 +235,7 @@ async fn router_for(app: &App, router: Router, args: &Args) -> (Arc<Router>, Str
 /// through its encoder (as the server embeds each message before routing it);
 /// `None` lexical-only, or when embedding failed (then the replay is lexical and a
 /// warning says why).
-fn case_vectors(
+pub(super) fn case_vectors(
     router: &Router,
     cases: &[Case],
 ) -> Option<std::collections::HashMap<String, loadout_router::MessageVectors>> {
@@ -250,24 +252,31 @@ fn case_vectors(
     }
 }
 
-fn read_cases(path: &std::path::Path) -> anyhow::Result<Vec<Case>> {
+pub(super) fn read_cases(path: &std::path::Path) -> anyhow::Result<Vec<Case>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     cases_from_json_lines(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-async fn stored_cases(app: &App, args: &Args) -> anyhow::Result<Vec<Case>> {
+/// The stored sessions as cases: `session` alone, else the most recently active
+/// `sessions` of the last `since_days` days.
+pub(super) async fn stored_cases(
+    app: &App,
+    session: Option<&str>,
+    sessions: usize,
+    since_days: u32,
+) -> anyhow::Result<Vec<Case>> {
     let store = app.store();
-    let ids = match &args.session {
+    let ids = match session {
         Some(id) => {
             if !store.session_exists(id).await? {
                 anyhow::bail!("no session `{id}`");
             }
-            vec![id.clone()]
+            vec![id.to_owned()]
         }
         None => {
-            let since = loadout_store::now_ms() - i64::from(args.since_days) * 86_400_000;
-            store.sessions_active_since(since, args.sessions).await?
+            let since = loadout_store::now_ms() - i64::from(since_days) * 86_400_000;
+            store.sessions_active_since(since, sessions).await?
         }
     };
     let settings = app.settings.snapshot().await?;

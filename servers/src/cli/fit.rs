@@ -1,0 +1,266 @@
+//! `loadout fit`: fits the router's scorer on this deployment's own traffic, with
+//! folds by conversation (`loadout_router::fit`, as `cargo xtask fit` fits the
+//! shipped weights on the labeled set), and writes `weights.json` in the data dir.
+//!
+//! The training data is what the deployment learned from use: the stored sessions
+//! (each turn needed the tools its model called, as `loadout replay` reads them) and
+//! the learned entries no stored session holds (imports, examples, sessions since
+//! purged), each as a one-turn conversation. The file is written only when the
+//! fitted weights route the held-out folds at least as well as the weights in force
+//! (recall first, then fewer tools); `--dry-run` only prints, `--reset` goes back to
+//! the shipped weights. Running servers take the file at their next reload (SIGHUP).
+//! The fit is deterministic: replicas over one PostgreSQL store that fit the same
+//! sessions write the same file.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use loadout_router::fit::{self, Path};
+use loadout_router::replay::{Case, CaseTurn, Configured, folds};
+
+use crate::app::App;
+use crate::config::{WEIGHTS_FILE, fitted_on};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Fit on the most recently active this many sessions.
+    #[arg(long, default_value_t = 20_000)]
+    sessions: usize,
+    /// Only sessions active in the last this many days.
+    #[arg(long, default_value_t = 90)]
+    since_days: u32,
+    /// Fit on the labeled conversations of this JSON-lines file (the eval set's
+    /// format, or what `loadout replay --export` wrote) instead of the stored ones.
+    #[arg(long, value_name = "FILE")]
+    cases: Option<PathBuf>,
+    /// Folds by conversation.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(2..=50))]
+    folds: u16,
+    /// L2 penalty on the weights.
+    #[arg(long, default_value_t = 1.0)]
+    l2: f64,
+    /// Fit the lexical model only (the dense model stays as it is).
+    #[arg(long)]
+    lexical: bool,
+    /// Also load the toolkit files of this directory.
+    #[arg(long)]
+    catalog: Option<PathBuf>,
+    /// Leave out the upstream MCP servers of `loadout.toml`.
+    #[arg(long)]
+    no_upstream: bool,
+    /// Print the figures; write nothing.
+    #[arg(long, conflicts_with = "force")]
+    dry_run: bool,
+    /// Write the weights even when they route the held-out folds worse than the
+    /// weights in force.
+    #[arg(long)]
+    force: bool,
+    /// Remove `weights.json`: route with the shipped weights again.
+    #[arg(long, conflicts_with_all = ["cases", "dry_run", "force", "lexical"])]
+    pub reset: bool,
+}
+
+/// Fewer labeled turns than this fit noise: the command refuses.
+const MIN_TURNS: usize = 30;
+
+pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
+    if args.reset {
+        return reset(app.store().data_dir());
+    }
+    let path = app.store().data_dir().join(WEIGHTS_FILE);
+    let (app, upstreams) = super::as_served(app, args.catalog.as_deref(), args.no_upstream).await?;
+    let done = fit_and_write(&app, &args, &path).await;
+    upstreams.shutdown().await;
+    done
+}
+
+/// `--reset`: removes the data dir's weights file.
+pub fn reset(data_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let path = data_dir.join(WEIGHTS_FILE);
+    match std::fs::remove_file(&path) {
+        Ok(()) => outln!(
+            "removed {}: routers built from now on (a running server's at its next reload, SIGHUP) use the shipped weights",
+            path.display()
+        )?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            outln!("no {}: the shipped weights are in force", path.display())?
+        }
+        Err(e) => anyhow::bail!("cannot remove {}: {e}", path.display()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn fit_and_write(app: &App, args: &Args, path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let (cases, source) = match &args.cases {
+        Some(file) => (super::replay::read_cases(file)?, file.display().to_string()),
+        None => {
+            let mut cases =
+                super::replay::stored_cases(app, None, args.sessions, args.since_days).await?;
+            let sessions = cases.len();
+            let learned = learned_cases(app, &cases).await?;
+            let n_learned = learned.len();
+            cases.extend(learned);
+            (
+                cases,
+                format!(
+                    "{sessions} sessions of the last {} days and {n_learned} learned entries of no stored session",
+                    args.since_days
+                ),
+            )
+        }
+    };
+    let labeled = cases
+        .iter()
+        .flat_map(|case| &case.turns)
+        .filter(|turn| !turn.needed.is_empty())
+        .count();
+    if labeled < MIN_TURNS || cases.len() < usize::from(args.folds) {
+        anyhow::bail!(
+            "too little to fit: {labeled} turns that called a tool in {} conversations ({source}); a fit needs {MIN_TURNS} turns or more, in at least as many conversations as folds ({})",
+            cases.len(),
+            args.folds
+        );
+    }
+    let in_force = app.config();
+    outln!(
+        "fitting on {source}: {} conversations, {labeled} turns that called a tool; weights in force: {}",
+        cases.len(),
+        in_force
+            .weights
+            .as_ref()
+            .map(|w| format!("{WEIGHTS_FILE} ({})", fitted_on(w)))
+            .unwrap_or_else(|| "shipped".to_owned())
+    )?;
+    let folds = folds(&cases, usize::from(args.folds));
+
+    let mut weights = in_force.router_weights();
+    let mut summaries = serde_json::Map::new();
+    let mut better = true;
+    let mut paths = vec![Path::Lexical];
+    let (dense_router, dense) =
+        super::replay::router_for(app, app.new_router(app.registry.clone()), args.lexical).await;
+    if dense_router.dense().is_some() {
+        paths.push(Path::Dense);
+    } else {
+        outln!("dense model not fitted: {dense}")?;
+    }
+    for path in paths {
+        let mut router = app.new_router(app.registry.clone());
+        let vectors = match path {
+            Path::Lexical => None,
+            Path::Dense => {
+                // The dense stage's index, built once above, serves this router too.
+                router.set_dense(dense_router.dense().cloned());
+                super::replay::case_vectors(&router, &cases)
+            }
+        };
+        let fitted = tokio::task::block_in_place(|| {
+            fit::fit_path(
+                &mut router,
+                &folds,
+                args.l2,
+                path,
+                vectors.as_ref(),
+                &mut |line| {
+                    let _ = outln!("{line}");
+                },
+            )
+        })
+        .map_err(anyhow::Error::msg)?;
+        better &= fit::objective(&fitted.held_out) >= fit::objective(&fitted.before);
+        summaries.insert(format!("{path:?}").to_lowercase(), fitted.summary);
+        weights = fit::with_model(&weights, path, fitted.model);
+    }
+    let mut fitted = serde_json::json!({
+        "cases": "stored sessions",
+        "folds": args.folds,
+        "l2": args.l2,
+        "date": chrono::Utc::now().format("%Y-%m-%d").to_string(),
+    });
+    if let Some(file) = &args.cases {
+        fitted["cases"] = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .into();
+    }
+    for (path, summary) in summaries {
+        fitted[path] = summary;
+    }
+    weights.fitted = fitted;
+
+    if args.dry_run {
+        outln!("--dry-run: nothing written")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !better && !args.force {
+        outln!(
+            "not written: the fitted weights route the held-out folds worse than the weights in force (turn recall less 0.002 a tool); --force writes them anyway"
+        )?;
+        return Ok(ExitCode::FAILURE);
+    }
+    let json = serde_json::to_string_pretty(&weights)? + "\n";
+    write_atomically(path, &json)?;
+    outln!(
+        "wrote {}: routers built from now on use it (a running server at its next reload, SIGHUP)",
+        path.display()
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The learned entries of sessions `cases` does not hold, each a one-turn
+/// conversation with today's settings.
+async fn learned_cases(app: &App, cases: &[Case]) -> anyhow::Result<Vec<Case>> {
+    let stored: BTreeSet<&str> = cases.iter().map(|case| case.id.as_str()).collect();
+    let settings = app.settings.snapshot().await?;
+    let configured: Vec<String> = app
+        .registry
+        .domains()
+        .iter()
+        .filter(|d| app.registry.missing_settings(&d.name, &settings).is_empty())
+        .flat_map(|d| d.settings_keys.iter().cloned())
+        .collect();
+    let rows = app.store().learned_rows(None, None).await?;
+    Ok(rows
+        .into_iter()
+        .filter(|row| row.session.as_deref().is_none_or(|s| !stored.contains(s)))
+        .filter_map(|row| {
+            let called: Vec<String> = row
+                .tools
+                .into_iter()
+                .filter(|t| app.registry.tool(t).is_some())
+                .collect();
+            // Core tools are always sent: only optional ones are needed, as in
+            // `loadout replay`.
+            let needed: Vec<String> = called
+                .iter()
+                .filter(|name| {
+                    app.registry
+                        .tool(name)
+                        .and_then(|tool| app.registry.domain(&tool.domain))
+                        .is_some_and(|d| !d.always_on)
+                })
+                .cloned()
+                .collect();
+            (!called.is_empty()).then(|| Case {
+                id: format!("learned-{}", row.id),
+                configured: Configured::Keys(configured.clone()),
+                turns: vec![CaseTurn {
+                    user: row.message,
+                    needed,
+                    called: Some(called),
+                }],
+                why: None,
+            })
+        })
+        .collect())
+}
+
+/// Writes `text` to a file beside `path`, then renames it over `path`: a reader
+/// sees the old weights or the new, never half a file.
+fn write_atomically(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+}
