@@ -1,0 +1,208 @@
+//! The last stage: the selection, its decisions and hints, and the unconfigured
+//! domains the message points at.
+
+use super::*;
+
+impl Pass<'_> {
+    /// Unconfigured domains with a keyword, or past the similarity gate a configured
+    /// domain would need and better than the always-on domains, that score at least
+    /// as well as the best domain sent on the message's evidence: at most
+    /// `MAX_UNCONFIGURED`, best first. Never for chit-chat.
+    fn unconfigured_matches(&self) -> Vec<Unconfigured> {
+        const MAX_UNCONFIGURED: usize = 3;
+        let router = self.router;
+        let config = &router.config;
+        let evidence = &self.evidence;
+        if self.chit_chat {
+            return Vec::new();
+        }
+        let best_sent = self
+            .verdicts
+            .iter()
+            .filter(|v| {
+                v.included()
+                    && matches!(
+                        v.stage,
+                        Stage::Keyword
+                            | Stage::Bm25
+                            | Stage::Dense
+                            | Stage::Fused
+                            | Stage::Learned
+                            | Stage::Scored
+                    )
+            })
+            .map(|v| v.score)
+            .fold(0.0f32, f32::max);
+        let mut matches: Vec<Unconfigured> = Vec::new();
+        for (d, domain) in router.registry.domains().iter().enumerate() {
+            if evidence.active[d] || router.domain_is_core[d] {
+                continue;
+            }
+            // Naming a domain makes the model ask the user for its settings, so it
+            // needs more than a configured domain would: the gate of its stage, and a
+            // better fit than the always-on tools already sent ("what time is it?"
+            // shares "time" with the file tools, but `current_time` explains it).
+            let bm25 = evidence.pieces.iter().any(|p| {
+                let b = p.domain_bm25[d];
+                b >= config.bm25_min_score
+                    && b >= config.bm25_relative * best_of(&p.domain_bm25, &router.domain_is_core)
+                    && b > best_of_core(&p.domain_bm25, &router.domain_is_core)
+            });
+            let dense = evidence.dense_on
+                && evidence.pieces.iter().any(|p| {
+                    let c = p.domain_dense[d];
+                    c >= config.dense_min_score
+                        && c >= best_of(&p.domain_dense, &router.domain_is_core)
+                            - config.dense_margin
+                        && c > best_of_core(&p.domain_dense, &router.domain_is_core)
+                });
+            let hits = evidence.keyword_hits_in_domain[d];
+            let stage = match (hits > 0, bm25, dense) {
+                (true, ..) => Stage::Keyword,
+                (false, true, true) => Stage::Fused,
+                (false, true, false) => Stage::Bm25,
+                (false, false, true) => Stage::Dense,
+                (false, false, false) => continue,
+            };
+            let score = keyword_score(hits).max(evidence.domain_similarity[d]);
+            if score < best_sent {
+                continue;
+            }
+            matches.push(Unconfigured {
+                domain: router.names.domains[d].clone(),
+                missing_settings: router
+                    .registry
+                    .missing_settings(&domain.name, self.input.settings),
+                stage,
+                score,
+            });
+        }
+        matches.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.domain.cmp(&b.domain)));
+        matches.truncate(MAX_UNCONFIGURED);
+        matches
+    }
+
+    /// The selection: domain decisions as what is actually sent says, the sent tools
+    /// (core first, then by score), and hints for the best of the rest.
+    pub(crate) fn finish(self) -> Selection {
+        let unconfigured = self.unconfigured_matches();
+        let Pass {
+            router,
+            budget,
+            mut notes,
+            verdicts,
+            n_active_tools,
+            sent,
+            tool_outcomes,
+            mut ranked_out,
+            ..
+        } = self;
+        let names = &router.names;
+        let config = &router.config;
+        let tokens: usize = sent.iter().map(|(t, _)| router.tool_tokens[t]).sum();
+        let mut n_sent_by_domain = vec![0usize; verdicts.len()];
+        for (t, _) in sent.iter() {
+            n_sent_by_domain[names.tool_domains[t]] += 1;
+        }
+        let domain_scores: Vec<f32> = self.domain_scores;
+        let probability = &self.probability;
+        let tool_score = |t: usize| -> f32 {
+            if config.scorer {
+                return probability[t];
+            }
+            domain_scores[names.tool_domains[t]]
+                + self.evidence.tool_similarity.get(t).copied().unwrap_or(0.0)
+                + 0.5 * f32::from(self.evidence.tool_keyword_hits[t].min(2))
+                + router.tool_prior[t]
+        };
+        let domains: Vec<DomainDecision> = verdicts
+            .into_iter()
+            .enumerate()
+            .map(|(d, verdict)| {
+                let included = n_sent_by_domain[d] > 0;
+                let (stage, reason) = if verdict.included() && !included {
+                    (
+                        Stage::BudgetTrimmed,
+                        format!("{}; trimmed to fit {budget} tokens", verdict.reason).into(),
+                    )
+                } else {
+                    (verdict.stage, verdict.reason)
+                };
+                DomainDecision {
+                    domain: names.domains[d].clone(),
+                    included,
+                    stage,
+                    score: verdict.score,
+                    reason,
+                }
+            })
+            .collect();
+
+        let mut selected: Vec<SelectedTool> = sent
+            .iter()
+            .map(|(t, (stage, score))| SelectedTool {
+                name: names.tools[t].clone(),
+                domain: names.domains[names.tool_domains[t]].clone(),
+                stage,
+                score,
+                tokens: router.tool_tokens[t],
+                tool_idx: t,
+            })
+            .collect();
+        selected.sort_unstable_by(|a, b| {
+            let a_core = router.domain_is_core[names.tool_domains[a.tool_idx]];
+            let b_core = router.domain_is_core[names.tool_domains[b.tool_idx]];
+            b_core
+                .cmp(&a_core)
+                .then(b.score.total_cmp(&a.score))
+                .then(a.tool_idx.cmp(&b.tool_idx))
+        });
+
+        // Only the best `max_hints` need an order: with a large domain ranked out, a
+        // full sort of every hinted-out tool would dominate the selection's cost.
+        let mut seen = vec![false; router.tool_tokens.len()];
+        ranked_out.retain(|&t| !sent.has(t) && !std::mem::replace(&mut seen[t], true));
+        best_first(&mut ranked_out, config.max_hints, tool_score);
+        let mut hints = Vec::with_capacity(ranked_out.len().min(config.max_hints));
+        let mut hint_tokens = 0;
+        for &t in ranked_out.iter().take(config.max_hints) {
+            hint_tokens += router.hint_tokens[t];
+            hints.push(router.hint_for(t));
+        }
+        let tool_decisions: Vec<ToolDecision> = tool_outcomes
+            .sorted()
+            .into_iter()
+            .filter_map(|t| {
+                tool_outcomes.get(t).map(|(stage, included)| ToolDecision {
+                    tool: names.tools[t].clone(),
+                    domain: names.domains[names.tool_domains[t]].clone(),
+                    included: included && sent.has(t),
+                    stage,
+                    score: tool_score(t),
+                    tool_idx: t,
+                })
+            })
+            .collect();
+        if hints.len() < ranked_out.len() && ranked_out.len() > config.max_hints {
+            notes.push(format!(
+                "{} more tools not hinted",
+                ranked_out.len() - hints.len()
+            ));
+        }
+
+        Selection {
+            n_tools: selected.len(),
+            tools: selected,
+            hints,
+            domains,
+            tool_decisions,
+            tokens,
+            hint_tokens,
+            all_tools_tokens: router.all_tools_tokens,
+            token_budget: budget,
+            n_active_tools,
+            unconfigured,
+            notes,
+        }
+    }
+}

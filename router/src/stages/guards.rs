@@ -1,0 +1,185 @@
+//! The stages that may take tools back out: collisions between tools, the
+//! destructive guard, the token budget.
+
+use super::*;
+
+impl Pass<'_> {
+    /// Two conflicting tools both sent: keep the better-scoring one unless both were
+    /// matched by keyword or both their domains were used this session.
+    pub(crate) fn tool_collisions(&mut self) {
+        let router = self.router;
+        let tools = router.registry.all_tools();
+        let session = self.input.session;
+        for t in self.sent.sorted() {
+            for &other in &router.tool_conflicts[t] {
+                let (Some((stage_t, score_t)), Some((stage_o, score_o))) =
+                    (self.sent.get(t), self.sent.get(other))
+                else {
+                    continue;
+                };
+                if other <= t {
+                    continue;
+                }
+                let matched = |tool: usize| {
+                    self.evidence.tool_keyword_hits[tool] > 0
+                        || self.verdicts[router.names.tool_domains[tool]].stage == Stage::Keyword
+                };
+                let used = |tool: usize| {
+                    session
+                        .state(&tools[tool].domain)
+                        .is_some_and(|s| !s.unloaded && s.last_used_turn > i64::MIN / 2)
+                };
+                if (matched(t) && matched(other)) || (used(t) && used(other)) {
+                    continue;
+                }
+                let (loser, loser_stage) = if score_t >= score_o {
+                    (other, stage_o)
+                } else {
+                    (t, stage_t)
+                };
+                if is_collision_protected(loser_stage)
+                    || router.domain_is_core[router.names.tool_domains[loser]]
+                {
+                    continue;
+                }
+                self.sent.clear(loser);
+                self.ranked_out.push(loser);
+                self.tool_outcomes.set(loser, (Stage::Collision, false));
+            }
+        }
+    }
+
+    /// A destructive tool (`destructive = true`, MCP's `destructiveHint`) is sent only
+    /// on direct evidence for it: the message asks for that action (one of the tool's
+    /// keywords; its verb and object; a destructive verb while its domain is what the
+    /// message or the conversation is about; the best match of its domain's tools), a
+    /// workflow step, an explicit load or pin, or the last turn sent it on such
+    /// evidence (carry-over: "delete the 2023 backups" → "are you sure?" → "yes").
+    /// Backfill, fallback or a match of its domain alone never send one.
+    pub(crate) fn destructive_guard(&mut self) {
+        let router = self.router;
+        if !router.config.destructive_needs_evidence {
+            return;
+        }
+        let mut message_words: Vec<String> = Vec::new();
+        crate::lexical::for_each_term(&self.input.message.to_lowercase(), |term| {
+            message_words.push(term.to_owned())
+        });
+        let asks_to_destroy = message_words.iter().any(|w| {
+            DESTRUCTIVE_VERBS
+                .iter()
+                .any(|v| crate::lexical::stem(v) == w)
+        });
+        for t in self.sent.sorted() {
+            let Some((stage, _)) = self.sent.get(t) else {
+                continue;
+            };
+            let d = router.names.tool_domains[t];
+            let domain_stage = self.verdicts.get(d).map(|v| v.stage);
+            let about_its_domain = matches!(
+                domain_stage,
+                Some(
+                    Stage::Keyword
+                        | Stage::Bm25
+                        | Stage::Dense
+                        | Stage::Fused
+                        | Stage::Learned
+                        | Stage::Sticky
+                        | Stage::Pinned
+                        | Stage::Carried
+                )
+            ) || (domain_stage == Some(Stage::Scored)
+                && self.top_domain == Some(d));
+            // A domain the scorer sent counts only when it is what the message is
+            // about: "delete all my notes" is about memory, not the scratchpad.
+            let on_message_evidence = matches!(
+                domain_stage,
+                Some(Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused)
+            ) || (domain_stage == Some(Stage::Scored)
+                && self.top_domain == Some(d));
+            if !router.destructive[t]
+                || matches!(
+                    stage,
+                    Stage::Loaded
+                        | Stage::Pinned
+                        | Stage::NextStep
+                        | Stage::Prerequisite
+                        | Stage::Carried
+                        | Stage::AlwaysOn
+                )
+                || self.evidence.tool_keyword_hits[t] > 0
+                || router.tool_actions[t]
+                    .as_ref()
+                    .is_some_and(|action| action.named_in(&message_words))
+                || (asks_to_destroy && about_its_domain)
+                || (on_message_evidence && self.is_top_match_of_its_domain(t))
+                || self.is_learned_for_its_domain(t)
+            {
+                continue;
+            }
+            self.sent.clear(t);
+            self.ranked_out.push(t);
+            self.tool_outcomes.set(t, (Stage::NoDirectEvidence, false));
+        }
+    }
+
+    /// The tool is the most similar to the message of its domain's tools, and among
+    /// the few most similar of all: its own text matches, not just its domain's. Only
+    /// with the dense stage: BM25 alone ranks a short message's stray word too high
+    /// ("remind me to call mom at 6" ranks `reboot_server` among the first five).
+    fn is_top_match_of_its_domain(&self, t: usize) -> bool {
+        const TOP: usize = 5;
+        if !self.evidence.dense_on {
+            return false;
+        }
+        let similarity = &self.evidence.tool_similarity;
+        let own = similarity.get(t).copied().unwrap_or(0.0);
+        let domain = &self.router.tools_by_domain[self.router.names.tool_domains[t]];
+        own > 0.0
+            && domain
+                .iter()
+                .all(|&other| other == t || similarity.get(other).copied().unwrap_or(0.0) < own)
+            && similarity.iter().filter(|&&other| other > own).count() < TOP
+    }
+
+    /// Past messages like this one called the tool, more than any other tool of its
+    /// domain: a repair (`load_tools`, or `search_tools` then a call) on a message like
+    /// this is direct evidence.
+    fn is_learned_for_its_domain(&self, t: usize) -> bool {
+        let learned = &self.evidence.tool_learned;
+        let own = learned.get(t).copied().unwrap_or(0.0);
+        own > 0.0
+            && self.router.tools_by_domain[self.router.names.tool_domains[t]]
+                .iter()
+                .all(|&other| other == t || learned.get(other).copied().unwrap_or(0.0) < own)
+    }
+
+    /// Trims the lowest-scoring optional tools to the token budget: never core,
+    /// pinned, sticky, loaded, or fallback (already fitted) ones.
+    pub(crate) fn token_budget(&mut self) {
+        let mut tokens = self.sent_tokens();
+        if tokens <= self.budget || self.input.session.load_all_this_turn {
+            return;
+        }
+        // What the learned stage added goes first: it only ever adds.
+        let mut trimmable: Vec<(bool, f32, usize)> = self
+            .sent
+            .iter()
+            .filter(|&(_, (stage, _))| {
+                !is_protected(stage) && !matches!(stage, Stage::Fallback | Stage::Warm)
+            })
+            .map(|(t, (stage, score))| (stage == Stage::Learned, score, t))
+            .collect();
+        trimmable
+            .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.total_cmp(&b.1)).then(b.2.cmp(&a.2)));
+        for (_, _, t) in trimmable {
+            if tokens <= self.budget {
+                break;
+            }
+            self.sent.clear(t);
+            tokens -= self.router.tool_tokens[t];
+            self.ranked_out.push(t);
+            self.tool_outcomes.set(t, (Stage::BudgetTrimmed, false));
+        }
+    }
+}
