@@ -61,6 +61,168 @@ struct DenseCosines<'v> {
     queries: &'v [Vec<f32>],
 }
 
+/// Keyword hits of a message (see the fields of [`Evidence`] of the same names).
+struct KeywordEvidence {
+    domain_keyword_hits: Vec<u16>,
+    keyword_hits_in_domain: Vec<u16>,
+    tool_keyword_hits: Vec<u16>,
+    keyword_matches: Vec<(usize, u32)>,
+}
+
+/// The similarity evidence of the pieces seen so far (see the fields of [`Evidence`]
+/// of the same names), and the buffers each piece reuses.
+struct Similarity {
+    tool_bm25: Vec<f32>,
+    tool_dense: Vec<f32>,
+    tool_similarity: Vec<f32>,
+    tool_bm25_rank: Vec<f32>,
+    tool_dense_rank: Vec<f32>,
+    domain_similarity: Vec<f32>,
+    pieces: Vec<PieceScores>,
+    terms: Vec<u32>,
+    words: String,
+    lowered_piece: String,
+    /// The tools that share a term with the piece: BM25 touches only those, so that
+    /// lexical routing costs what the message matches rather than what the registry
+    /// holds.
+    touched: Vec<u32>,
+    piece_tool_bm25: Vec<f32>,
+}
+
+impl Similarity {
+    fn new(n_tools: usize, n_domains: usize, dense_on: bool) -> Similarity {
+        let per_tool_if_dense = || {
+            if dense_on {
+                vec![0.0f32; n_tools]
+            } else {
+                Vec::new()
+            }
+        };
+        Similarity {
+            tool_bm25: vec![0.0f32; n_tools],
+            tool_dense: per_tool_if_dense(),
+            tool_similarity: per_tool_if_dense(),
+            tool_bm25_rank: vec![0.0f32; n_tools],
+            tool_dense_rank: per_tool_if_dense(),
+            domain_similarity: vec![0.0f32; n_domains],
+            pieces: Vec::new(),
+            terms: Vec::new(),
+            words: String::new(),
+            lowered_piece: String::new(),
+            touched: Vec::new(),
+            piece_tool_bm25: vec![0.0f32; n_tools],
+        }
+    }
+
+    /// Takes one piece's BM25 shares, and its cosines (per tool, per domain text)
+    /// when the dense stage ran.
+    fn add_piece(
+        &mut self,
+        router: &Router,
+        active: &[bool],
+        piece: &str,
+        cosines: Option<(&Vec<f32>, &Vec<f32>)>,
+        learned: Vec<LearnedVote>,
+    ) {
+        let n_domains = active.len();
+        let ranked = |t: usize| {
+            let d = router.names.tool_domains[t];
+            active[d] && !router.domain_is_core[d]
+        };
+        self.lowered_piece.clear();
+        self.lowered_piece.push_str(&piece.to_lowercase());
+        for &t in &self.touched {
+            self.piece_tool_bm25[t as usize] = 0.0;
+        }
+        self.touched.clear();
+        lexical::query_words(&self.lowered_piece, &mut self.words);
+        router
+            .tool_index
+            .query_word_terms(&self.words, &mut self.terms);
+        let tool_query_mass: f32 = self
+            .terms
+            .iter()
+            .map(|&t| router.tool_index.max_term_score(t))
+            .sum();
+        if tool_query_mass > 0.0 {
+            router.tool_index.score_into_touched(
+                &self.terms,
+                &mut self.piece_tool_bm25,
+                &mut self.touched,
+            );
+            for &t in &self.touched {
+                self.piece_tool_bm25[t as usize] /= tool_query_mass;
+            }
+        }
+        let mut domain_bm25 = vec![0.0f32; n_domains];
+        router
+            .domain_index
+            .query_word_terms(&self.words, &mut self.terms);
+        let domain_query_mass: f32 = self
+            .terms
+            .iter()
+            .map(|&t| router.domain_index.max_term_score(t))
+            .sum();
+        if domain_query_mass > 0.0 {
+            router
+                .domain_index
+                .score_into(&self.terms, &mut domain_bm25);
+            for score in &mut domain_bm25 {
+                *score /= domain_query_mass;
+            }
+        }
+        best_ranks(
+            self.touched
+                .iter()
+                .map(|&t| t as usize)
+                .filter(|&t| ranked(t)),
+            &self.piece_tool_bm25,
+            &mut self.tool_bm25_rank,
+        );
+        for &t in &self.touched {
+            let t = t as usize;
+            let score = self.piece_tool_bm25[t];
+            self.tool_bm25[t] = self.tool_bm25[t].max(score);
+            let slot = &mut domain_bm25[router.names.tool_domains[t]];
+            *slot = slot.max(score);
+        }
+
+        let mut domain_dense = vec![0.0f32; n_domains];
+        if let Some((piece_tool_dense, piece_domain_dense)) = cosines {
+            best_ranks(
+                (0..piece_tool_dense.len()).filter(|&t| ranked(t)),
+                piece_tool_dense,
+                &mut self.tool_dense_rank,
+            );
+            for (t, &cosine) in piece_tool_dense.iter().enumerate() {
+                self.tool_dense[t] = self.tool_dense[t].max(cosine);
+                let slot = &mut domain_dense[router.names.tool_domains[t]];
+                *slot = slot.max(cosine);
+            }
+            for (slot, &cosine) in domain_dense.iter_mut().zip(piece_domain_dense) {
+                *slot = slot.max(cosine);
+            }
+            // Tools: reciprocal-rank fusion of this piece's BM25 and dense ranks.
+            let fused = rrf(
+                &[&self.piece_tool_bm25, piece_tool_dense],
+                router.config.rrf_k,
+            );
+            for (slot, score) in self.tool_similarity.iter_mut().zip(fused) {
+                *slot = slot.max(score);
+            }
+        }
+        for d in 0..n_domains {
+            let combined = domain_bm25[d].max(router.calibrated(domain_dense[d]));
+            self.domain_similarity[d] = self.domain_similarity[d].max(combined);
+        }
+        self.pieces.push(PieceScores {
+            domain_bm25,
+            domain_dense,
+            learned,
+        });
+    }
+}
+
 /// The weight of the pseudo-neighbour that votes for nothing (see `learned_votes`):
 /// about three past messages must agree before a tool's share of the votes passes
 /// one half.
@@ -105,69 +267,12 @@ impl Router {
         let active: Vec<bool> = (0..n_domains)
             .map(|d| settings.is_none_or(|settings| self.is_active(d, settings)))
             .collect();
-
-        let lowered = message.to_lowercase();
-        let mut domain_keyword_hits = vec![0u16; n_domains];
-        let mut keyword_hits_in_domain = vec![0u16; n_domains];
-        let mut tool_keyword_hits = vec![0u16; n_tools];
-        let mut keyword_matches = Vec::new();
-        self.keywords.for_each_match(&lowered, |owner, pattern| {
-            let domain = match owner {
-                KeywordOwner::Domain(d) => {
-                    let Some(hits) = domain_keyword_hits.get_mut(d) else {
-                        return;
-                    };
-                    *hits = hits.saturating_add(1);
-                    d
-                }
-                KeywordOwner::Tool(t) => {
-                    let Some(hits) = tool_keyword_hits.get_mut(t) else {
-                        return;
-                    };
-                    *hits = hits.saturating_add(1);
-                    self.names.tool_domains[t]
-                }
-            };
-            if let Some(hits) = keyword_hits_in_domain.get_mut(domain) {
-                *hits = hits.saturating_add(1);
-            }
-            keyword_matches.push((domain, pattern));
-        });
+        let keywords = self.keyword_evidence(&message.to_lowercase());
 
         // The message, then each of its requests when it chains several.
         let piece_texts = embed::message_pieces(message);
-
         let mut notes = Vec::new();
-        let dense_cosines = match self.dense.get() {
-            Some(dense) => match vectors {
-                Some(vectors) => match vectors.skip_reason() {
-                    Some(reason) => {
-                        notes.push(format!("dense skipped: {reason}; lexical only"));
-                        None
-                    }
-                    None => match self.dense_scores(dense, vectors, piece_texts.len()) {
-                        Ok(cosines) => Some(cosines),
-                        Err(error) => {
-                            notes.push(format!("dense stage off ({error}); lexical only"));
-                            None
-                        }
-                    },
-                },
-                None => {
-                    notes.push("dense skipped: no message vectors given; lexical only".to_owned());
-                    None
-                }
-            },
-            None => {
-                if self.dense_pending.load(Ordering::Acquire) {
-                    notes.push(
-                        "dense stage not ready (tool vectors are being computed); lexical only"
-                            .to_owned(),
-                    );
-                }
-                None
-            }
-        };
+        let dense_cosines = self.dense_cosines(vectors, piece_texts.len(), &mut notes);
         let dense_on = dense_cosines.is_some();
         let mut tool_learned = Vec::new();
         let mut piece_learned: Vec<Vec<LearnedVote>> = vec![Vec::new(); piece_texts.len()];
@@ -177,115 +282,22 @@ impl Router {
             piece_learned = self.learned_votes(index, &piece_texts, queries, &mut tool_learned);
         }
 
-        // BM25 touches only the tools that share a term with the piece: the loops
-        // below go over those (`touched`), not over every tool, so that lexical
-        // routing costs what the message matches rather than what the registry holds.
-        let mut terms = Vec::new();
-        let mut words = String::new();
-        let mut touched: Vec<u32> = Vec::new();
-        let mut piece_tool_bm25 = vec![0.0f32; n_tools];
-        let mut tool_bm25 = vec![0.0f32; n_tools];
-        let mut tool_dense = if dense_on {
-            vec![0.0f32; n_tools]
-        } else {
-            Vec::new()
-        };
-        let mut tool_similarity = if dense_on {
-            vec![0.0f32; n_tools]
-        } else {
-            Vec::new()
-        };
-        let mut tool_bm25_rank = vec![0.0f32; n_tools];
-        let mut tool_dense_rank = if dense_on {
-            vec![0.0f32; n_tools]
-        } else {
-            Vec::new()
-        };
-        let ranked = |t: usize| {
-            let d = self.names.tool_domains[t];
-            active[d] && !self.domain_is_core[d]
-        };
-        let mut domain_similarity = vec![0.0f32; n_domains];
-        let mut pieces = Vec::with_capacity(piece_texts.len());
-        let mut lowered_piece = String::new();
+        let mut similarity = Similarity::new(n_tools, n_domains, dense_on);
         for (p, piece) in piece_texts.iter().enumerate() {
-            lowered_piece.clear();
-            lowered_piece.push_str(&piece.to_lowercase());
-            for &t in &touched {
-                piece_tool_bm25[t as usize] = 0.0;
-            }
-            touched.clear();
-            lexical::query_words(&lowered_piece, &mut words);
-            self.tool_index.query_word_terms(&words, &mut terms);
-            let tool_query_mass: f32 = terms
-                .iter()
-                .map(|&t| self.tool_index.max_term_score(t))
-                .sum();
-            if tool_query_mass > 0.0 {
-                self.tool_index
-                    .score_into_touched(&terms, &mut piece_tool_bm25, &mut touched);
-                for &t in &touched {
-                    piece_tool_bm25[t as usize] /= tool_query_mass;
-                }
-            }
-            let mut domain_bm25 = vec![0.0f32; n_domains];
-            self.domain_index.query_word_terms(&words, &mut terms);
-            let domain_query_mass: f32 = terms
-                .iter()
-                .map(|&t| self.domain_index.max_term_score(t))
-                .sum();
-            if domain_query_mass > 0.0 {
-                self.domain_index.score_into(&terms, &mut domain_bm25);
-                for score in &mut domain_bm25 {
-                    *score /= domain_query_mass;
-                }
-            }
-            best_ranks(
-                touched.iter().map(|&t| t as usize).filter(|&t| ranked(t)),
-                &piece_tool_bm25,
-                &mut tool_bm25_rank,
-            );
-            for &t in &touched {
-                let t = t as usize;
-                let score = piece_tool_bm25[t];
-                tool_bm25[t] = tool_bm25[t].max(score);
-                let slot = &mut domain_bm25[self.names.tool_domains[t]];
-                *slot = slot.max(score);
-            }
-
-            let mut domain_dense = vec![0.0f32; n_domains];
-            if let Some(cosines) = &dense_cosines {
-                let piece_tool_dense = &cosines.tools[p];
-                best_ranks(
-                    (0..n_tools).filter(|&t| ranked(t)),
-                    piece_tool_dense,
-                    &mut tool_dense_rank,
-                );
-                for (t, &cosine) in piece_tool_dense.iter().enumerate() {
-                    tool_dense[t] = tool_dense[t].max(cosine);
-                    let slot = &mut domain_dense[self.names.tool_domains[t]];
-                    *slot = slot.max(cosine);
-                }
-                for (slot, &cosine) in domain_dense.iter_mut().zip(&cosines.domains[p]) {
-                    *slot = slot.max(cosine);
-                }
-                // Tools: reciprocal-rank fusion of this piece's BM25 and dense ranks.
-                let fused = rrf(&[&piece_tool_bm25, piece_tool_dense], self.config.rrf_k);
-                for (slot, score) in tool_similarity.iter_mut().zip(fused) {
-                    *slot = slot.max(score);
-                }
-            }
-            for d in 0..n_domains {
-                let combined = domain_bm25[d].max(self.calibrated(domain_dense[d]));
-                domain_similarity[d] = domain_similarity[d].max(combined);
-            }
+            let cosines = dense_cosines.as_ref().map(|c| (&c.tools[p], &c.domains[p]));
             let learned = std::mem::take(&mut piece_learned[p]);
-            pieces.push(PieceScores {
-                domain_bm25,
-                domain_dense,
-                learned,
-            });
+            similarity.add_piece(self, &active, piece, cosines, learned);
         }
+        let Similarity {
+            tool_bm25,
+            tool_dense,
+            mut tool_similarity,
+            tool_bm25_rank,
+            tool_dense_rank,
+            domain_similarity,
+            pieces,
+            ..
+        } = similarity;
         if !dense_on {
             tool_similarity = tool_bm25.clone();
         }
@@ -300,10 +312,10 @@ impl Router {
 
         Evidence {
             active,
-            domain_keyword_hits,
-            keyword_hits_in_domain,
-            tool_keyword_hits,
-            keyword_matches,
+            domain_keyword_hits: keywords.domain_keyword_hits,
+            keyword_hits_in_domain: keywords.keyword_hits_in_domain,
+            tool_keyword_hits: keywords.tool_keyword_hits,
+            keyword_matches: keywords.keyword_matches,
             tool_similarity,
             tool_bm25,
             tool_dense,
@@ -315,6 +327,75 @@ impl Router {
             dense_on,
             tool_learned,
             notes,
+        }
+    }
+
+    /// Keyword hits of the lowercased message, per domain and tool.
+    fn keyword_evidence(&self, lowered: &str) -> KeywordEvidence {
+        let n_domains = self.registry.domains().len();
+        let n_tools = self.registry.all_tools().len();
+        let mut found = KeywordEvidence {
+            domain_keyword_hits: vec![0u16; n_domains],
+            keyword_hits_in_domain: vec![0u16; n_domains],
+            tool_keyword_hits: vec![0u16; n_tools],
+            keyword_matches: Vec::new(),
+        };
+        self.keywords.for_each_match(lowered, |owner, pattern| {
+            let domain = match owner {
+                KeywordOwner::Domain(d) => {
+                    let Some(hits) = found.domain_keyword_hits.get_mut(d) else {
+                        return;
+                    };
+                    *hits = hits.saturating_add(1);
+                    d
+                }
+                KeywordOwner::Tool(t) => {
+                    let Some(hits) = found.tool_keyword_hits.get_mut(t) else {
+                        return;
+                    };
+                    *hits = hits.saturating_add(1);
+                    self.names.tool_domains[t]
+                }
+            };
+            if let Some(hits) = found.keyword_hits_in_domain.get_mut(domain) {
+                *hits = hits.saturating_add(1);
+            }
+            found.keyword_matches.push((domain, pattern));
+        });
+        found
+    }
+
+    /// The pieces' cosines with every tool and domain, when the dense stage is attached
+    /// and the caller gave usable vectors; otherwise `None`, and a note says why.
+    fn dense_cosines<'v>(
+        &self,
+        vectors: Option<&'v MessageVectors>,
+        n_pieces: usize,
+        notes: &mut Vec<String>,
+    ) -> Option<DenseCosines<'v>> {
+        let Some(dense) = self.dense.get() else {
+            if self.dense_pending.load(Ordering::Acquire) {
+                notes.push(
+                    "dense stage not ready (tool vectors are being computed); lexical only"
+                        .to_owned(),
+                );
+            }
+            return None;
+        };
+        let Some(vectors) = vectors else {
+            notes.push("dense skipped: no message vectors given; lexical only".to_owned());
+            return None;
+        };
+        if let Some(reason) = vectors.skip_reason() {
+            notes.push(format!("dense skipped: {reason}; lexical only"));
+            return None;
+        }
+        match self.dense_scores(dense, vectors, n_pieces) {
+            Ok(cosines) => Some(cosines),
+            Err(error) => {
+                notes.push(format!("dense stage off ({error}); lexical only"));
+                None
+            }
         }
     }
 

@@ -59,12 +59,84 @@ impl Router {
         learned: Option<&LearnedIndex>,
         candidate_domain: &[bool],
     ) -> Candidates {
-        let n_domains = self.names.domains.len();
         let tools: Vec<usize> = (0..self.names.tools.len())
             .filter(|&t| candidate_domain[self.names.tool_domains[t]])
             .collect();
-        let n_tools = self.names.tools.len();
+        let domains = self.domain_features(evidence, session, candidate_domain);
+        let per_tool = self.tool_features(evidence, session, learned, candidate_domain, &tools);
+        let mut message_words: Vec<String> = Vec::new();
+        crate::lexical::for_each_term(&message.to_lowercase(), |term| {
+            message_words.push(term.to_owned())
+        });
 
+        let mut rows = Vec::new();
+        let mut kept = Vec::new();
+        let mut rest = Vec::new();
+        for &t in &tools {
+            let d = self.names.tool_domains[t];
+            let names_action = self.tool_actions[t]
+                .as_ref()
+                .is_some_and(|action| action.named_in(&message_words));
+            // A tool nothing points at, in a domain nothing points at, differs from
+            // its like only by its flags: the caller prices those as a group.
+            let touched = domains.evidence[d] > 0.0
+                || domains.last_turn[d] > 0.0
+                || per_tool.points_at(t, evidence)
+                || names_action;
+            if !touched {
+                rest.push(t);
+                continue;
+            }
+            let mut x = [0.0f32; N_FEATURES];
+            x[f::TOOL_BM25] = per_tool.bm25[t];
+            x[f::TOOL_BM25_REL] = per_tool.bm25_rel[t];
+            x[f::TOOL_BM25_RANK] = per_tool.bm25_rank[t];
+            x[f::DOMAIN_BM25_REL] = domains.bm25_rel[d];
+            x[f::DOMAIN_BM25_RANK] = domains.bm25_rank[d];
+            x[f::TOOL_KEYWORD] = f32::from(evidence.tool_keyword_hits[t].min(1));
+            x[f::DOMAIN_KEYWORD] = f32::from(evidence.domain_keyword_hits[d].min(2)) / 2.0;
+            x[f::KEYWORD_IN_DOMAIN] = f32::from(evidence.keyword_hits_in_domain[d] > 0);
+            x[f::DOMAIN_LAST_TURN] = domains.last_turn[d];
+            x[f::DOMAIN_STICKY] = domains.sticky[d];
+            x[f::TOOL_CALLED_RECENTLY] = f32::from(per_tool.called_recently[t]);
+            x[f::CARRIED] = f32::from(per_tool.carried[t]);
+            x[f::NEXT_STEP] = per_tool.next_step[t];
+            x[f::PREREQUISITE] = per_tool.prerequisite[t];
+            x[f::CO_USAGE] = per_tool.co_usage[t];
+            x[f::LEARNED_TOOL] = learned_score(evidence, t);
+            x[f::LEARNED_DOMAIN] = domains.learned[d];
+            // A small domain the turn points at: its tools travel together. Without
+            // the evidence, a catalog of one-tool domains would lift every tool.
+            x[f::SMALL_DOMAIN_EVIDENCE] =
+                domains.evidence[d] / self.tools_by_domain[d].len().max(1) as f32;
+            x[f::DESTRUCTIVE] = f32::from(self.destructive[t]);
+            x[f::READ_FIRST] = f32::from(self.tool_prior[t] > 0.0);
+            x[f::NAMES_ACTION] = f32::from(names_action);
+            x[f::TOOL_DENSE] = per_tool.dense[t];
+            x[f::TOOL_DENSE_REL] = per_tool.dense_rel[t];
+            x[f::TOOL_DENSE_RANK] = per_tool.dense_rank[t];
+            x[f::DOMAIN_DENSE_REL] = domains.dense_rel[d];
+            x[f::DOMAIN_DENSE_RANK] = domains.dense_rank[d];
+            x[f::LEARNED_TOOL_RANK] = per_tool.learned_rank[t];
+            rows.push(x);
+            kept.push(t);
+        }
+        Candidates {
+            tools: kept,
+            rows,
+            rest,
+        }
+    }
+
+    /// Per domain: what the evidence and the session say of it, over the candidate
+    /// domains.
+    fn domain_features(
+        &self,
+        evidence: &Evidence,
+        session: &SessionView,
+        candidate_domain: &[bool],
+    ) -> DomainFeatures {
+        let n_domains = self.names.domains.len();
         // Per domain, best over the message's pieces; relative to the best
         // candidate domain, and its rank among them.
         let domain_bm25: Vec<f32> = (0..n_domains)
@@ -83,18 +155,16 @@ impl Router {
                 .map(|(d, &s)| if candidate_domain[d] { s } else { 0.0 })
                 .collect()
         };
-        let domain_bm25 = masked(&domain_bm25);
-        let domain_dense = masked(&evidence.domain_best_dense);
-        let (domain_bm25_rel, _) = relative_and_rank(&domain_bm25);
-        let (domain_dense_rel, _) = relative_and_rank(&domain_dense);
+        let (bm25_rel, _) = relative_and_rank(&masked(&domain_bm25));
+        let (dense_rel, _) = relative_and_rank(&masked(&evidence.domain_best_dense));
         // Ranks per piece, best over them: each request of a chained message has
         // its own first domain.
-        let mut domain_bm25_rank = vec![0.0f32; n_domains];
-        let mut domain_dense_rank = vec![0.0f32; n_domains];
+        let mut bm25_rank = vec![0.0f32; n_domains];
+        let mut dense_rank = vec![0.0f32; n_domains];
         for piece in &evidence.pieces {
             for (best, scores) in [
-                (&mut domain_bm25_rank, &piece.domain_bm25),
-                (&mut domain_dense_rank, &piece.domain_dense),
+                (&mut bm25_rank, &piece.domain_bm25),
+                (&mut dense_rank, &piece.domain_dense),
             ] {
                 let (_, rank) = relative_and_rank(&masked(scores));
                 for (slot, r) in best.iter_mut().zip(rank) {
@@ -102,45 +172,85 @@ impl Router {
                 }
             }
         }
-        let mut domain_learned = vec![0.0f32; n_domains];
+        let mut learned = vec![0.0f32; n_domains];
         for piece in &evidence.pieces {
             for vote in &piece.learned {
-                let slot = &mut domain_learned[vote.domain];
+                let slot = &mut learned[vote.domain];
                 *slot = slot.max(vote.score);
             }
         }
+        // The session's hold and how much the turn points at each domain.
+        let idle_turns = self.config.idle_turns;
+        let mut last_turn = vec![0.0f32; n_domains];
+        let mut sticky = vec![0.0f32; n_domains];
+        for state in &session.domains {
+            let Some(d) = self.registry.domain_idx(&state.domain) else {
+                continue;
+            };
+            last_turn[d] = f32::from(!state.unloaded && state.last_used_turn == session.turn - 1);
+            sticky[d] = f32::from(session.holds(&state.domain, idle_turns).is_some());
+        }
+        let evidence_of = (0..n_domains)
+            .map(|d| {
+                bm25_rank[d]
+                    .max(dense_rank[d])
+                    .max(f32::from(evidence.keyword_hits_in_domain[d] > 0))
+                    .max(sticky[d])
+                    .max(learned[d])
+            })
+            .collect();
+        DomainFeatures {
+            bm25_rel,
+            bm25_rank,
+            dense_rel,
+            dense_rank,
+            learned,
+            last_turn,
+            sticky,
+            evidence: evidence_of,
+        }
+    }
 
-        // Per tool, over the candidates only.
+    /// Per tool: its evidence over the candidates `tools`, and what it inherits from
+    /// the tools the turn points at (prerequisites, co-usage) and from the session.
+    fn tool_features(
+        &self,
+        evidence: &Evidence,
+        session: &SessionView,
+        learned: Option<&LearnedIndex>,
+        candidate_domain: &[bool],
+        tools: &[usize],
+    ) -> ToolFeatures {
+        let n_tools = self.names.tools.len();
         let only_candidates = |scores: &[f32]| -> Vec<f32> {
             let mut out = vec![0.0f32; n_tools];
             if scores.is_empty() {
                 return out;
             }
-            for &t in &tools {
+            for &t in tools {
                 out[t] = scores[t];
             }
             out
         };
-        let tool_bm25 = only_candidates(&evidence.tool_bm25);
-        let tool_dense = only_candidates(&evidence.tool_dense);
-        let (tool_bm25_rel, _) = relative_and_rank(&tool_bm25);
-        let (tool_dense_rel, _) = relative_and_rank(&tool_dense);
-        let tool_bm25_rank = only_candidates(&evidence.tool_bm25_rank);
-        let tool_dense_rank = only_candidates(&evidence.tool_dense_rank);
-        let learned_tool = |t: usize| evidence.tool_learned.get(t).copied().unwrap_or(0.0);
+        let bm25 = only_candidates(&evidence.tool_bm25);
+        let dense = only_candidates(&evidence.tool_dense);
+        let (bm25_rel, _) = relative_and_rank(&bm25);
+        let (dense_rel, _) = relative_and_rank(&dense);
+        let bm25_rank = only_candidates(&evidence.tool_bm25_rank);
+        let dense_rank = only_candidates(&evidence.tool_dense_rank);
         let (_, learned_rank) = relative_and_rank(&only_candidates(&evidence.tool_learned));
 
         // How directly the message points at a tool: what its prerequisites and
         // companions inherit.
         let strength = |t: usize| -> f32 {
-            tool_bm25_rank[t]
-                .max(tool_dense_rank[t])
+            bm25_rank[t]
+                .max(dense_rank[t])
                 .max(f32::from(evidence.tool_keyword_hits[t].min(1)))
-                .max(learned_tool(t))
+                .max(learned_score(evidence, t))
         };
         let mut prerequisite = vec![0.0f32; n_tools];
         let mut co_usage = vec![0.0f32; n_tools];
-        for &u in &tools {
+        for &u in tools {
             let s = strength(u);
             if s <= 0.0 {
                 continue;
@@ -165,8 +275,8 @@ impl Router {
                 }
             }
         }
-        let message_has_keyword =
-            (0..n_domains).any(|d| candidate_domain[d] && evidence.keyword_hits_in_domain[d] > 0);
+        let message_has_keyword = (0..self.names.domains.len())
+            .any(|d| candidate_domain[d] && evidence.keyword_hits_in_domain[d] > 0);
         let mut carried = vec![false; n_tools];
         if !message_has_keyword {
             for name in &session.carried_tools {
@@ -175,98 +285,70 @@ impl Router {
                 }
             }
         }
-        let mut message_words: Vec<String> = Vec::new();
-        crate::lexical::for_each_term(&message.to_lowercase(), |term| {
-            message_words.push(term.to_owned())
-        });
+        ToolFeatures {
+            bm25,
+            bm25_rel,
+            bm25_rank,
+            dense,
+            dense_rel,
+            dense_rank,
+            learned_rank,
+            prerequisite,
+            co_usage,
+            next_step,
+            called_recently,
+            carried,
+        }
+    }
+}
 
-        // Per domain, once: the session's hold and how much the turn points at it.
-        let idle_turns = self.config.idle_turns;
-        let mut domain_last_turn = vec![0.0f32; n_domains];
-        let mut domain_sticky = vec![0.0f32; n_domains];
-        for state in &session.domains {
-            let Some(d) = self.registry.domain_idx(&state.domain) else {
-                continue;
-            };
-            domain_last_turn[d] =
-                f32::from(!state.unloaded && state.last_used_turn == session.turn - 1);
-            domain_sticky[d] = f32::from(session.holds(&state.domain, idle_turns).is_some());
-        }
-        let domain_evidence: Vec<f32> = (0..n_domains)
-            .map(|d| {
-                domain_bm25_rank[d]
-                    .max(domain_dense_rank[d])
-                    .max(f32::from(evidence.keyword_hits_in_domain[d] > 0))
-                    .max(domain_sticky[d])
-                    .max(domain_learned[d])
-            })
-            .collect();
+/// A tool's learned score (0 without a learned index).
+fn learned_score(evidence: &Evidence, t: usize) -> f32 {
+    evidence.tool_learned.get(t).copied().unwrap_or(0.0)
+}
 
-        let mut rows = Vec::new();
-        let mut kept = Vec::new();
-        let mut rest = Vec::new();
-        for &t in &tools {
-            let d = self.names.tool_domains[t];
-            let names_action = self.tool_actions[t]
-                .as_ref()
-                .is_some_and(|action| action.named_in(&message_words));
-            // A tool nothing points at, in a domain nothing points at, differs from
-            // its like only by its flags: the caller prices those as a group.
-            let touched = domain_evidence[d] > 0.0
-                || domain_last_turn[d] > 0.0
-                || tool_bm25[t] > 0.0
-                || tool_dense[t] > 0.0
-                || evidence.tool_keyword_hits[t] > 0
-                || learned_tool(t) > 0.0
-                || prerequisite[t] > 0.0
-                || co_usage[t] > 0.0
-                || next_step[t] > 0.0
-                || called_recently[t]
-                || carried[t]
-                || names_action;
-            if !touched {
-                rest.push(t);
-                continue;
-            }
-            let mut x = [0.0f32; N_FEATURES];
-            x[f::TOOL_BM25] = tool_bm25[t];
-            x[f::TOOL_BM25_REL] = tool_bm25_rel[t];
-            x[f::TOOL_BM25_RANK] = tool_bm25_rank[t];
-            x[f::DOMAIN_BM25_REL] = domain_bm25_rel[d];
-            x[f::DOMAIN_BM25_RANK] = domain_bm25_rank[d];
-            x[f::TOOL_KEYWORD] = f32::from(evidence.tool_keyword_hits[t].min(1));
-            x[f::DOMAIN_KEYWORD] = f32::from(evidence.domain_keyword_hits[d].min(2)) / 2.0;
-            x[f::KEYWORD_IN_DOMAIN] = f32::from(evidence.keyword_hits_in_domain[d] > 0);
-            x[f::DOMAIN_LAST_TURN] = domain_last_turn[d];
-            x[f::DOMAIN_STICKY] = domain_sticky[d];
-            x[f::TOOL_CALLED_RECENTLY] = f32::from(called_recently[t]);
-            x[f::CARRIED] = f32::from(carried[t]);
-            x[f::NEXT_STEP] = next_step[t];
-            x[f::PREREQUISITE] = prerequisite[t];
-            x[f::CO_USAGE] = co_usage[t];
-            x[f::LEARNED_TOOL] = learned_tool(t);
-            x[f::LEARNED_DOMAIN] = domain_learned[d];
-            // A small domain the turn points at: its tools travel together. Without
-            // the evidence, a catalog of one-tool domains would lift every tool.
-            x[f::SMALL_DOMAIN_EVIDENCE] =
-                domain_evidence[d] / self.tools_by_domain[d].len().max(1) as f32;
-            x[f::DESTRUCTIVE] = f32::from(self.destructive[t]);
-            x[f::READ_FIRST] = f32::from(self.tool_prior[t] > 0.0);
-            x[f::NAMES_ACTION] = f32::from(names_action);
-            x[f::TOOL_DENSE] = tool_dense[t];
-            x[f::TOOL_DENSE_REL] = tool_dense_rel[t];
-            x[f::TOOL_DENSE_RANK] = tool_dense_rank[t];
-            x[f::DOMAIN_DENSE_REL] = domain_dense_rel[d];
-            x[f::DOMAIN_DENSE_RANK] = domain_dense_rank[d];
-            x[f::LEARNED_TOOL_RANK] = learned_rank[t];
-            rows.push(x);
-            kept.push(t);
-        }
-        Candidates {
-            tools: kept,
-            rows,
-            rest,
-        }
+/// Per domain, the values of the domain features (see `scorer::f`).
+struct DomainFeatures {
+    bm25_rel: Vec<f32>,
+    bm25_rank: Vec<f32>,
+    dense_rel: Vec<f32>,
+    dense_rank: Vec<f32>,
+    learned: Vec<f32>,
+    last_turn: Vec<f32>,
+    sticky: Vec<f32>,
+    /// How much the turn points at the domain: its best rank, keyword, hold or vote.
+    evidence: Vec<f32>,
+}
+
+/// Per tool, the values of the tool features (see `scorer::f`); 0 for a tool that is
+/// no candidate.
+struct ToolFeatures {
+    bm25: Vec<f32>,
+    bm25_rel: Vec<f32>,
+    bm25_rank: Vec<f32>,
+    dense: Vec<f32>,
+    dense_rel: Vec<f32>,
+    dense_rank: Vec<f32>,
+    learned_rank: Vec<f32>,
+    prerequisite: Vec<f32>,
+    co_usage: Vec<f32>,
+    next_step: Vec<f32>,
+    called_recently: Vec<bool>,
+    carried: Vec<bool>,
+}
+
+impl ToolFeatures {
+    /// Anything of the tool's own points at it.
+    fn points_at(&self, t: usize, evidence: &Evidence) -> bool {
+        self.bm25[t] > 0.0
+            || self.dense[t] > 0.0
+            || evidence.tool_keyword_hits[t] > 0
+            || learned_score(evidence, t) > 0.0
+            || self.prerequisite[t] > 0.0
+            || self.co_usage[t] > 0.0
+            || self.next_step[t] > 0.0
+            || self.called_recently[t]
+            || self.carried[t]
     }
 }
 

@@ -23,6 +23,7 @@
 //! costs tokens. So every selected domain sends at least its best tools, and the budget
 //! never drops core, pinned, sticky or loaded tools.
 
+mod build;
 mod chitchat;
 mod embed;
 mod evidence;
@@ -56,7 +57,7 @@ pub use session::{DomainState, SessionError, SessionView, carry_over};
 
 use embed::DenseOwner;
 use keywords::{KeywordIndex, KeywordOwner};
-use lexical::{Bm25Index, Field};
+use lexical::Bm25Index;
 use loadout::Registry;
 
 /// Tunables of the router. Every field has a default; a config file may set any subset.
@@ -330,7 +331,8 @@ impl std::fmt::Debug for Router {
 }
 
 impl Router {
-    /// Builds the keyword automaton, the BM25 indexes and the per-tool token costs.
+    /// Builds the keyword automaton, the BM25 indexes and the per-tool token costs
+    /// (one builder each, `build.rs`).
     pub fn new(registry: Arc<Registry>, config: RouterConfig) -> Router {
         let domains = registry.domains();
         let tools = registry.all_tools();
@@ -344,171 +346,16 @@ impl Router {
                 list.push(tool_idx);
             }
         }
-        let domain_is_core = domains.iter().map(|d| d.always_on).collect();
-
-        let keyword_pairs = domains
-            .iter()
-            .enumerate()
-            .flat_map(|(d, domain)| {
-                domain
-                    .keywords
-                    .iter()
-                    .map(move |k| (k.as_str(), KeywordOwner::Domain(d)))
-            })
-            .chain(tools.iter().enumerate().flat_map(|(t, tool)| {
-                tool.keywords
-                    .iter()
-                    .map(move |k| (k.as_str(), KeywordOwner::Tool(t)))
-            }));
-        let keywords = KeywordIndex::new(keyword_pairs);
-
-        let spaced_tool_names: Vec<String> = tools
-            .iter()
-            .map(|t| t.name.replace(['_', '-'], " "))
-            .collect();
-        let joined_tool_keywords: Vec<String> =
-            tools.iter().map(|t| t.keywords.join(" ")).collect();
-        let joined_tool_examples: Vec<String> =
-            tools.iter().map(|t| t.examples.join(" . ")).collect();
-        let joined_domain_keywords: Vec<String> =
-            domains.iter().map(|d| d.keywords.join(" ")).collect();
-        let spaced_domain_names: Vec<String> =
-            domains.iter().map(|d| d.name.replace('_', " ")).collect();
-        let tool_documents: Vec<Vec<Field<'_>>> = tools
-            .iter()
-            .enumerate()
-            .map(|(t, tool)| {
-                vec![
-                    Field {
-                        text: &spaced_tool_names[t],
-                        weight: 2.0,
-                    },
-                    Field {
-                        text: &tool.description,
-                        weight: 1.0,
-                    },
-                    Field {
-                        text: &joined_tool_keywords[t],
-                        weight: 1.0,
-                    },
-                    Field {
-                        text: &joined_tool_examples[t],
-                        weight: 1.0,
-                    },
-                ]
-            })
-            .collect();
-        let domain_documents: Vec<Vec<Field<'_>>> = domains
-            .iter()
-            .enumerate()
-            .map(|(d, domain)| {
-                vec![
-                    Field {
-                        text: &spaced_domain_names[d],
-                        weight: 2.0,
-                    },
-                    Field {
-                        text: &domain.description,
-                        weight: 1.0,
-                    },
-                    Field {
-                        text: &joined_domain_keywords[d],
-                        weight: 1.0,
-                    },
-                ]
-            })
-            .collect();
-        let tool_index = Bm25Index::new(&tool_documents);
-        let domain_index = Bm25Index::new(&domain_documents);
-
-        let tool_tokens: Vec<usize> = tools.iter().map(tokens::tool_cost).collect();
-        let hint_tokens = tools
-            .iter()
-            .map(|t| tokens::count_json(&loadout::export::hint(t)))
-            .collect();
-        let all_tools_tokens = tool_tokens.iter().sum();
-        let domain_tokens = tools_by_domain
-            .iter()
-            .map(|members| members.iter().map(|&t| tool_tokens[t]).sum())
-            .collect();
-
-        let mut tool_conflicts = vec![Vec::new(); tools.len()];
-        for (t, tool) in tools.iter().enumerate() {
-            for other in tool
-                .conflicts
-                .iter()
-                .filter_map(|name| registry.tool_idx(name))
-            {
-                if other != t {
-                    push_unique(&mut tool_conflicts[t], other);
-                    push_unique(&mut tool_conflicts[other], t);
-                }
-            }
-        }
-        let mut domain_conflicts = vec![Vec::new(); domains.len()];
-        for (d, domain) in domains.iter().enumerate() {
-            for other in domain
-                .conflicts
-                .iter()
-                .filter_map(|name| registry.domain_idx(name))
-            {
-                if other != d {
-                    push_unique(&mut domain_conflicts[d], other);
-                    push_unique(&mut domain_conflicts[other], d);
-                }
-            }
-        }
-        let tool_prior = tools
-            .iter()
-            .map(|t| {
-                let reads = ["list", "get", "search", "find", "lookup", "query"];
-                let last_word = t.name.rsplit('_').next().unwrap_or("");
-                let reads_first =
-                    t.name.split('_').any(|w| reads.contains(&w)) || last_word == "status";
-                if reads_first { READ_PRIOR } else { 0.0 }
-            })
-            .collect();
+        let (tool_index, domain_index) = build::bm25_indexes(domains, tools);
+        let costs = build::token_costs(tools, &tools_by_domain);
+        let (tool_conflicts, domain_conflicts) = build::conflicts(&registry);
         let prerequisites =
             prerequisite::prerequisites(tools, &tool_domain, &tools_by_domain, |name| {
                 registry.tool_idx(name)
             });
-        let mut consumers = vec![Vec::new(); tools.len()];
-        for (t, finders) in prerequisites.iter().enumerate() {
-            for &p in finders {
-                consumers[p].push(t);
-            }
-        }
-
-        // Dense texts: per tool its spaced name and description, then each example;
-        // per domain its name and description.
-        let mut dense_texts = Vec::with_capacity(tools.len() + domains.len());
-        let mut dense_owners = Vec::with_capacity(tools.len() + domains.len());
-        for (t, tool) in tools.iter().enumerate() {
-            dense_texts.push(format!("{}: {}", spaced_tool_names[t], tool.description));
-            dense_owners.push(DenseOwner::Tool(t));
-            for example in tool.examples.iter().filter(|e| !e.trim().is_empty()) {
-                dense_texts.push(example.clone());
-                dense_owners.push(DenseOwner::Tool(t));
-            }
-        }
-        for (d, domain) in domains.iter().enumerate() {
-            dense_texts.push(format!(
-                "{}: {}",
-                spaced_domain_names[d], domain.description
-            ));
-            dense_owners.push(DenseOwner::Domain(d));
-        }
-
-        let tool_hints = tools.iter().map(|t| Name::from(t.hint.as_str())).collect();
-        let destructive = tools
-            .iter()
-            .map(|t| t.annotations.destructive == Some(true))
-            .collect();
+        let consumers = build::consumers(&prerequisites);
+        let (dense_texts, dense_owners) = build::dense_texts(domains, tools);
         let weights = scorer::Weights::shipped();
-        let tool_actions = tools
-            .iter()
-            .map(|t| features::Action::of(&t.name, &t.domain))
-            .collect();
         let names = Names {
             tools: tools.iter().map(|t| Name::from(t.name.as_str())).collect(),
             tool_domains: tool_domain,
@@ -519,10 +366,8 @@ impl Router {
         };
         Router {
             names,
-            tool_hints,
-            registry,
-            config,
-            keywords,
+            tool_hints: tools.iter().map(|t| Name::from(t.hint.as_str())).collect(),
+            keywords: build::keyword_index(domains, tools),
             tool_index,
             domain_index,
             dense: OnceLock::new(),
@@ -530,20 +375,28 @@ impl Router {
             dense_texts,
             dense_owners,
             tools_by_domain,
-            domain_is_core,
-            tool_tokens,
-            domain_tokens,
-            hint_tokens,
-            all_tools_tokens,
-            destructive,
+            domain_is_core: domains.iter().map(|d| d.always_on).collect(),
+            tool_tokens: costs.tools,
+            domain_tokens: costs.domains,
+            hint_tokens: costs.hints,
+            all_tools_tokens: costs.all,
+            destructive: tools
+                .iter()
+                .map(|t| t.annotations.destructive == Some(true))
+                .collect(),
             tool_conflicts,
             domain_conflicts,
-            tool_prior,
+            tool_prior: build::read_priors(tools),
             prerequisites,
             consumers,
-            tool_actions,
+            tool_actions: tools
+                .iter()
+                .map(|t| features::Action::of(&t.name, &t.domain))
+                .collect(),
             scorer: Scorers::new(&weights),
             weights,
+            registry,
+            config,
         }
     }
 
@@ -799,17 +652,6 @@ struct Names {
     /// Per tool, the index of its domain.
     tool_domains: Vec<usize>,
     domains: Vec<Name>,
-}
-
-/// Tool-ranking bonus of read tools (`list_`, `get_`, `search_`, `_status`): a request
-/// to act on a named thing usually needs the lookup that resolves the name first
-/// (`switch Shogun to the 4k profile` needs `arr_list_series`).
-const READ_PRIOR: f32 = 0.12;
-
-fn push_unique(list: &mut Vec<usize>, value: usize) {
-    if !list.contains(&value) {
-        list.push(value);
-    }
 }
 
 #[cfg(test)]

@@ -181,50 +181,34 @@ impl Pass<'_> {
                 if verdicts[d].stage != Stage::NotMatched {
                     continue;
                 }
-                let stage = match (bm25_gate, dense_gate) {
-                    (true, true) => Stage::Fused,
-                    (false, true) => Stage::Dense,
-                    _ => Stage::Bm25,
+                let piece = PieceRanks {
+                    piece: p,
+                    bm25: (bm25_scores[d], bm25_rank[d]),
+                    dense: (dense_scores[d], dense_rank[d]),
+                    fused: fused[d],
                 };
-                let score = bm25_scores[d].max(router.calibrated(dense_scores[d]));
-                let piece_name = if p == 0 {
-                    Cow::Borrowed("the message")
-                } else {
-                    Cow::Owned(format!("request {p}"))
-                };
-                let reason = if evidence.dense_on {
-                    format!(
-                        "{piece_name}: bm25 {:.2} ({}), dense {:.2} ({}), fused {:.2}",
-                        bm25_scores[d],
-                        Rank(bm25_rank[d]),
-                        dense_scores[d],
-                        Rank(dense_rank[d]),
-                        fused[d]
-                    )
-                } else {
-                    format!(
-                        "{piece_name}: bm25 {:.2} ({}) above threshold, among the best",
-                        bm25_scores[d],
-                        Rank(bm25_rank[d])
-                    )
-                };
-                verdicts[d] = DomainVerdict::ranked(stage, score, Cow::Owned(reason));
+                verdicts[d] = piece.verdict(router, bm25_gate, dense_gate, evidence.dense_on);
             }
         }
-        // With the dense stage, the domains left out say how close they came.
         if evidence.dense_on {
-            let pieces = &evidence.pieces;
-            for &d in &candidates {
-                if verdicts[d].stage != Stage::NotMatched {
-                    continue;
-                }
-                let best_bm25 = pieces.iter().map(|p| p.domain_bm25[d]).fold(0.0, f32::max);
-                let best_dense = evidence.domain_best_dense[d];
-                let rank = Rank(best_dense_rank[d]);
-                verdicts[d].reason = Cow::Owned(format!(
-                    "no keyword; bm25 {best_bm25:.2}, dense {best_dense:.2} ({rank}): below the gates or not among the best"
-                ));
+            self.say_how_close(&candidates, &best_dense_rank);
+        }
+    }
+
+    /// With the dense stage, the domains left out say how close they came.
+    fn say_how_close(&mut self, candidates: &[usize], best_dense_rank: &[usize]) {
+        let evidence = &self.evidence;
+        for &d in candidates {
+            if self.verdicts[d].stage != Stage::NotMatched {
+                continue;
             }
+            let pieces = &evidence.pieces;
+            let best_bm25 = pieces.iter().map(|p| p.domain_bm25[d]).fold(0.0, f32::max);
+            let best_dense = evidence.domain_best_dense[d];
+            let rank = Rank(best_dense_rank[d]);
+            self.verdicts[d].reason = Cow::Owned(format!(
+                "no keyword; bm25 {best_bm25:.2}, dense {best_dense:.2} ({rank}): below the gates or not among the best"
+            ));
         }
     }
 
@@ -301,5 +285,53 @@ impl Pass<'_> {
                 }
             }
         }
+    }
+}
+
+/// A domain's scores and ranks on one piece of the message (0: the whole message).
+struct PieceRanks {
+    piece: usize,
+    bm25: (f32, usize),
+    dense: (f32, usize),
+    fused: f32,
+}
+
+impl PieceRanks {
+    /// The verdict of a domain that passed a similarity gate on this piece.
+    fn verdict(
+        &self,
+        router: &Router,
+        bm25_gate: bool,
+        dense_gate: bool,
+        dense_on: bool,
+    ) -> DomainVerdict {
+        let stage = match (bm25_gate, dense_gate) {
+            (true, true) => Stage::Fused,
+            (false, true) => Stage::Dense,
+            _ => Stage::Bm25,
+        };
+        let score = self.bm25.0.max(router.calibrated(self.dense.0));
+        let piece_name = if self.piece == 0 {
+            Cow::Borrowed("the message")
+        } else {
+            Cow::Owned(format!("request {}", self.piece))
+        };
+        let reason = if dense_on {
+            format!(
+                "{piece_name}: bm25 {:.2} ({}), dense {:.2} ({}), fused {:.2}",
+                self.bm25.0,
+                Rank(self.bm25.1),
+                self.dense.0,
+                Rank(self.dense.1),
+                self.fused
+            )
+        } else {
+            format!(
+                "{piece_name}: bm25 {:.2} ({}) above threshold, among the best",
+                self.bm25.0,
+                Rank(self.bm25.1)
+            )
+        };
+        DomainVerdict::ranked(stage, score, Cow::Owned(reason))
     }
 }

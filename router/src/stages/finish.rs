@@ -84,38 +84,40 @@ impl Pass<'_> {
 
     /// The selection: domain decisions as what is actually sent says, the sent tools
     /// (core first, then by score), and hints for the best of the rest.
-    pub(crate) fn finish(self) -> Selection {
+    pub(crate) fn finish(mut self) -> Selection {
         let unconfigured = self.unconfigured_matches();
-        let Pass {
-            router,
-            budget,
-            mut notes,
-            verdicts,
-            n_active_tools,
-            sent,
-            tool_outcomes,
-            mut ranked_out,
-            ..
-        } = self;
-        let names = &router.names;
-        let config = &router.config;
-        let tokens: usize = sent.iter().map(|(t, _)| router.tool_tokens[t]).sum();
-        let mut n_sent_by_domain = vec![0usize; verdicts.len()];
-        for (t, _) in sent.iter() {
+        let router = self.router;
+        let tokens: usize = self.sent.iter().map(|(t, _)| router.tool_tokens[t]).sum();
+        let domains = self.domain_decisions();
+        let tools = self.selected_tools();
+        let (hints, hint_tokens) = self.hints();
+        let tool_decisions = self.tool_decisions();
+        Selection {
+            n_tools: tools.len(),
+            tools,
+            hints,
+            domains,
+            tool_decisions,
+            tokens,
+            hint_tokens,
+            all_tools_tokens: router.all_tools_tokens,
+            token_budget: self.budget,
+            n_active_tools: self.n_active_tools,
+            unconfigured,
+            notes: self.notes,
+        }
+    }
+
+    /// Each domain's verdict, told by what is actually sent: a domain the budget left
+    /// without a tool says so.
+    fn domain_decisions(&mut self) -> Vec<DomainDecision> {
+        let names = &self.router.names;
+        let mut n_sent_by_domain = vec![0usize; self.verdicts.len()];
+        for (t, _) in self.sent.iter() {
             n_sent_by_domain[names.tool_domains[t]] += 1;
         }
-        let domain_scores: Vec<f32> = self.domain_scores;
-        let probability = &self.probability;
-        let tool_score = |t: usize| -> f32 {
-            if config.scorer {
-                return probability[t];
-            }
-            domain_scores[names.tool_domains[t]]
-                + self.evidence.tool_similarity.get(t).copied().unwrap_or(0.0)
-                + 0.5 * f32::from(self.evidence.tool_keyword_hits[t].min(2))
-                + router.tool_prior[t]
-        };
-        let domains: Vec<DomainDecision> = verdicts
+        let budget = self.budget;
+        std::mem::take(&mut self.verdicts)
             .into_iter()
             .enumerate()
             .map(|(d, verdict)| {
@@ -136,9 +138,15 @@ impl Pass<'_> {
                     reason,
                 }
             })
-            .collect();
+            .collect()
+    }
 
-        let mut selected: Vec<SelectedTool> = sent
+    /// The tools sent, core first, then by score.
+    fn selected_tools(&self) -> Vec<SelectedTool> {
+        let router = self.router;
+        let names = &router.names;
+        let mut selected: Vec<SelectedTool> = self
+            .sent
             .iter()
             .map(|(t, (stage, score))| SelectedTool {
                 name: names.tools[t].clone(),
@@ -157,52 +165,53 @@ impl Pass<'_> {
                 .then(b.score.total_cmp(&a.score))
                 .then(a.tool_idx.cmp(&b.tool_idx))
         });
+        selected
+    }
 
+    /// Hints for the best `max_hints` tools considered and not sent, and their tokens;
+    /// a note counts the rest.
+    fn hints(&mut self) -> (Vec<crate::selection::Hint>, usize) {
+        let router = self.router;
+        let max_hints = router.config.max_hints;
         // Only the best `max_hints` need an order: with a large domain ranked out, a
         // full sort of every hinted-out tool would dominate the selection's cost.
         let mut seen = vec![false; router.tool_tokens.len()];
-        ranked_out.retain(|&t| !sent.has(t) && !std::mem::replace(&mut seen[t], true));
-        best_first(&mut ranked_out, config.max_hints, tool_score);
-        let mut hints = Vec::with_capacity(ranked_out.len().min(config.max_hints));
+        let mut ranked_out = std::mem::take(&mut self.ranked_out);
+        ranked_out.retain(|&t| !self.sent.has(t) && !std::mem::replace(&mut seen[t], true));
+        best_first(&mut ranked_out, max_hints, |t| self.tool_score(t));
+        let mut hints = Vec::with_capacity(ranked_out.len().min(max_hints));
         let mut hint_tokens = 0;
-        for &t in ranked_out.iter().take(config.max_hints) {
+        for &t in ranked_out.iter().take(max_hints) {
             hint_tokens += router.hint_tokens[t];
             hints.push(router.hint_for(t));
         }
-        let tool_decisions: Vec<ToolDecision> = tool_outcomes
-            .sorted()
-            .into_iter()
-            .filter_map(|t| {
-                tool_outcomes.get(t).map(|(stage, included)| ToolDecision {
-                    tool: names.tools[t].clone(),
-                    domain: names.domains[names.tool_domains[t]].clone(),
-                    included: included && sent.has(t),
-                    stage,
-                    score: tool_score(t),
-                    tool_idx: t,
-                })
-            })
-            .collect();
-        if hints.len() < ranked_out.len() && ranked_out.len() > config.max_hints {
-            notes.push(format!(
+        if hints.len() < ranked_out.len() && ranked_out.len() > max_hints {
+            self.notes.push(format!(
                 "{} more tools not hinted",
                 ranked_out.len() - hints.len()
             ));
         }
+        (hints, hint_tokens)
+    }
 
-        Selection {
-            n_tools: selected.len(),
-            tools: selected,
-            hints,
-            domains,
-            tool_decisions,
-            tokens,
-            hint_tokens,
-            all_tools_tokens: router.all_tools_tokens,
-            token_budget: budget,
-            n_active_tools,
-            unconfigured,
-            notes,
-        }
+    /// Every tool ranked one by one, with its stage and whether it was sent.
+    fn tool_decisions(&self) -> Vec<ToolDecision> {
+        let names = &self.router.names;
+        self.tool_outcomes
+            .sorted()
+            .into_iter()
+            .filter_map(|t| {
+                self.tool_outcomes
+                    .get(t)
+                    .map(|(stage, included)| ToolDecision {
+                        tool: names.tools[t].clone(),
+                        domain: names.domains[names.tool_domains[t]].clone(),
+                        included: included && self.sent.has(t),
+                        stage,
+                        score: self.tool_score(t),
+                        tool_idx: t,
+                    })
+            })
+            .collect()
     }
 }
