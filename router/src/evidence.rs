@@ -114,21 +114,9 @@ impl Similarity {
         }
     }
 
-    /// Takes one piece's BM25 shares, and its cosines (per tool, per domain text)
-    /// when the dense stage ran.
-    fn add_piece(
-        &mut self,
-        router: &Router,
-        active: &[bool],
-        piece: &str,
-        cosines: Option<(&Vec<f32>, &Vec<f32>)>,
-        learned: Vec<LearnedVote>,
-    ) {
-        let n_domains = active.len();
-        let ranked = |t: usize| {
-            let d = router.names.tool_domains[t];
-            active[d] && !router.domain_is_core[d]
-        };
+    /// The piece's BM25 share of every tool (into `piece_tool_bm25`, over `touched`)
+    /// and of every domain (returned).
+    fn bm25_shares(&mut self, router: &Router, piece: &str, n_domains: usize) -> Vec<f32> {
         self.lowered_piece.clear();
         self.lowered_piece.push_str(&piece.to_lowercase());
         for &t in &self.touched {
@@ -171,6 +159,25 @@ impl Similarity {
                 *score /= domain_query_mass;
             }
         }
+        domain_bm25
+    }
+
+    /// Takes one piece's BM25 shares, and its cosines (per tool, per domain text)
+    /// when the dense stage ran.
+    fn add_piece(
+        &mut self,
+        router: &Router,
+        active: &[bool],
+        piece: &str,
+        cosines: Option<(&Vec<f32>, &Vec<f32>)>,
+        learned: Vec<LearnedVote>,
+    ) {
+        let n_domains = active.len();
+        let ranked = |t: usize| {
+            let d = router.names.tool_domains[t];
+            active[d] && !router.domain_is_core[d]
+        };
+        let mut domain_bm25 = self.bm25_shares(router, piece, n_domains);
         best_ranks(
             self.touched
                 .iter()
