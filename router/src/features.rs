@@ -155,8 +155,8 @@ impl Router {
                 .map(|(d, &s)| if candidate_domain[d] { s } else { 0.0 })
                 .collect()
         };
-        let (bm25_rel, _) = relative_and_rank(&masked(&domain_bm25));
-        let (dense_rel, _) = relative_and_rank(&masked(&evidence.domain_best_dense));
+        let bm25_rel = relative(&masked(&domain_bm25));
+        let dense_rel = relative(&masked(&evidence.domain_best_dense));
         // Ranks per piece, best over them: each request of a chained message has
         // its own first domain.
         let mut bm25_rank = vec![0.0f32; n_domains];
@@ -166,7 +166,7 @@ impl Router {
                 (&mut bm25_rank, &piece.domain_bm25),
                 (&mut dense_rank, &piece.domain_dense),
             ] {
-                let (_, rank) = relative_and_rank(&masked(scores));
+                let rank = inverse_ranks(&masked(scores));
                 for (slot, r) in best.iter_mut().zip(rank) {
                     *slot = slot.max(r);
                 }
@@ -234,11 +234,13 @@ impl Router {
         };
         let bm25 = only_candidates(&evidence.tool_bm25);
         let dense = only_candidates(&evidence.tool_dense);
-        let (bm25_rel, _) = relative_and_rank(&bm25);
-        let (dense_rel, _) = relative_and_rank(&dense);
+        // Relative to the best candidate only: ranking every candidate (all of them
+        // have a cosine on the dense path) would sort the catalog per message.
+        let bm25_rel = relative(&bm25);
+        let dense_rel = relative(&dense);
         let bm25_rank = only_candidates(&evidence.tool_bm25_rank);
         let dense_rank = only_candidates(&evidence.tool_dense_rank);
-        let (_, learned_rank) = relative_and_rank(&only_candidates(&evidence.tool_learned));
+        let learned_rank = inverse_ranks(&only_candidates(&evidence.tool_learned));
 
         // How directly the message points at a tool: what its prerequisites and
         // companions inherit.
@@ -382,17 +384,19 @@ impl Action {
     }
 }
 
-/// Per item: its score over the best score (0..1), and 1 / its rank among the items
-/// scoring above 0 (0 for the others).
-fn relative_and_rank(scores: &[f32]) -> (Vec<f32>, Vec<f32>) {
-    let best = scores.iter().copied().fold(0.0f32, f32::max);
-    let relative = scores
-        .iter()
-        .map(|&s| if best > 0.0 { s / best } else { 0.0 })
-        .collect();
-    let rank = crate::evidence::ranks(scores)
+/// Per item: 1 / its rank among the items scoring above 0 (0 for the others).
+fn inverse_ranks(scores: &[f32]) -> Vec<f32> {
+    crate::evidence::ranks(scores)
         .into_iter()
         .map(|r| if r == 0 { 0.0 } else { 1.0 / r as f32 })
-        .collect();
-    (relative, rank)
+        .collect()
+}
+
+/// Each score over the best (0 when nothing scored).
+fn relative(scores: &[f32]) -> Vec<f32> {
+    let best = scores.iter().copied().fold(0.0f32, f32::max);
+    scores
+        .iter()
+        .map(|&s| if best > 0.0 { s / best } else { 0.0 })
+        .collect()
 }

@@ -366,4 +366,36 @@ mod tests {
             RouterConfig::default()
         );
     }
+
+    /// Issue 37: `loadout fit` writes `weights.json` beside the data; a reload takes
+    /// it (a change the reload names, so the router is rebuilt), and a broken file is
+    /// refused with its name while the running config stays.
+    #[test]
+    fn a_reload_takes_the_fitted_weights_of_the_data_dir() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let running = ConfigFile::load(&dir.path().join(CONFIG_FILE), false)
+            .and_then(|c| c.with_weights_from(dir.path()))
+            .expect("config");
+        assert!(running.weights.is_none());
+        assert_eq!(running.router_weights(), Weights::shipped());
+
+        let mut fitted = Weights::shipped();
+        fitted.lexical.bias -= 1.0;
+        fitted.fitted = serde_json::json!({"date": "2026-11-27", "cases": "stored sessions"});
+        let path = dir.path().join(WEIGHTS_FILE);
+        std::fs::write(&path, serde_json::to_string(&fitted).expect("json")).expect("write");
+        let reloaded = running.reload().expect("reload");
+        assert_eq!(reloaded.router_weights(), fitted);
+        assert_eq!(
+            running.router_changes(&reloaded),
+            ["weights: shipped → weights.json (fitted 2026-11-27 on stored sessions)"]
+        );
+
+        std::fs::write(&path, r#"{"lexical": {"bias": 0, "weights": {"no_such_feature": 1}, "selection": {"coverage": 0.9, "min_ratio": 0.1, "min_probability": 0.01, "whole_domain_ratio": 0.5, "whole_domain_share": 0.5}}, "dense": {"bias": 0, "weights": {}, "selection": {"coverage": 0.9, "min_ratio": 0.1, "min_probability": 0.01, "whole_domain_ratio": 0.5, "whole_domain_share": 0.5}}}"#).expect("write");
+        let error = format!("{:#}", reloaded.reload().expect_err("unknown feature"));
+        assert!(
+            error.contains(WEIGHTS_FILE) && error.contains("no_such_feature"),
+            "{error}"
+        );
+    }
 }
