@@ -18,6 +18,9 @@ use crate::{LearnedEntry, LearnedIndex, MessageVectors, RouteInput, Router};
 /// recall first, but a rule that sends 15 more tools for one turn in 300 loses.
 pub const TOOLS_PER_TURN_OF_RECALL: f64 = 0.002;
 
+/// Most turns the selection rule is chosen on (see [`sample_folds`]).
+const RULE_TURNS: usize = 4000;
+
 /// Which of the router's two models a fit replaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
@@ -77,6 +80,18 @@ pub fn fit_path(
         started.elapsed().as_secs_f64()
     ));
 
+    // The rule is chosen on at most `RULE_TURNS` turns: six parameters need no more,
+    // and routing every turn of a large history once per rule tried would be most of
+    // the fit's time. The weights are fitted on every row.
+    let sample = sample_folds(folds, RULE_TURNS);
+    let n_sampled: usize = sample.iter().flatten().map(|c| c.turns.len()).sum();
+    let n_turns: usize = folds.iter().flatten().map(|c| c.turns.len()).sum();
+    if n_sampled < n_turns {
+        log(format!(
+            "{path:?}: the selection rule is chosen on {n_sampled} of {n_turns} turns"
+        ));
+    }
+    let folds = &sample[..];
     let shipped = router.weights().clone();
     let before = route_folds(router, folds, &data, vectors, |_| shipped.clone())?.0;
 
@@ -189,6 +204,20 @@ fn fold_data(
         });
     }
     Ok(data)
+}
+
+/// Each fold's conversations at an even stride, up to the fold's share of
+/// `max_turns`: spread over the whole fold, and the same sample on every run.
+fn sample_folds(folds: &[Vec<Case>], max_turns: usize) -> Vec<Vec<Case>> {
+    let per_fold = max_turns / folds.len().max(1);
+    folds
+        .iter()
+        .map(|fold| {
+            let turns: usize = fold.iter().map(|c| c.turns.len()).sum();
+            let stride = turns.div_ceil(per_fold.max(1)).max(1);
+            fold.iter().step_by(stride).cloned().collect()
+        })
+        .collect()
 }
 
 /// Every fold's rows and labels but `except`'s.
