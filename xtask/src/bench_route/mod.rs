@@ -31,8 +31,9 @@ use anyhow::{Context, bail};
 use crate::fixed_rate;
 use load::{Bodies, request_bodies};
 pub use load::{LoadArgs, load};
-use report::print_paired_log_cost;
-use report::{CPU_PER_REQUEST, Measure, P99, print_log_cost, print_median_log_cost};
+use report::{
+    CPU_PER_REQUEST, Measure, P99, print_log_cost, print_median_log_cost, print_paired_log_cost,
+};
 use server::{Server, file_system_of, loadout};
 use wrk::{Scripts, write_scripts, wrk};
 
@@ -84,6 +85,7 @@ pub struct Args {
     dense: bool,
 }
 
+/// `--repeat`: at least one round.
 fn positive(text: &str) -> Result<usize, String> {
     text.parse::<usize>()
         .ok()
@@ -91,6 +93,7 @@ fn positive(text: &str) -> Result<usize, String> {
         .ok_or_else(|| "not a positive number".to_owned())
 }
 
+/// `--share`: a share of the saturated rate, above 0 and at most all of it.
 fn share(text: &str) -> Result<f64, String> {
     text.parse::<f64>()
         .ok()
@@ -179,7 +182,7 @@ fn print_header(options: &Args, scratch: &Path) {
     // On a disk, SQLite's `fsync`s at checkpoints are what session requests' p99
     // measures (2 to 26 ms), whatever the decision log does.
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    match file_system_of(&scratch, &mounts) {
+    match file_system_of(scratch, &mounts) {
         Some(fs) if fs == "tmpfs" => println!("# data dirs on tmpfs ({})", scratch.display()),
         Some(fs) => println!(
             "# data dirs on {fs}, not tmpfs ({}): p99 includes fsync; TMPDIR=/dev/shm runs on tmpfs",
