@@ -37,49 +37,36 @@ const SEAL_CATALOG: &str = concat!(
     "/../../shared/eval/public/sealtools/catalog"
 );
 
-struct Options {
+/// `cargo xtask bench`'s options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Fewer rounds: a quick look, not a measurement.
+    #[arg(long)]
     quick: bool,
+    /// The catalog routed over (default the shared eval catalog beside this workspace).
+    #[arg(long, value_name = "DIR", default_value = SHARED_CATALOG, hide_default_value = true)]
     catalog: PathBuf,
+    /// The labeled conversations whose messages are routed (default the shared dev
+    /// set).
+    #[arg(long, value_name = "FILE", default_value = SHARED_CASES, hide_default_value = true)]
     cases: PathBuf,
+    /// Also time the dense stage with the built-in encoder, or not (none).
+    #[arg(long, value_name = "builtin|none", value_parser = timed_embedder,
+          default_value_t = EmbedderChoice::default_for_build())]
     embedder: EmbedderChoice,
 }
 
-fn parse_args(args: &[String]) -> anyhow::Result<Options> {
-    let mut options = Options {
-        quick: false,
-        catalog: PathBuf::from(SHARED_CATALOG),
-        cases: PathBuf::from(SHARED_CASES),
-        embedder: EmbedderChoice::default_for_build(),
-    };
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--quick" => options.quick = true,
-            "--catalog" => {
-                options.catalog = PathBuf::from(args.next().context("--catalog needs a value")?)
-            }
-            "--cases" => {
-                options.cases = PathBuf::from(args.next().context("--cases needs a value")?)
-            }
-            "--embedder" => {
-                options.embedder =
-                    EmbedderChoice::parse(args.next().context("--embedder needs a value")?)?;
-                if let EmbedderChoice::Endpoint { .. } = options.embedder {
-                    anyhow::bail!(
-                        "--embedder: the bench times the built-in encoder; give builtin or none"
-                    )
-                }
-            }
-            other => anyhow::bail!(
-                "unknown argument `{other}`; usage: cargo xtask bench [--quick] [--catalog DIR --cases FILE] [--embedder builtin|none]"
-            ),
+/// `--embedder`: the bench times the built-in encoder, so an endpoint is refused.
+fn timed_embedder(text: &str) -> anyhow::Result<EmbedderChoice> {
+    match EmbedderChoice::parse(text)? {
+        EmbedderChoice::Endpoint { .. } => {
+            anyhow::bail!("the bench times the built-in encoder; give builtin or none")
         }
+        choice => Ok(choice),
     }
-    Ok(options)
 }
 
-pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let options = parse_args(args)?;
+pub fn run(options: &Args) -> anyhow::Result<()> {
     let rounds = if options.quick { 3 } else { 30 };
     if cfg!(debug_assertions) {
         println!("note: debug build; use `cargo run --release -p xtask -- bench` for real numbers");
@@ -115,9 +102,9 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         rounds,
     )?;
     if options.embedder == EmbedderChoice::Builtin {
-        bench_dense(&options, registry.clone(), &messages)?;
+        bench_dense(options, registry.clone(), &messages)?;
     }
-    bench_learned(&options, registry, &messages)?;
+    bench_learned(options, registry, &messages)?;
 
     let synthetic_messages = synthetic_messages(200);
     for scale in [1usize, 4, 16] {
@@ -249,11 +236,7 @@ fn bench_one(
 }
 
 /// The dense stage: routing time per message, index build, cold start.
-fn bench_dense(
-    options: &Options,
-    registry: Arc<Registry>,
-    messages: &[String],
-) -> anyhow::Result<()> {
+fn bench_dense(options: &Args, registry: Arc<Registry>, messages: &[String]) -> anyhow::Result<()> {
     println!("\ndense stage (built-in encoder, messages embedded outside the router)");
     let cache_root = tempfile_dir("loadout-bench-vectors")?;
     let router = Router::new(registry.clone(), RouterConfig::default());
@@ -345,7 +328,7 @@ fn bench_dense(
 /// the dense path, their vectors jittered), lexical-only and with the built-in
 /// encoder; and what the entries take in memory.
 fn bench_learned(
-    options: &Options,
+    options: &Args,
     registry: Arc<Registry>,
     messages: &[String],
 ) -> anyhow::Result<()> {

@@ -10,6 +10,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
+use crate::{eval, lint};
+
 /// The eval gates: turn recall below these fails CI, a margin under what each set
 /// reaches (docs/performance.md). Dev is routed as served (the built-in encoder), each
 /// of 5 folds with what the other folds teach; the public sets lexical-only with
@@ -19,46 +21,46 @@ pub const EVAL_GATE: f64 = 0.92;
 const METATOOL_GATE: f64 = 0.93;
 const SEALTOOLS_GATE: f64 = 0.88;
 
-const USAGE: &str = "usage: cargo xtask ci [--shared DIR] [--skip PHASE,...]
-  --shared  the shared material (default ../shared): eval/catalog, eval/dev.jsonl and eval/public
-  --skip    phases to leave out, of: fmt, clippy, lint, test, eval";
-
 const PHASES: [&str; 5] = ["fmt", "clippy", "lint", "test", "eval"];
 
-pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let mut shared = PathBuf::from("../shared");
-    let mut skip: Vec<String> = Vec::new();
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--shared" => {
-                shared = PathBuf::from(
-                    args.next()
-                        .with_context(|| format!("--shared needs a directory\n{USAGE}"))?,
-                );
-            }
-            "--skip" => {
-                let list = args
-                    .next()
-                    .with_context(|| format!("--skip needs phases\n{USAGE}"))?;
-                for phase in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-                    if !PHASES.contains(&phase) {
-                        bail!("--skip: unknown phase `{phase}`\n{USAGE}");
-                    }
-                    skip.push(phase.to_owned());
-                }
-            }
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            other => bail!("unknown argument `{other}`\n{USAGE}"),
+/// `cargo xtask ci`'s options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The shared material: eval/catalog, eval/dev.jsonl and eval/public.
+    #[arg(long, value_name = "DIR", default_value = "../shared")]
+    pub shared: PathBuf,
+    /// Phases to leave out, comma-separated, of: fmt, clippy, lint, test, eval
+    /// (repeatable).
+    #[arg(long, value_name = "PHASE,...", value_parser = phases)]
+    pub skip: Vec<Phases>,
+}
+
+/// One `--skip` list, checked against [`PHASES`].
+#[derive(Debug, Clone)]
+pub struct Phases(Vec<&'static str>);
+
+/// Parses `--skip`'s list: names trimmed, empty ones ignored, an unknown one refused
+/// before any phase runs.
+fn phases(list: &str) -> Result<Phases, String> {
+    let mut phases = Vec::new();
+    for phase in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match PHASES.iter().find(|&&known| known == phase) {
+            Some(known) => phases.push(*known),
+            None => return Err(format!("unknown phase `{phase}`")),
         }
     }
-    let catalog = shared.join("eval/catalog");
-    let cases = shared.join("eval/dev.jsonl");
-    let wanted = |phase: &str| !skip.iter().any(|s| s == phase);
-    if (wanted("lint") || wanted("eval")) && !catalog.is_dir() {
+    Ok(Phases(phases))
+}
+
+impl Args {
+    fn wanted(&self, phase: &str) -> bool {
+        !self.skip.iter().any(|list| list.0.contains(&phase))
+    }
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let catalog = args.shared.join("eval/catalog");
+    if (args.wanted("lint") || args.wanted("eval")) && !catalog.is_dir() {
         bail!(
             "{} is missing: pass --shared DIR, or --skip lint,eval",
             catalog.display()
@@ -67,7 +69,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 
     let started = Instant::now();
     let phase = |name: &str, run: &mut dyn FnMut() -> anyhow::Result<()>| {
-        if !wanted(name) {
+        if !args.wanted(name) {
             println!("::: phase {name} skipped");
             return Ok(());
         }
@@ -94,48 +96,38 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         ])
     })?;
     phase("lint", &mut || {
-        crate::lint::run(&["--catalog".into(), path_arg(&catalog)?])
+        lint::run(&lint::Args {
+            catalogs: vec![catalog.clone()],
+        })
     })?;
     // The README's test command.
     phase("test", &mut || cargo(&["test", "--workspace", "--locked"]))?;
-    phase("eval", &mut || {
-        crate::eval::run(&[
-            "--catalog".into(),
-            path_arg(&catalog)?,
-            "--cases".into(),
-            path_arg(&cases)?,
-            "--folds".into(),
-            "5".into(),
-            "--json".into(),
-            "--min-turn-recall".into(),
-            EVAL_GATE.to_string(),
-        ])?;
-        for (set, gate) in [("metatool", METATOOL_GATE), ("sealtools", SEALTOOLS_GATE)] {
-            let dir = shared.join("eval/public").join(set);
-            crate::eval::run(&[
-                "--catalog".into(),
-                path_arg(&dir.join("catalog"))?,
-                "--cases".into(),
-                path_arg(&dir.join("cases.jsonl"))?,
-                "--history".into(),
-                path_arg(&dir.join("history.jsonl"))?,
-                "--embedder".into(),
-                "none".into(),
-                "--json".into(),
-                "--min-turn-recall".into(),
-                gate.to_string(),
-            ])?;
-        }
-        Ok(())
-    })?;
+    phase("eval", &mut || eval_gates(&args.shared))?;
     println!("::: all phases passed in {}s", started.elapsed().as_secs());
     Ok(())
 }
 
-fn path_arg(path: &Path) -> anyhow::Result<String> {
-    path.to_str()
-        .map(str::to_owned)
-        .with_context(|| format!("{} is not UTF-8", path.display()))
+/// The eval gate's runs: dev in 5 folds as served, then each public set lexical-only
+/// with its history.
+fn eval_gates(shared: &Path) -> anyhow::Result<()> {
+    let eval_dir = shared.join("eval");
+    eval::run(&eval::Args {
+        folds: Some(5),
+        json: true,
+        min_turn_recall: Some(EVAL_GATE),
+        ..eval::Args::new(eval_dir.join("catalog"), eval_dir.join("dev.jsonl"))
+    })?;
+    for (set, gate) in [("metatool", METATOOL_GATE), ("sealtools", SEALTOOLS_GATE)] {
+        let dir = eval_dir.join("public").join(set);
+        eval::run(&eval::Args {
+            history: Some(dir.join("history.jsonl")),
+            embedder: eval::EmbedderChoice::None,
+            json: true,
+            min_turn_recall: Some(gate),
+            ..eval::Args::new(dir.join("catalog"), dir.join("cases.jsonl"))
+        })?;
+    }
+    Ok(())
 }
 
 /// Runs `cargo ARGS` in the workspace; fails on a non-zero exit.
@@ -154,18 +146,48 @@ fn cargo(args: &[&str]) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+
+    /// `ci`'s options alone, as `cargo xtask ci` parses them.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
 
     #[test]
     fn an_unknown_phase_or_argument_is_refused_before_anything_runs() {
-        let err = run(&["--skip".into(), "fmt,typo".into()]).expect_err("typo");
-        assert!(err.to_string().contains("unknown phase `typo`"), "{err}");
-        let err = run(&["--fast".into()]).expect_err("unknown");
+        let err = Cli::try_parse_from(["ci", "--skip", "fmt,typo"])
+            .err()
+            .map(|e| e.to_string());
         assert!(
-            err.to_string().contains("unknown argument `--fast`"),
-            "{err}"
+            err.as_deref()
+                .is_some_and(|e| e.contains("unknown phase `typo`")),
+            "{err:?}"
         );
-        let err = run(&["--shared".into(), "/nonexistent-shared".into()]).expect_err("missing");
+        let err = Cli::try_parse_from(["ci", "--fast"])
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("'--fast'")),
+            "{err:?}"
+        );
+        let args = Cli::parse_from(["ci", "--shared", "/nonexistent-shared"]).args;
+        let err = run(&args).expect_err("missing");
         assert!(err.to_string().contains("--skip lint,eval"), "{err}");
+    }
+
+    #[test]
+    fn skipped_phases_add_up_over_lists_and_blanks() {
+        // As `.ci/run` passes them, and with the spaces and repeats a person types.
+        let args = Cli::parse_from(["ci", "--shared", "s", "--skip", "test"]).args;
+        assert!(!args.wanted("test") && args.wanted("eval"));
+        assert_eq!(args.shared, Path::new("s"));
+        let args = Cli::parse_from(["ci", "--skip", "fmt, clippy,", "--skip", "eval"]).args;
+        let wanted: Vec<&str> = PHASES.into_iter().filter(|p| args.wanted(p)).collect();
+        assert_eq!(wanted, ["lint", "test"]);
+        assert_eq!(Cli::parse_from(["ci"]).args.shared, Path::new("../shared"));
     }
 }

@@ -5,7 +5,7 @@
 //! (`begin_turn`, `record_calls`), kept in memory instead of the store.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,51 +16,116 @@ use loadout_router::replay::{
 };
 use loadout_router::{LearnedEntry, LearnedIndex, MessageVectors, Router, RouterConfig};
 
-const USAGE: &str = "usage: cargo xtask eval --catalog DIR --cases FILE [--json] [--verbose]
-       [--min-turn-recall X] [--config ROUTER_CONFIG.json] [--budget TOKENS]
-       [--embedder builtin|none|URL#MODEL] [--vector-cache DIR|none] [--tool-ranks]
-       [--compare CANDIDATE.json] [--history FILE | --folds K]
-  --embedder      the dense stage: the built-in encoder (default when built with the
-                  `dense` feature), none (lexical only), or an OpenAI-compatible
-                  embeddings endpoint and its model, as the server's
-                  `embeddings_base_url` and `embeddings_model` settings name them
-                  (e.g. http://127.0.0.1:11434/v1#nomic-embed-text); its bearer key,
-                  if it needs one, from LOADOUT_EMBEDDINGS_API_KEY
-  --vector-cache  where tool vectors are cached (default target/vector-cache)
-  --tool-ranks    also report how often every needed tool of a turn is among the k
-                  best of the message-only tool ranking (`search_tools`)
-  --compare       also replay with this router config and list the turns it breaks
-                  (now missed) and fixes (now hit) against --config (or defaults)
-  --weights       route with this scorer weights file (`cargo xtask fit --out`)
-                  instead of the shipped router/weights.json
-  --history       learn from this file's labeled turns (the eval format; never the
-                  cases themselves), then route the cases; prints the figures without
-                  and with what was learned, and fails if learning lowers turn recall
-  --folds         learn from the cases themselves, K folds by conversation: each
-                  fold is routed with what the other folds teach";
+/// `cargo xtask eval`'s options.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct Args {
+    /// The toolkit directory the router routes over.
+    #[arg(long, value_name = "DIR")]
+    pub catalog: PathBuf,
+    /// The labeled conversations, one JSON object a line.
+    #[arg(long, value_name = "FILE")]
+    pub cases: PathBuf,
+    /// Also print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Print every turn's message and selection.
+    #[arg(long, short)]
+    pub verbose: bool,
+    /// Fail when turn recall is below X.
+    #[arg(long, value_name = "X")]
+    pub min_turn_recall: Option<f64>,
+    /// Route with this router config (JSON) instead of the eval's defaults.
+    #[arg(long, value_name = "ROUTER_CONFIG.json")]
+    pub config: Option<PathBuf>,
+    /// The token budget of every selection.
+    #[arg(long, value_name = "TOKENS")]
+    pub budget: Option<usize>,
+    /// The dense stage: the built-in encoder (default when built with the `dense`
+    /// feature), none (lexical only), or an OpenAI-compatible embeddings endpoint and
+    /// its model, as the server's `embeddings_base_url` and `embeddings_model`
+    /// settings name them (e.g. http://127.0.0.1:11434/v1#nomic-embed-text); its
+    /// bearer key, if it needs one, from LOADOUT_EMBEDDINGS_API_KEY.
+    #[arg(long, value_name = "builtin|none|URL#MODEL", value_parser = EmbedderChoice::parse,
+          default_value_t = EmbedderChoice::default_for_build())]
+    pub embedder: EmbedderChoice,
+    /// Where tool vectors are cached, or none (default target/vector-cache of this
+    /// workspace).
+    #[arg(long, value_name = "DIR|none", default_value_os_t = default_vector_cache(),
+          hide_default_value = true)]
+    pub vector_cache: PathBuf,
+    /// Also report how often every needed tool of a turn is among the k best of the
+    /// message-only tool ranking (`search_tools`).
+    #[arg(long)]
+    pub tool_ranks: bool,
+    /// Also replay with this router config and list the turns it breaks (now missed)
+    /// and fixes (now hit) against --config (or the defaults).
+    #[arg(long, value_name = "CANDIDATE.json")]
+    pub compare: Option<PathBuf>,
+    /// Route with this scorer weights file (`cargo xtask fit --out`) instead of the
+    /// shipped router/weights.json.
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+    /// Learn from this file's labeled turns (the eval format; never the cases
+    /// themselves), then route the cases; prints the figures without and with what
+    /// was learned, and fails if learning lowers turn recall.
+    #[arg(long, value_name = "FILE", conflicts_with = "folds")]
+    pub history: Option<PathBuf>,
+    /// Learn from the cases themselves, K folds by conversation: each fold is routed
+    /// with what the other folds teach.
+    #[arg(long, value_name = "K", value_parser = folds_arg)]
+    pub folds: Option<usize>,
+}
 
-struct Options {
-    catalog: PathBuf,
-    cases: PathBuf,
-    json: bool,
-    verbose: bool,
-    tool_ranks: bool,
-    min_turn_recall: Option<f64>,
-    config: RouterConfig,
-    compare: Option<RouterConfig>,
-    budget: Option<usize>,
-    embedder: EmbedderChoice,
-    vector_cache: Option<PathBuf>,
-    learning: Learning,
-    /// Scorer weights to route with instead of the shipped ones.
-    weights: Option<PathBuf>,
+impl Args {
+    /// The options of `cargo xtask eval --catalog CATALOG --cases CASES`, every other
+    /// one at its default: for callers that set a few fields (the CI gate).
+    pub fn new(catalog: PathBuf, cases: PathBuf) -> Args {
+        Args {
+            catalog,
+            cases,
+            json: false,
+            verbose: false,
+            min_turn_recall: None,
+            config: None,
+            budget: None,
+            embedder: EmbedderChoice::default_for_build(),
+            vector_cache: default_vector_cache(),
+            tool_ranks: false,
+            compare: None,
+            weights: None,
+            history: None,
+            folds: None,
+        }
+    }
+
+    /// The vector cache's directory; `None` for `--vector-cache none`.
+    fn vector_cache(&self) -> Option<&Path> {
+        (self.vector_cache != Path::new("none")).then_some(self.vector_cache.as_path())
+    }
+
+    /// Where the learned stage's past messages come from.
+    fn learning(&self) -> Learning<'_> {
+        match (&self.history, self.folds) {
+            (Some(path), _) => Learning::History(path),
+            (None, Some(k)) => Learning::Folds(k),
+            (None, None) => Learning::None,
+        }
+    }
+}
+
+/// A number of folds by conversation, for `--folds` (of `eval` and `fit`).
+pub fn folds_arg(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(k) if k >= 2 => Ok(k),
+        _ => Err("expected a number of folds, 2 or more".to_owned()),
+    }
 }
 
 /// Where the learned stage's past messages come from.
 #[derive(Debug, Clone, PartialEq)]
-enum Learning {
+enum Learning<'a> {
     None,
-    History(PathBuf),
+    History(&'a Path),
     Folds(usize),
 }
 
@@ -117,6 +182,17 @@ impl EmbedderChoice {
     }
 }
 
+/// The spelling `parse` reads back, for `--help`'s defaults.
+impl std::fmt::Display for EmbedderChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EmbedderChoice::None => f.write_str("none"),
+            EmbedderChoice::Builtin => f.write_str("builtin"),
+            EmbedderChoice::Endpoint { base_url, model } => write!(f, "{base_url}#{model}"),
+        }
+    }
+}
+
 /// The default vector cache of the xtasks: `target/vector-cache` of this workspace.
 pub fn default_vector_cache() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -152,7 +228,7 @@ pub fn case_vectors(
 pub fn attach_embedder(
     router: &Router,
     choice: &EmbedderChoice,
-    vector_cache: Option<&std::path::Path>,
+    vector_cache: Option<&Path>,
 ) -> anyhow::Result<String> {
     let started = Instant::now();
     let embedder: Arc<dyn loadout_embed::Embedder> = match choice {
@@ -191,87 +267,6 @@ pub fn attach_embedder(
     ))
 }
 
-fn parse_args(args: &[String]) -> anyhow::Result<Options> {
-    let mut catalog = None;
-    let mut cases = None;
-    let mut json = false;
-    let mut verbose = false;
-    let mut tool_ranks = false;
-    let mut min_turn_recall = None;
-    let mut config = eval_config();
-    let mut weights = None;
-    let mut compare = None;
-    let mut budget = None;
-    let mut embedder = EmbedderChoice::default_for_build();
-    let mut vector_cache = Some(default_vector_cache());
-    let mut learning = Learning::None;
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| {
-            args.next()
-                .cloned()
-                .with_context(|| format!("{name} needs a value\n{USAGE}"))
-        };
-        match arg.as_str() {
-            "--catalog" => catalog = Some(PathBuf::from(value("--catalog")?)),
-            "--cases" => cases = Some(PathBuf::from(value("--cases")?)),
-            "--json" => json = true,
-            "--verbose" | "-v" => verbose = true,
-            "--tool-ranks" => tool_ranks = true,
-            "--min-turn-recall" => {
-                let text = value("--min-turn-recall")?;
-                min_turn_recall = Some(
-                    text.parse()
-                        .with_context(|| format!("--min-turn-recall {text}: not a number"))?,
-                );
-            }
-            "--budget" => {
-                let text = value("--budget")?;
-                budget = Some(
-                    text.parse()
-                        .with_context(|| format!("--budget {text}: not a number"))?,
-                );
-            }
-            "--embedder" => embedder = EmbedderChoice::parse(&value("--embedder")?)?,
-            "--vector-cache" => {
-                let dir = value("--vector-cache")?;
-                vector_cache = (dir != "none").then(|| PathBuf::from(dir));
-            }
-            "--config" => config = read_config(&value("--config")?)?,
-            "--weights" => weights = Some(PathBuf::from(value("--weights")?)),
-            "--history" => learning = Learning::History(PathBuf::from(value("--history")?)),
-            "--folds" => {
-                let text = value("--folds")?;
-                match text.parse::<usize>() {
-                    Ok(k) if k >= 2 => learning = Learning::Folds(k),
-                    _ => bail!("--folds {text}: expected a number of folds, 2 or more"),
-                }
-            }
-            "--compare" => compare = Some(read_config(&value("--compare")?)?),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument `{other}`\n{USAGE}"),
-        }
-    }
-    Ok(Options {
-        catalog: catalog.with_context(|| format!("--catalog is required\n{USAGE}"))?,
-        cases: cases.with_context(|| format!("--cases is required\n{USAGE}"))?,
-        json,
-        verbose,
-        tool_ranks,
-        min_turn_recall,
-        config,
-        compare,
-        budget,
-        embedder,
-        vector_cache,
-        learning,
-        weights,
-    })
-}
-
 /// The router config of the eval (and the fit): the shared catalog's scratchpad
 /// stands for the linked domain, whose `create_table` pins it
 /// (`#[tool(pins_domain = true)]`); a toolkit file cannot say so. Other catalogs have
@@ -283,28 +278,62 @@ pub fn eval_config() -> RouterConfig {
     }
 }
 
-fn read_config(path: &str) -> anyhow::Result<RouterConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+fn read_config(path: &Path) -> anyhow::Result<RouterConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let config: RouterConfig =
-        serde_json::from_str(&text).with_context(|| format!("parsing {path}"))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     let problems = config.problems();
     if !problems.is_empty() {
-        bail!("{path}: {}", problems.join("; "));
+        bail!("{}: {}", path.display(), problems.join("; "));
     }
     Ok(config)
 }
 
-pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let options = parse_args(args)?;
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    // Both configs are read before anything is built: a bad file fails at once.
+    let config = match &args.config {
+        Some(path) => read_config(path)?,
+        None => eval_config(),
+    };
+    let candidate = args.compare.as_deref().map(read_config).transpose()?;
+    let setup = load(args, config)?;
+    let routed = route(args, &setup)?;
+    for line in &setup.header {
+        println!("{line}");
+    }
+    print_figures(args, &routed);
+    if let Some(candidate) = candidate {
+        compare(args, &setup, &routed.report, candidate)?;
+    }
+    let report = routed.report;
+    let learned = learned_report(&setup.router, &setup.cases, args)?;
+    if let Some((with, line)) = &learned {
+        print_learned(&report, with, line);
+    }
+    gate(args, &report, learned.as_ref().map(|(with, _)| with))
+}
+
+/// What every step of the eval routes with: the catalog's router (its dense stage
+/// attached), the cases and their messages' vectors, and the report's first lines.
+struct Setup {
+    registry: Arc<Registry>,
+    router: Router,
+    cases: Vec<Case>,
+    vectors: Option<HashMap<String, MessageVectors>>,
+    header: Vec<String>,
+}
+
+fn load(args: &Args, config: RouterConfig) -> anyhow::Result<Setup> {
     let started = Instant::now();
     let registry = Registry::builder()
-        .toolkit_dir(&options.catalog)
-        .with_context(|| format!("loading catalog {}", options.catalog.display()))?
+        .toolkit_dir(&args.catalog)
+        .with_context(|| format!("loading catalog {}", args.catalog.display()))?
         .build()
         .context("building the registry")?;
     let registry = Arc::new(registry);
-    let mut router = Router::new(registry.clone(), options.config.clone());
-    if let Some(path) = &options.weights {
+    let mut router = Router::new(registry.clone(), config);
+    if let Some(path) = &args.weights {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let weights = serde_json::from_str(&text)
@@ -312,27 +341,68 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         router.set_weights(weights);
     }
     let build_ms = started.elapsed().as_secs_f64() * 1e3;
-    let embedder_line =
-        attach_embedder(&router, &options.embedder, options.vector_cache.as_deref())?;
+    let embedder_line = attach_embedder(&router, &args.embedder, args.vector_cache())?;
 
-    let cases_text = std::fs::read_to_string(&options.cases)
-        .with_context(|| format!("reading {}", options.cases.display()))?;
+    let cases_text = std::fs::read_to_string(&args.cases)
+        .with_context(|| format!("reading {}", args.cases.display()))?;
     let cases = cases_from_json_lines(&cases_text)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", options.cases.display()))?;
-
-    // Per turn with needed tools: the worst rank of a needed tool in the message-only
-    // tool ranking (`search_tools`), `usize::MAX` when one is not ranked at all.
-    let mut worst_ranks: Vec<usize> = Vec::new();
-    // Turns whose message is written in Hangul, and how many of them hit: reported
-    // on their own line, since the built-in encoder is English-only.
-    let (mut korean_turns, mut korean_hits) = (0usize, 0usize);
+        .map_err(|e| anyhow::anyhow!("{}: {e}", args.cases.display()))?;
     let embedding = Instant::now();
     let vectors = case_vectors(&router, &cases)?;
     let embed_ms = embedding.elapsed().as_secs_f64() * 1e3;
+
+    let mut header = vec![
+        format!(
+            "eval {} on {} ({} domains, {} tools; router built in {build_ms:.0} ms)",
+            args.cases.display(),
+            args.catalog.display(),
+            registry.domains().len(),
+            registry.all_tools().len()
+        ),
+        embedder_line,
+    ];
+    if let Some(vectors) = &vectors {
+        // Route times below are the router's alone: the messages were embedded here.
+        header.push(format!(
+            "messages embedded beforehand: {} distinct in {embed_ms:.0} ms",
+            vectors.len()
+        ));
+    }
+    Ok(Setup {
+        registry,
+        router,
+        cases,
+        vectors,
+        header,
+    })
+}
+
+/// The cases replayed once, with what is counted beside the report.
+struct Routed {
+    report: Report,
+    /// Turns whose message is written in Hangul, and how many of them hit: reported
+    /// on their own line, since the built-in encoder is English-only.
+    korean_turns: usize,
+    korean_hits: usize,
+    /// Per turn with needed tools (`--tool-ranks`): the worst rank of a needed tool in
+    /// the message-only tool ranking (`search_tools`), `usize::MAX` when one is not
+    /// ranked at all.
+    worst_ranks: Vec<usize>,
+}
+
+fn route(args: &Args, setup: &Setup) -> anyhow::Result<Routed> {
+    let Setup {
+        router,
+        cases,
+        vectors,
+        ..
+    } = setup;
+    let mut worst_ranks: Vec<usize> = Vec::new();
+    let (mut korean_turns, mut korean_hits) = (0usize, 0usize);
     let report = replay(
-        &router,
-        &cases,
-        options.budget,
+        router,
+        cases,
+        args.budget,
         None,
         vectors.as_ref(),
         |routed| {
@@ -342,7 +412,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                 korean_hits +=
                     usize::from(turn.needed.iter().all(|t| routed.selection.contains(t)));
             }
-            if options.tool_ranks && !turn.needed.is_empty() {
+            if args.tool_ranks && !turn.needed.is_empty() {
                 let query = vectors.as_ref().and_then(|v| v.get(&turn.user));
                 let ranking =
                     router.search(&turn.user, Some(routed.settings), None, query, usize::MAX);
@@ -359,37 +429,34 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
                     .unwrap_or(0);
                 worst_ranks.push(worst);
             }
-            print_verbose(&options, "", routed);
+            print_verbose(args, "", routed);
         },
     )
     .map_err(anyhow::Error::msg)?;
+    Ok(Routed {
+        report,
+        korean_turns,
+        korean_hits,
+        worst_ranks,
+    })
+}
 
-    println!(
-        "eval {} on {} ({} domains, {} tools; router built in {build_ms:.0} ms)",
-        options.cases.display(),
-        options.catalog.display(),
-        registry.domains().len(),
-        registry.all_tools().len()
-    );
-    println!("{embedder_line}");
-    if let Some(vectors) = &vectors {
-        // Route times below are the router's alone: the messages were embedded here.
-        println!(
-            "messages embedded beforehand: {} distinct in {embed_ms:.0} ms",
-            vectors.len()
-        );
-    }
-    for line in report.miss_lines() {
+/// The misses, the summary, the Hangul turns' recall and, with `--tool-ranks`, the
+/// message-only ranking's recall at k.
+fn print_figures(args: &Args, routed: &Routed) {
+    for line in routed.report.miss_lines() {
         println!("{line}");
     }
-    println!("{}", report.summary_line());
-    if korean_turns > 0 {
+    println!("{}", routed.report.summary_line());
+    if routed.korean_turns > 0 {
         println!(
-            "korean (Hangul messages): turns {korean_turns}  turn_recall {:.3}",
-            korean_hits as f64 / korean_turns as f64
+            "korean (Hangul messages): turns {}  turn_recall {:.3}",
+            routed.korean_turns,
+            routed.korean_hits as f64 / routed.korean_turns as f64
         );
     }
-    if options.tool_ranks {
+    if args.tool_ranks {
+        let worst_ranks = &routed.worst_ranks;
         let n = worst_ranks.len().max(1) as f64;
         let at = |k: usize| worst_ranks.iter().filter(|&&r| r <= k).count() as f64 / n;
         println!(
@@ -404,67 +471,83 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             at(30)
         );
     }
-    if let Some(candidate) = &options.compare {
-        let tried = Router::new(registry.clone(), candidate.clone());
-        attach_embedder(&tried, &options.embedder, options.vector_cache.as_deref())?;
-        let tried_vectors = case_vectors(&tried, &cases)?;
-        let tried = replay(
-            &tried,
-            &cases,
-            options.budget,
-            None,
-            tried_vectors.as_ref(),
-            |_| {},
-        )
-        .map_err(anyhow::Error::msg)?;
-        let comparison = Comparison::new(&report, &tried);
-        for line in comparison.lines() {
-            println!("{line}");
-        }
-        println!("candidate  {}", tried.summary_line());
-        println!(
-            "{} turns now missed, {} now hit",
-            comparison.now_missed.len(),
-            comparison.now_hit.len()
-        );
-    }
-    let learned = learned_report(&router, &cases, &options)?;
-    if let Some((with, line)) = &learned {
+}
+
+/// `--compare`: the cases replayed with the candidate config, and the turns it breaks
+/// and fixes against `report`.
+fn compare(
+    args: &Args,
+    setup: &Setup,
+    report: &Report,
+    candidate: RouterConfig,
+) -> anyhow::Result<()> {
+    let tried = Router::new(setup.registry.clone(), candidate);
+    attach_embedder(&tried, &args.embedder, args.vector_cache())?;
+    let tried_vectors = case_vectors(&tried, &setup.cases)?;
+    let tried = replay(
+        &tried,
+        &setup.cases,
+        args.budget,
+        None,
+        tried_vectors.as_ref(),
+        |_| {},
+    )
+    .map_err(anyhow::Error::msg)?;
+    let comparison = Comparison::new(report, &tried);
+    for line in comparison.lines() {
         println!("{line}");
-        println!("without history  {}", report.summary_line());
-        println!("with history     {}", with.summary_line());
-        for miss in Comparison::new(&report, with).now_missed {
-            println!(
-                "LEARNING BROKE {} turn {}: {:?}\n  missing: {}\n  {}",
-                miss.case_id,
-                miss.turn,
-                miss.message,
-                miss.missing.join(", "),
-                miss.summary
-            );
-            for line in &miss.explanation {
-                println!("    {line}");
-            }
+    }
+    println!("candidate  {}", tried.summary_line());
+    println!(
+        "{} turns now missed, {} now hit",
+        comparison.now_missed.len(),
+        comparison.now_hit.len()
+    );
+    Ok(())
+}
+
+/// The figures without and with what `--history` or `--folds` taught, and every turn
+/// learning broke.
+fn print_learned(without: &Report, with: &Report, line: &str) {
+    println!("{line}");
+    println!("without history  {}", without.summary_line());
+    println!("with history     {}", with.summary_line());
+    for miss in Comparison::new(without, with).now_missed {
+        println!(
+            "LEARNING BROKE {} turn {}: {:?}\n  missing: {}\n  {}",
+            miss.case_id,
+            miss.turn,
+            miss.message,
+            miss.missing.join(", "),
+            miss.summary
+        );
+        for line in &miss.explanation {
+            println!("    {line}");
         }
     }
-    let gated = learned.as_ref().map_or(&report, |(with, _)| with);
+}
+
+/// `--json`'s summary and the gates: `--min-turn-recall` on the learned report when
+/// there is one, and learning must not lower turn recall.
+fn gate(args: &Args, report: &Report, learned: Option<&Report>) -> anyhow::Result<()> {
+    let gated = learned.unwrap_or(report);
     let turn_recall = gated.turn_recall();
-    if options.json {
+    if args.json {
         let mut summary = gated.to_json();
         if learned.is_some() {
             summary["without_history"] = report.to_json();
         }
-        summary["cases"] = options.cases.display().to_string().into();
-        summary["catalog"] = options.catalog.display().to_string().into();
-        summary["embedder"] = options.embedder.name().into();
+        summary["cases"] = args.cases.display().to_string().into();
+        summary["catalog"] = args.catalog.display().to_string().into();
+        summary["embedder"] = args.embedder.name().into();
         println!("{summary}");
     }
-    if let Some(min) = options.min_turn_recall
+    if let Some(min) = args.min_turn_recall
         && turn_recall < min
     {
         bail!("turn recall {turn_recall:.3} is below the gate {min:.3}");
     }
-    if let Some((with, _)) = &learned
+    if let Some(with) = learned
         && with.turn_recall() < report.turn_recall()
     {
         bail!(
@@ -481,8 +564,8 @@ fn is_hangul(c: char) -> bool {
 }
 
 /// With `--verbose`, one turn's message and selection.
-fn print_verbose(options: &Options, label: &str, routed: &loadout_router::replay::Routed<'_>) {
-    if options.verbose {
+fn print_verbose(args: &Args, label: &str, routed: &loadout_router::replay::Routed<'_>) {
+    if args.verbose {
         let turn = &routed.case.turns[routed.turn_idx];
         println!(
             "{label}{}{} #{} {:?} needed {:?}\n    {}",
@@ -501,10 +584,10 @@ fn print_verbose(options: &Options, label: &str, routed: &loadout_router::replay
 fn learned_report(
     router: &Router,
     cases: &[Case],
-    options: &Options,
+    args: &Args,
 ) -> anyhow::Result<Option<(Report, String)>> {
     let started = Instant::now();
-    match &options.learning {
+    match args.learning() {
         Learning::None => Ok(None),
         Learning::History(path) => {
             let text = std::fs::read_to_string(path)
@@ -521,15 +604,15 @@ fn learned_report(
                     path.display()
                 );
             }
-            let index = learned_index(router, &learned_turns(&history), options)?;
+            let index = learned_index(router, &learned_turns(&history), args)?;
             let vectors = case_vectors(router, cases)?;
             let report = replay(
                 router,
                 cases,
-                options.budget,
+                args.budget,
                 Some(&index),
                 vectors.as_ref(),
-                |routed| print_verbose(options, "with history", routed),
+                |routed| print_verbose(args, "with history", routed),
             )
             .map_err(anyhow::Error::msg)?;
             let line = format!(
@@ -543,21 +626,21 @@ fn learned_report(
             Ok(Some((report, line)))
         }
         Learning::Folds(k) => {
-            let folds = folds(cases, *k);
+            let folds = folds(cases, k);
             let mut total = Report::default();
             let mut n_learned = 0;
             for (f, fold) in folds.iter().enumerate() {
                 let others = loadout_router::replay::all_but(&folds, f);
-                let index = learned_index(router, &learned_turns(&others), options)?;
+                let index = learned_index(router, &learned_turns(&others), args)?;
                 n_learned += index.len();
                 let vectors = case_vectors(router, fold)?;
                 let report = replay(
                     router,
                     fold,
-                    options.budget,
+                    args.budget,
                     Some(&index),
                     vectors.as_ref(),
-                    |routed| print_verbose(options, "with history", routed),
+                    |routed| print_verbose(args, "with history", routed),
                 )
                 .map_err(anyhow::Error::msg)?;
                 total.absorb(report);
@@ -578,7 +661,7 @@ fn learned_report(
 fn learned_index(
     router: &Router,
     turns: &[(String, Vec<String>)],
-    options: &Options,
+    args: &Args,
 ) -> anyhow::Result<LearnedIndex> {
     let messages: Vec<String> = turns.iter().map(|(message, _)| message.clone()).collect();
     let (vectors, model_id) = match router.dense() {
@@ -586,7 +669,7 @@ fn learned_index(
             let encoder = loadout_embed::encoder_for(dense.model_id())
                 .ok_or_else(|| anyhow::anyhow!("no encoder installed for {}", dense.model_id()))?;
             let embedder = encoder.embedder();
-            let mut cache = options.vector_cache.as_ref().map(|dir| {
+            let mut cache = args.vector_cache().map(|dir| {
                 loadout_embed::VectorCache::open(&dir.join("learned"), embedder.model_id())
             });
             let (vectors, _) =
@@ -620,7 +703,53 @@ fn learned_index(
 mod tests {
     use std::io::{BufRead, BufReader, Read, Write};
 
+    use clap::Parser;
+
     use super::*;
+
+    /// `eval`'s options alone, as `cargo xtask eval` parses them.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    #[test]
+    fn the_constructor_gives_the_command_line_defaults() {
+        let parsed = Cli::parse_from(["eval", "--catalog", "c", "--cases", "d.jsonl"]).args;
+        assert_eq!(parsed, Args::new("c".into(), "d.jsonl".into()));
+        assert_eq!(parsed.learning(), Learning::None);
+        let parsed =
+            Cli::try_parse_from(["eval", "--catalog", "c", "--cases", "d", "--folds", "1"])
+                .err()
+                .map(|e| e.to_string());
+        assert!(
+            parsed.as_deref().is_some_and(|e| e.contains("2 or more")),
+            "{parsed:?}"
+        );
+        let both = [
+            "eval",
+            "--catalog",
+            "c",
+            "--cases",
+            "d",
+            "--folds",
+            "3",
+            "--history",
+            "h",
+        ];
+        assert!(Cli::try_parse_from(both).is_err());
+        let none = Cli::parse_from([
+            "eval",
+            "--catalog",
+            "c",
+            "--cases",
+            "d",
+            "--vector-cache",
+            "none",
+        ]);
+        assert_eq!(none.args.vector_cache(), None);
+    }
 
     #[test]
     fn an_embedder_is_builtin_none_or_an_endpoint_with_its_model() {

@@ -5,70 +5,46 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use loadout::Registry;
 use loadout_router::Router;
 use loadout_router::fit::{Fitted, Path};
 use loadout_router::replay::{Case, cases_from_json_lines, folds};
 use loadout_router::scorer::Weights;
 
-const USAGE: &str = "usage: cargo xtask fit --catalog DIR --cases FILE [options]
-  --folds K       folds by conversation (default 5)
-  --out FILE      where to write the weights (default router/weights.json)
-  --l2 X          L2 penalty on the weights (default 1)
-  --lexical-only  fit the lexical model only; keep the shipped dense model";
-
-struct Options {
+/// `cargo xtask fit`'s options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The toolkit directory the router routes over.
+    #[arg(long, value_name = "DIR")]
     catalog: PathBuf,
+    /// The labeled conversations, one JSON object a line.
+    #[arg(long, value_name = "FILE")]
     cases: PathBuf,
+    /// Folds by conversation, 2 or more.
+    #[arg(long, value_name = "K", default_value_t = 5, value_parser = crate::eval::folds_arg)]
     folds: usize,
+    /// Where to write the weights (default router/weights.json of this workspace).
+    #[arg(long, value_name = "FILE", default_value_os_t = shipped_weights(),
+          hide_default_value = true)]
     out: PathBuf,
+    /// L2 penalty on the weights.
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
     l2: f64,
+    /// Fit the lexical model only; keep the shipped dense model.
+    #[arg(long)]
     lexical_only: bool,
 }
 
-fn parse_args(args: &[String]) -> anyhow::Result<Options> {
-    let mut catalog = None;
-    let mut cases = None;
-    let mut options = Options {
-        catalog: PathBuf::new(),
-        cases: PathBuf::new(),
-        folds: 5,
-        out: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("router")
-            .join("weights.json"),
-        l2: 1.0,
-        lexical_only: false,
-    };
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        let mut value = || {
-            args.next()
-                .cloned()
-                .with_context(|| format!("{arg} needs a value\n{USAGE}"))
-        };
-        match arg.as_str() {
-            "--catalog" => catalog = Some(PathBuf::from(value()?)),
-            "--cases" => cases = Some(PathBuf::from(value()?)),
-            "--folds" => options.folds = value()?.parse().context("--folds")?,
-            "--out" => options.out = PathBuf::from(value()?),
-            "--l2" => options.l2 = value()?.parse().context("--l2")?,
-            "--lexical-only" => options.lexical_only = true,
-            "-h" | "--help" => bail!("{USAGE}"),
-            other => bail!("unknown option {other}\n{USAGE}"),
-        }
-    }
-    options.catalog = catalog.with_context(|| format!("--catalog is required\n{USAGE}"))?;
-    options.cases = cases.with_context(|| format!("--cases is required\n{USAGE}"))?;
-    if options.folds < 2 {
-        bail!("--folds must be 2 or more");
-    }
-    Ok(options)
+/// The weights file the router ships with.
+fn shipped_weights() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("router")
+        .join("weights.json")
 }
 
-pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let options = parse_args(args)?;
+pub fn run(options: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let registry = Arc::new(
         Registry::builder()
@@ -84,7 +60,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 
     let mut weights = Weights::shipped();
     let mut lexical_router = Router::new(registry.clone(), crate::eval::eval_config());
-    let lexical = fit_path(&mut lexical_router, &folds, &options, Path::Lexical)?;
+    let lexical = fit_path(&mut lexical_router, &folds, options, Path::Lexical)?;
     weights.lexical = lexical.model;
     let mut fitted = serde_json::json!({
         "cases": file_name(&options.cases),
@@ -101,7 +77,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             &crate::eval::EmbedderChoice::Builtin,
             Some(&crate::eval::default_vector_cache()),
         )?;
-        let dense = fit_path(&mut dense_router, &folds, &options, Path::Dense)?;
+        let dense = fit_path(&mut dense_router, &folds, options, Path::Dense)?;
         weights.dense = dense.model;
         fitted["dense"] = dense.summary;
     } else if let Some(old) = Weights::shipped().fitted.get("dense") {
@@ -123,7 +99,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 fn fit_path(
     router: &mut Router,
     folds: &[Vec<Case>],
-    options: &Options,
+    options: &Args,
     path: Path,
 ) -> anyhow::Result<Fitted> {
     let all: Vec<Case> = folds.iter().flatten().cloned().collect();

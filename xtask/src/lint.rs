@@ -22,19 +22,16 @@ impl std::fmt::Display for Finding {
     }
 }
 
-pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let mut catalogs = Vec::new();
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        match arg.as_str() {
-            "--catalog" => match rest.next() {
-                Some(dir) => catalogs.push(PathBuf::from(dir)),
-                None => bail!("--catalog needs a directory"),
-            },
-            other => bail!("lint: unknown argument `{other}`"),
-        }
-    }
+/// `cargo xtask lint`'s options.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Also check this toolkit directory's domains and tools (repeatable).
+    #[arg(long = "catalog", value_name = "DIR")]
+    pub catalogs: Vec<PathBuf>,
+}
 
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let catalogs = &args.catalogs;
     let mut findings = Vec::new();
     match loadout_domains::registry() {
         Ok(registry) => {
@@ -47,7 +44,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         }),
     }
     findings.extend(check_hub(&workspace_root()));
-    for dir in &catalogs {
+    for dir in catalogs {
         match Registry::builder().toolkit_dir(dir).and_then(|b| b.build()) {
             Ok(registry) => findings.extend(check_registry(&registry)),
             Err(e) => findings.push(Finding {
@@ -62,7 +59,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     if let Ok(registry) = loadout_domains::registry() {
         registries.push(registry);
     }
-    for dir in &catalogs {
+    for dir in catalogs {
         if let Ok(registry) = Registry::builder().toolkit_dir(dir).and_then(|b| b.build()) {
             registries.push(registry);
         }
