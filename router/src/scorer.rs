@@ -228,10 +228,12 @@ impl Compiled {
             .map(|(i, (w, x))| (w * x, i))
             .collect();
         parts.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut reason = format!("p {probability:.2}");
+        use std::fmt::Write as _;
+        let mut reason = String::with_capacity(96);
+        let _ = write!(reason, "p {probability:.2}");
         for (n, &(_, i)) in parts.iter().take(3).enumerate() {
             reason.push_str(if n == 0 { ": " } else { ", " });
-            reason.push_str(&format!("{} {:.2}", FEATURES[i], row[i]));
+            let _ = write!(reason, "{} {:.2}", FEATURES[i], row[i]);
         }
         reason
     }
