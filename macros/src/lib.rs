@@ -14,7 +14,12 @@ mod validate;
 
 use proc_macro::TokenStream;
 
-/// Registers a function as a tool. See the `loadout` crate documentation.
+/// Registers a function as a tool of a domain declared with `loadout::domain!`.
+///
+/// Keys: `domain` (required), `keywords`, `name`, `title`, `tier`, `examples`,
+/// `conflicts`, `read_only`, `destructive`, `idempotent`, `open_world`, `pins_domain`.
+/// The doc comment is the tool's description (its first sentence the hint); the
+/// argument struct derives `Deserialize` and `JsonSchema`.
 #[proc_macro_attribute]
 pub fn tool(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand::tool(attr.into(), item.into()).into()

@@ -39,8 +39,44 @@ pub fn validate(
     errors: &mut Vec<syn::Error>,
 ) -> Option<ToolSpec> {
     let sig = &function.sig;
+    // Checked in the order the user reads the attribute and the function, so that
+    // the errors come out in that order too.
+    let domain = domain_of(&attr, attr_tokens, errors);
+    let name = name_of(&attr, sig, errors);
+    check_lists(&attr, errors);
+    let description = description_of(function, errors);
+    check_signature(sig, errors);
+    let params = params_of(sig, errors);
 
-    let domain = match &attr.domain {
+    if errors.is_empty() {
+        Some(ToolSpec {
+            name,
+            domain,
+            keywords: attr.keywords.iter().map(LitStr::value).collect(),
+            examples: attr.examples.iter().map(LitStr::value).collect(),
+            conflicts: attr.conflicts.iter().map(LitStr::value).collect(),
+            title: attr.title.as_ref().map(LitStr::value),
+            tier: attr.tier.as_ref().map(LitStr::value),
+            read_only: attr.read_only.as_ref().map(|b| b.value),
+            destructive: attr.destructive.as_ref().map(|b| b.value),
+            idempotent: attr.idempotent.as_ref().map(|b| b.value),
+            open_world: attr.open_world.as_ref().map(|b| b.value),
+            pins_domain: attr.pins_domain.as_ref().is_some_and(|b| b.value),
+            description,
+            params,
+        })
+    } else {
+        None
+    }
+}
+
+/// The `domain` key, required.
+fn domain_of(
+    attr: &ToolAttr,
+    attr_tokens: &proc_macro2::TokenStream,
+    errors: &mut Vec<syn::Error>,
+) -> String {
+    match &attr.domain {
         Some(lit) => {
             check_identifier(lit, "domain", false, errors);
             lit.value()
@@ -54,9 +90,12 @@ pub fn validate(
             });
             String::new()
         }
-    };
+    }
+}
 
-    let name = match &attr.name {
+/// The `name` key, or the function's name.
+fn name_of(attr: &ToolAttr, sig: &syn::Signature, errors: &mut Vec<syn::Error>) -> String {
+    match &attr.name {
         Some(lit) => {
             check_identifier(lit, "name", true, errors);
             lit.value()
@@ -72,8 +111,11 @@ pub fn validate(
             }
             ident
         }
-    };
+    }
+}
 
+/// `keywords` lowercase and not empty, `conflicts` names, `tier` free or pro.
+fn check_lists(attr: &ToolAttr, errors: &mut Vec<syn::Error>) {
     for keyword in &attr.keywords {
         let value = keyword.value();
         if value.trim().is_empty() {
@@ -102,18 +144,24 @@ pub fn validate(
             "`tier` is \"free\" or \"pro\"",
         ));
     }
+}
 
-    let description = match doc_comment(&function.attrs) {
+/// The doc comment: the tool's description, required.
+fn description_of(function: &ItemFn, errors: &mut Vec<syn::Error>) -> String {
+    match doc_comment(&function.attrs) {
         Some((text, _)) => text,
         None => {
             errors.push(syn::Error::new(
-                sig.ident.span(),
+                function.sig.ident.span(),
                 "missing doc comment: the doc comment is the tool's description for models; its first sentence is the short hint",
             ));
             String::new()
         }
-    };
+    }
+}
 
+/// A tool function is not generic, `const` or variadic.
+fn check_signature(sig: &syn::Signature, errors: &mut Vec<syn::Error>) {
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
         errors.push(syn::Error::new_spanned(
             &sig.generics,
@@ -132,7 +180,10 @@ pub fn validate(
             "tool functions cannot be variadic",
         ));
     }
+}
 
+/// The parameters: at most one arguments struct and one `&ToolContext`.
+fn params_of(sig: &syn::Signature, errors: &mut Vec<syn::Error>) -> Vec<Param> {
     let mut params = Vec::new();
     let mut n_args = 0;
     let mut n_context = 0;
@@ -173,27 +224,7 @@ pub fn validate(
             },
         }
     }
-
-    if errors.is_empty() {
-        Some(ToolSpec {
-            name,
-            domain,
-            keywords: attr.keywords.iter().map(LitStr::value).collect(),
-            examples: attr.examples.iter().map(LitStr::value).collect(),
-            conflicts: attr.conflicts.iter().map(LitStr::value).collect(),
-            title: attr.title.as_ref().map(LitStr::value),
-            tier: attr.tier.as_ref().map(LitStr::value),
-            read_only: attr.read_only.as_ref().map(|b| b.value),
-            destructive: attr.destructive.as_ref().map(|b| b.value),
-            idempotent: attr.idempotent.as_ref().map(|b| b.value),
-            open_world: attr.open_world.as_ref().map(|b| b.value),
-            pins_domain: attr.pins_domain.as_ref().is_some_and(|b| b.value),
-            description,
-            params,
-        })
-    } else {
-        None
-    }
+    params
 }
 
 /// Domain names are `[a-z0-9_]`, tool names also allow `-`; at most 64 characters.

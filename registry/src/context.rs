@@ -113,8 +113,8 @@ impl ToolContext {
         &self.settings
     }
 
-    /// The storage the server opened: a domain with data of its own downcasts
-    /// [`Storage::as_any`] to the backend its engine runs on.
+    /// The storage the server opened: a domain with data of its own asks it for its
+    /// engine ([`Storage::memory_engine`], [`Storage::scratchpad_engine`]).
     pub fn storage(&self) -> &dyn Storage {
         &**self.settings.storage()
     }

@@ -3,7 +3,8 @@
 //! [`Tool`] and [`Domain`] (what a tool is, wherever it was declared), the link-time
 //! collection that `#[tool]` and [`domain!`] submit to, the [`Registry`] that validates
 //! arguments, checks settings and calls tools, the [`ToolContext`] a tool body sees,
-//! schema helpers, export formats and errors.
+//! the [`engine`]s of the domains that keep data (implemented by the store), schema
+//! helpers, export formats and errors.
 //!
 //! It must not depend on a domain crate, a storage driver, an encoder, a tokenizer,
 //! axum or rmcp: every domain compiles it, so it stays small. Storage reaches it only
@@ -11,6 +12,7 @@
 
 mod context;
 mod domain;
+pub mod engine;
 mod error;
 pub mod export;
 mod registry;
@@ -33,7 +35,7 @@ pub use settings::{Settings, is_secret_key, mask_secret, validate_setting_key};
 pub use storage::{BoxFuture, SettingsChange, Storage, StoreError};
 pub use tool::{Annotations, Backend, CallFuture, ExternalCall, Tier, Tool, ToolEntry};
 
-/// Declares `fn` items as tools; see the crate README for the keys it takes.
+/// Declares `fn` items as tools; `loadout_macros::tool` lists the keys it takes.
 pub use loadout_macros::tool;
 
 // Domain crates depend on `loadout` only; these re-exports spare them a second

@@ -1,15 +1,15 @@
-//! What tools see of the storage a server opened: the settings, the data dir, and a
-//! handle that a domain with data of its own (scratchpad, memory) downcasts to the
-//! backend its engine runs on. The backends themselves live in `loadout-store`; this
-//! crate holds no driver.
+//! What tools see of the storage a server opened: the settings, the data dir, and the
+//! engines of the domains with data of their own (scratchpad, memory). The backends
+//! themselves live in `loadout-store`; this crate holds no driver.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
 
 use tokio::sync::watch;
+
+use crate::engine::{MemoryEngine, ScratchpadEngine};
 
 /// A boxed future that can be sent between threads: what the methods of a trait
 /// object return.
@@ -65,6 +65,18 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     fn settings_changes(&self) -> Option<watch::Receiver<SettingsChange>>;
     /// The directory for per-session files.
     fn data_dir(&self) -> &Path;
-    /// The backend, for a domain's engine to downcast.
-    fn as_any(&self) -> &dyn Any;
+    /// Where the `memory` domain keeps its notes on this storage; `None` where it has
+    /// no engine for it.
+    fn memory_engine(&self) -> Option<&dyn MemoryEngine> {
+        None
+    }
+    /// The scratch database of one session namespace (a checked name of letters,
+    /// digits, `_` and `-`) on this storage; `None` where it has no engine for it.
+    fn scratchpad_engine<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> Option<Box<dyn ScratchpadEngine + 'a>> {
+        let _ = namespace;
+        None
+    }
 }

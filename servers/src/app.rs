@@ -320,3 +320,48 @@ pub fn with_toolkits(registry: &Registry, dir: &Path) -> anyhow::Result<Arc<Regi
         .map(Arc::new)
         .with_context(|| format!("loading toolkits from {}", dir.display()))
 }
+
+/// How long the work after the listener closed (writing queued log rows, stopping
+/// upstream servers) may take before the process exits anyway.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads the config file again on every `SIGHUP` for as long as the process runs,
+/// and says on stderr what changed or why the file was refused (like the start-up
+/// lines, whatever `LOADOUT_LOG` filters: the operator who sent the signal wants
+/// the answer). Outside Unix, never returns.
+pub async fn reload_on_hangup(app: App) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(hangups) => hangups,
+            Err(e) => {
+                tracing::warn!("config reload on SIGHUP unavailable: {e}");
+                return;
+            }
+        };
+        while hangups.recv().await.is_some() {
+            let path = app.config().path.display().to_string();
+            match app.reload_config().await {
+                Ok(reloaded) => {
+                    if reloaded.router_changes.is_empty() {
+                        eprintln!("loadout: {path} reloaded: [router] unchanged");
+                    } else {
+                        eprintln!(
+                            "loadout: {path} reloaded: {}",
+                            reloaded.router_changes.join(", ")
+                        );
+                    }
+                    if reloaded.servers_changed {
+                        eprintln!("loadout: {path}: [servers] changed; reconnecting");
+                    }
+                }
+                Err(e) => eprintln!(
+                    "loadout: config not reloaded, the previous one stays in force: {e:#}"
+                ),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    std::future::pending::<()>().await;
+}

@@ -17,7 +17,7 @@
 //! once, so a typo cannot quietly route with defaults.
 //!
 //! A running `loadout serve` or `loadout mcp` reads it again on `SIGHUP`
-//! ([`reload_on_hangup`]): `[router]` applies to the turns that start after the
+//! ([`crate::app::reload_on_hangup`]): `[router]` applies to the turns that start after the
 //! reload; the MCP server connects, stops or restarts upstream servers to match
 //! `[servers]` (the unchanged ones keep their connections); a file with problems is refused, named as at start, and the process keeps the
 //! config it had.
@@ -204,47 +204,6 @@ pub struct Reloaded {
     pub router_changes: Vec<String>,
     /// `[servers]` changed: the MCP server connects and stops servers to match.
     pub servers_changed: bool,
-}
-
-/// Reads the config file again on every `SIGHUP` for as long as the process runs,
-/// and says on stderr what changed or why the file was refused (like the start-up
-/// lines, whatever `LOADOUT_LOG` filters: the operator who sent the signal wants
-/// the answer). Outside Unix, never returns.
-pub async fn reload_on_hangup(app: crate::app::App) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut hangups = match signal(SignalKind::hangup()) {
-            Ok(hangups) => hangups,
-            Err(e) => {
-                tracing::warn!("config reload on SIGHUP unavailable: {e}");
-                return;
-            }
-        };
-        while hangups.recv().await.is_some() {
-            let path = app.config().path.display().to_string();
-            match app.reload_config().await {
-                Ok(reloaded) => {
-                    if reloaded.router_changes.is_empty() {
-                        eprintln!("loadout: {path} reloaded: [router] unchanged");
-                    } else {
-                        eprintln!(
-                            "loadout: {path} reloaded: {}",
-                            reloaded.router_changes.join(", ")
-                        );
-                    }
-                    if reloaded.servers_changed {
-                        eprintln!("loadout: {path}: [servers] changed; reconnecting");
-                    }
-                }
-                Err(e) => eprintln!(
-                    "loadout: config not reloaded, the previous one stays in force: {e:#}"
-                ),
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    std::future::pending::<()>().await;
 }
 
 #[cfg(test)]

@@ -95,7 +95,7 @@ pub fn learning_allowed(settings: &BTreeMap<String, String>) -> bool {
     };
     !off(LEARNING_SETTING, &["off"])
         && !off(
-            crate::routing::DECISION_LOG_SETTING,
+            crate::decision_log::DECISION_LOG_SETTING,
             &["hash", "sha256", "off"],
         )
 }

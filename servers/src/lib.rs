@@ -8,6 +8,7 @@ pub mod app;
 pub mod cli;
 pub mod clients;
 pub mod config;
+pub mod decision_log;
 pub mod http;
 pub mod learning;
 pub mod listener;

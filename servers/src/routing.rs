@@ -15,8 +15,9 @@ use loadout_router::{
     carry_over,
 };
 use loadout_store::Store;
-use loadout_store::{DecisionRow, MessageLogging, SessionDomainState, now_ms};
+use loadout_store::{SessionDomainState, now_ms};
 
+use crate::decision_log;
 use crate::learning::{LearnEvent, LearnSource, LearnText, Learner, learning_allowed};
 use crate::log_writer::DecisionWriter;
 
@@ -188,98 +189,27 @@ impl Routing {
             .await
             .map(Arc::new);
 
-        let Some(session) = request.session else {
-            let view = SessionView::new(1);
-            let selection = Arc::new(select(
-                &router,
-                &settings,
-                &view,
-                message,
-                request.token_budget,
-                learned.as_deref(),
-                vectors.as_deref(),
-            ));
-            self.log(&settings, &selection, None, 1, message);
-            crate::metrics::record_turn(selection.n_tools, selection.tokens);
-            return Ok(RoutedTurn {
-                router,
-                turn: 1,
-                selection,
-                // No next turn to carry anything into.
-                carry: Vec::new(),
-                view,
-                settings,
-                learned,
-                vectors,
-            });
-        };
-        // Reads of a session that does not exist yet are empty; `turn_append` below
-        // creates it.
-        let snapshot = store
-            .session_snapshot(session, now_ms() - WARM_WINDOW_MS)
-            .await?;
-        let domains = snapshot.domains.into_iter().map(domain_state).collect();
-        let mut view = SessionView::from_store(snapshot.turn, domains, snapshot.warm);
-        view.recent_calls = snapshot.recent_calls;
-        if !request.called.is_empty() {
-            let changed = view.record_calls(&router, request.called);
-            self.persist(store, session, &changed, None).await?;
-            // The calls belong to the turn they answer: the session's history and a
-            // replay of it (`loadout replay`) see them there, as they see a chat's.
-            // Unknown names were refused above.
-            store
-                .calls_reported(session, snapshot.turn, request.called)
-                .await?;
-            // What the client's model called answers its previous message: that
-            // message teaches those tools (read and written in the background).
-            if snapshot.turn >= 1 && learning_allowed(&settings) {
-                self.learner.record(LearnEvent {
-                    message: LearnText::Turn {
-                        session: session.to_owned(),
-                        turn: snapshot.turn,
-                    },
-                    tools: request.called.to_vec(),
-                    session: Some(session.to_owned()),
-                    source: LearnSource::Route,
-                });
-            }
-        }
-        // Routed as the next turn before the message is stored, so that the message and
-        // what this turn carries into the next go to the store in one write.
-        let expected = snapshot.turn + 1;
-        view.begin_turn(expected, None);
-        view.carried_tools = snapshot.carry;
-        let mut selection = Arc::new(select(
-            &router,
-            &settings,
-            &view,
+        let pass = Pass {
+            router: &router,
+            settings: &settings,
             message,
-            request.token_budget,
-            learned.as_deref(),
-            vectors.as_deref(),
-        ));
-        let mut carry = carry_over(&selection);
-        let message_json = serde_json::Value::String(message.to_owned());
-        let turn = store.turn_append(session, &message_json, &carry).await?;
-        if turn != expected {
-            // Another replica stored a turn of this session in between: route again at
-            // the turn the store counted.
-            let carried = std::mem::take(&mut view.carried_tools);
-            view.begin_turn(turn, None);
-            view.carried_tools = carried;
-            selection = Arc::new(select(
-                &router,
-                &settings,
-                &view,
-                message,
-                request.token_budget,
-                learned.as_deref(),
-                vectors.as_deref(),
-            ));
-            carry = carry_over(&selection);
-            store.session_carry_put(session, turn, &carry).await?;
-        }
-        self.log(&settings, &selection, Some(session), turn, message);
+            token_budget: request.token_budget,
+            learned: learned.as_deref(),
+            vectors: vectors.as_deref(),
+        };
+        let (turn, selection, carry, view) = match request.session {
+            Some(session) => {
+                self.route_in_session(store, session, request.called, &pass)
+                    .await?
+            }
+            None => {
+                let view = SessionView::new(1);
+                let selection = Arc::new(pass.select(&view));
+                // No next turn to carry anything into.
+                (1, selection, Vec::new(), view)
+            }
+        };
+        self.log(&settings, &selection, request.session, turn, message);
         crate::metrics::record_turn(selection.n_tools, selection.tokens);
         Ok(RoutedTurn {
             router,
@@ -293,20 +223,90 @@ impl Routing {
         })
     }
 
+    /// The session part of [`Routing::route`]: records `called`, routes as the
+    /// session's next turn, and stores the message with what this turn carries over.
+    async fn route_in_session(
+        &self,
+        store: &Store,
+        session: &str,
+        called: &[String],
+        pass: &Pass<'_>,
+    ) -> Result<(i64, Arc<Selection>, Vec<String>, SessionView), RouteError> {
+        // Reads of a session that does not exist yet are empty; `turn_append` below
+        // creates it.
+        let snapshot = store
+            .session_snapshot(session, now_ms() - WARM_WINDOW_MS)
+            .await?;
+        let domains = snapshot.domains.into_iter().map(domain_state).collect();
+        let mut view = SessionView::from_store(snapshot.turn, domains, snapshot.warm);
+        view.recent_calls = snapshot.recent_calls;
+        if !called.is_empty() {
+            self.record_called(store, session, snapshot.turn, called, pass, &mut view)
+                .await?;
+        }
+        // Routed as the next turn before the message is stored, so that the message and
+        // what this turn carries into the next go to the store in one write.
+        let expected = snapshot.turn + 1;
+        let (mut selection, mut carry) = select_turn(pass, &mut view, expected, snapshot.carry);
+        let message_json = serde_json::Value::String(pass.message.to_owned());
+        let turn = store.turn_append(session, &message_json, &carry).await?;
+        if turn != expected {
+            // Another replica stored a turn of this session in between: route again at
+            // the turn the store counted.
+            let carried = std::mem::take(&mut view.carried_tools);
+            (selection, carry) = select_turn(pass, &mut view, turn, carried);
+            store.session_carry_put(session, turn, &carry).await?;
+        }
+        Ok((turn, selection, carry, view))
+    }
+
+    /// Records the tools the client's model called since the session's last turn
+    /// (`turn`): its view and the store see them, and its previous message teaches them.
+    async fn record_called(
+        &self,
+        store: &Store,
+        session: &str,
+        turn: i64,
+        called: &[String],
+        pass: &Pass<'_>,
+        view: &mut SessionView,
+    ) -> Result<(), RouteError> {
+        let changed = view.record_calls(pass.router, called);
+        self.persist(store, session, &changed, None).await?;
+        // The calls belong to the turn they answer: the session's history and a
+        // replay of it (`loadout replay`) see them there, as they see a chat's.
+        // Unknown names were refused before.
+        store.calls_reported(session, turn, called).await?;
+        // What the client's model called answers its previous message: that
+        // message teaches those tools (read and written in the background).
+        if turn >= 1 && learning_allowed(pass.settings) {
+            self.learner.record(LearnEvent {
+                message: LearnText::Turn {
+                    session: session.to_owned(),
+                    turn,
+                },
+                tools: called.to_vec(),
+                session: Some(session.to_owned()),
+                source: LearnSource::Route,
+            });
+        }
+        Ok(())
+    }
+
     /// Routes again within the same turn (after a meta-tool changed the view); the
     /// decision is logged as another row of the same turn. The caller stores the new
     /// carry-over with [`Routing::persist`].
     pub fn reselect(&self, routed: &mut RoutedTurn, session: Option<&str>, message: &str) {
         // The turn's own vectors: no encoder runs under the turn's lock.
-        routed.selection = Arc::new(select(
-            &routed.router,
-            &routed.settings,
-            &routed.view,
+        let pass = Pass {
+            router: &routed.router,
+            settings: &routed.settings,
             message,
-            None,
-            routed.learned.as_deref(),
-            routed.vectors.as_deref(),
-        ));
+            token_budget: None,
+            learned: routed.learned.as_deref(),
+            vectors: routed.vectors.as_deref(),
+        };
+        routed.selection = Arc::new(pass.select(&routed.view));
         routed.carry = carry_over(&routed.selection);
         self.log(
             &routed.settings,
@@ -354,8 +354,8 @@ impl Routing {
         message: &str,
     ) {
         tracing::info!("{}", selection.summary_line());
-        if let Some(logging) = decision_logging(settings) {
-            self.decisions.record(DecisionRow::new(
+        if let Some(logging) = decision_log::decision_logging(settings) {
+            self.decisions.record(decision_log::row(
                 selection,
                 session,
                 turn,
@@ -372,36 +372,58 @@ impl Routing {
 /// off the runtime's worker for it.
 const HEAVY_LEARNED_VECTORS: usize = 2_000;
 
-/// The router's pass. No encoder runs here (the vectors came before), so it stays on
-/// the runtime's worker, unless it scans a large learned memory densely.
-fn select(
-    router: &Router,
-    settings: &BTreeMap<String, String>,
-    view: &SessionView,
-    message: &str,
+/// What a turn routes with besides the session's view: [`RouteInput`] but the view,
+/// which changes within a turn (a meta-tool, a replica's turn in between).
+struct Pass<'a> {
+    router: &'a Router,
+    settings: &'a BTreeMap<String, String>,
+    message: &'a str,
     token_budget: Option<usize>,
-    learned: Option<&LearnedIndex>,
-    vectors: Option<&MessageVectors>,
-) -> Selection {
-    let started = std::time::Instant::now();
-    let dense = vectors.is_some_and(MessageVectors::is_dense);
-    let run = || {
-        router.select(&RouteInput {
-            message,
-            settings,
-            session: view,
-            token_budget,
-            learned,
-            vectors,
-        })
-    };
-    let selection = if dense && learned.is_some_and(|l| l.n_vectors() > HEAVY_LEARNED_VECTORS) {
-        off_worker(run)
-    } else {
-        run()
-    };
-    crate::metrics::record_route(dense, started.elapsed());
-    selection
+    learned: Option<&'a LearnedIndex>,
+    vectors: Option<&'a MessageVectors>,
+}
+
+impl Pass<'_> {
+    /// The router's pass over `view`. No encoder runs here (the vectors came
+    /// before), so it stays on the runtime's worker, unless it scans a large learned
+    /// memory densely.
+    fn select(&self, view: &SessionView) -> Selection {
+        let started = std::time::Instant::now();
+        let dense = self.vectors.is_some_and(MessageVectors::is_dense);
+        let run = || {
+            self.router.select(&RouteInput {
+                message: self.message,
+                settings: self.settings,
+                session: view,
+                token_budget: self.token_budget,
+                learned: self.learned,
+                vectors: self.vectors,
+            })
+        };
+        let heavy = |l: &LearnedIndex| l.n_vectors() > HEAVY_LEARNED_VECTORS;
+        let selection = if dense && self.learned.is_some_and(heavy) {
+            off_worker(run)
+        } else {
+            run()
+        };
+        crate::metrics::record_route(dense, started.elapsed());
+        selection
+    }
+}
+
+/// Routes the view as `turn`, with what the last turn `carried` over; the selection
+/// and what it carries into the next turn.
+fn select_turn(
+    pass: &Pass<'_>,
+    view: &mut SessionView,
+    turn: i64,
+    carried: Vec<String>,
+) -> (Arc<Selection>, Vec<String>) {
+    view.begin_turn(turn, None);
+    view.carried_tools = carried;
+    let selection = Arc::new(pass.select(view));
+    let carry = carry_over(&selection);
+    (selection, carry)
 }
 
 /// The setting that bounds a message's wait for the encoder, in milliseconds.
@@ -462,31 +484,6 @@ pub fn off_worker<T>(f: impl FnOnce() -> T) -> T {
             tokio::task::block_in_place(f)
         }
         _ => f(),
-    }
-}
-
-/// The setting that says what the decision log keeps.
-pub const DECISION_LOG_SETTING: &str = "decision_log";
-
-/// `decision_log`: `plain` (default) keeps each message, `hash` only its SHA-256
-/// (repeats still group), `off` writes no rows. Anything else logs plain and warns
-/// once per value, so a typo never silently drops the log.
-fn decision_logging(settings: &BTreeMap<String, String>) -> Option<MessageLogging> {
-    match settings.get(DECISION_LOG_SETTING).map(|v| v.trim()) {
-        None | Some("") | Some("plain") | Some("on") => Some(MessageLogging::Plain),
-        Some("hash") | Some("sha256") => Some(MessageLogging::Sha256),
-        Some("off") => None,
-        Some(other) => {
-            static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
-            let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
-            if !warned.iter().any(|w| w == other) && warned.len() < 16 {
-                tracing::warn!(
-                    "setting {DECISION_LOG_SETTING} = {other:?} is not plain, hash or off: logging plain"
-                );
-                warned.push(other.to_owned());
-            }
-            Some(MessageLogging::Plain)
-        }
     }
 }
 

@@ -73,7 +73,7 @@ loadout::setting! {
 }
 
 loadout::setting! {
-    key: crate::routing::DECISION_LOG_SETTING,
+    key: crate::decision_log::DECISION_LOG_SETTING,
     kind: SettingKind::Choice(&["plain", "hash", "off"]),
     trust: Trust::Operator,
     description: "what the decision log keeps of each message",

@@ -1,6 +1,6 @@
 //! The decision log's rows: one per routed message, with what the router decided and
-//! why. Built from a [`Selection`](loadout_router::Selection) here, outside the router
-//! (cargo feature `router`), and kept as JSON by both backends.
+//! why, as plain data its callers fill (the server from a router's selection), kept as
+//! JSON by both backends.
 
 use std::collections::BTreeMap;
 
@@ -115,6 +115,8 @@ pub fn sha256_hex(text: &str) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Transitional, for xtask only (cargo feature `router`): the server builds its rows
+/// with `loadout_server::decision_log::row`. Delete with the feature once xtask does.
 #[cfg(feature = "router")]
 mod of_selection {
     use loadout_router::{Selection, Stage, ToolDecision};

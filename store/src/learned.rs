@@ -185,6 +185,108 @@ pub(crate) fn near_duplicate(
         .map(|c| c.id)
 }
 
+/// The statements of one learned write, a method each: a backend holds their SQL and
+/// nothing of the algorithm, which is [`write`] alone. (On SQLite every method is
+/// ready at once; see [`now_or_never`].)
+pub(crate) trait LearnedStatements {
+    type Error;
+    /// Moves the learned version, which tells every learner to rebuild its index.
+    async fn bump_version(&mut self) -> Result<(), Self::Error>;
+    /// Forgets which tools sessions taught on days before `oldest_kept`.
+    async fn forget_days_before(&mut self, oldest_kept: i64) -> Result<(), Self::Error>;
+    /// Notes that `session` taught `tool` on `day`; whether it had not before.
+    async fn first_today(
+        &mut self,
+        session: &str,
+        tool: &str,
+        day: i64,
+    ) -> Result<bool, Self::Error>;
+    /// The entries linked to `tool`, each with the names of all its tools.
+    async fn entries_of(
+        &mut self,
+        tool: &str,
+    ) -> Result<Vec<(Candidate, Vec<String>)>, Self::Error>;
+    /// Merges `write` into entry `id`: its time moves, its count grows, and it takes
+    /// the vector if it had none.
+    async fn merge(
+        &mut self,
+        id: i64,
+        write: &LearnedWrite,
+        vector: Option<&[u8]>,
+    ) -> Result<(), Self::Error>;
+    /// A new entry for `write`; its id.
+    async fn add_entry(
+        &mut self,
+        write: &LearnedWrite,
+        normalized: &str,
+        vector: Option<&[u8]>,
+    ) -> Result<i64, Self::Error>;
+    /// Links `tool` to entry `id`, then drops the tool's oldest links beyond
+    /// `per_tool` and any entry left with no tool.
+    async fn link(&mut self, id: i64, tool: &str, per_tool: i64) -> Result<(), Self::Error>;
+}
+
+/// The bounds of [`crate::Store::learned_insert`], in the caller's transaction: once
+/// per session, tool and day; a near-duplicate merged; at most `per_tool` entries a
+/// tool. The version moves first: on PostgreSQL its row lock orders this write after
+/// any other replica's, so that two replicas learning one message merge it.
+pub(crate) async fn write<S: LearnedStatements>(
+    statements: &mut S,
+    write: &LearnedWrite,
+    per_tool: i64,
+) -> Result<LearnOutcome, S::Error> {
+    statements.bump_version().await?;
+    let day = write.at_ms.div_euclid(DAY_MS);
+    statements.forget_days_before(day - 1).await?;
+    let mut tools = Vec::with_capacity(write.tools.len());
+    for tool in &write.tools {
+        let fresh = match &write.session {
+            Some(session) => statements.first_today(session, tool, day).await?,
+            None => true,
+        };
+        if fresh {
+            tools.push(tool.clone());
+        }
+    }
+    let Some(first) = tools.first() else {
+        return Ok(LearnOutcome::Nothing);
+    };
+    let normalized = normalized_text(&write.message);
+    let candidates: Vec<Candidate> = statements
+        .entries_of(first)
+        .await?
+        .into_iter()
+        .filter_map(|(candidate, mut names)| {
+            // Compared sorted by bytes: a server's collation may order names otherwise.
+            names.sort_unstable();
+            (names == tools).then_some(candidate)
+        })
+        .collect();
+    let vector = write.vector.as_deref().map(vector_bytes);
+    if let Some(id) = near_duplicate(write, &normalized, &candidates) {
+        statements.merge(id, write, vector.as_deref()).await?;
+        return Ok(LearnOutcome::Merged { id, tools });
+    }
+    let id = statements
+        .add_entry(write, &normalized, vector.as_deref())
+        .await?;
+    for tool in &tools {
+        statements.link(id, tool, per_tool).await?;
+    }
+    Ok(LearnOutcome::Added { id, tools })
+}
+
+/// The output of a future whose every `.await` is ready at once, as [`write`] is over
+/// SQLite's synchronous statements; `None` if it was not.
+pub(crate) fn now_or_never<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
+    }
+}
+
 /// Per tool: its entries' count, sources, newest time and newest message; sorted by
 /// tool name.
 pub fn summarize(rows: &[LearnedRow]) -> Vec<LearnedToolSummary> {

@@ -5,11 +5,11 @@
 //! [`Store`] is the one interface; the backend underneath (embedded SQLite by default,
 //! PostgreSQL for several replicas) is chosen by a database URL. Each backend is split
 //! by concern: migrations, settings, sessions, decisions, audit, and its connections.
-//! Domains that keep their own data (scratchpad, memory) reach the backend through
-//! [`Store::of`] and [`Store::backend`] and implement an engine per backend.
+//! The engines of the domains that keep data of their own (`loadout::engine`: memory,
+//! scratchpad) are implemented here, per backend (`sqlite/memory.rs`,
+//! `postgres/scratchpad/`, ...), and reached through [`loadout::Storage`].
 //!
-//! Depends on the `loadout` contract only (and on `loadout-router` with the `router`
-//! feature, to build decision rows from selections); never on a domain or a server.
+//! Depends on the `loadout` contract only; never on a domain or a server.
 
 mod clients;
 mod decisions;
@@ -129,17 +129,6 @@ pub struct SessionDomainState {
 }
 
 impl Store {
-    /// The store behind a tool's context, for a domain's engine; an error names the
-    /// storage that was found instead.
-    pub fn of(ctx: &loadout::ToolContext) -> Result<&Store, loadout::ToolError> {
-        ctx.storage()
-            .as_any()
-            .downcast_ref::<Store>()
-            .ok_or_else(|| {
-                loadout::ToolError::Storage(format!("not a loadout store: {:?}", ctx.storage()))
-            })
-    }
-
     /// Opens the backend a URL names: `None` or a `sqlite:PATH` URL → SQLite (default:
     /// `loadout.db` in `data_dir`); `postgres://…` or `postgresql://…` → PostgreSQL
     /// (no TLS). Migrations run before this returns. An unreachable server is
@@ -671,8 +660,28 @@ impl loadout::Storage for Store {
         Store::data_dir(self)
     }
 
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    fn memory_engine(&self) -> Option<&dyn loadout::engine::MemoryEngine> {
+        Some(match &*self.backend {
+            StoreBackend::Sqlite(store) => store,
+            StoreBackend::Postgres(store) => store,
+        })
+    }
+
+    fn scratchpad_engine<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> Option<Box<dyn loadout::engine::ScratchpadEngine + 'a>> {
+        Some(match &*self.backend {
+            StoreBackend::Sqlite(_) => Box::new(sqlite::scratchpad::Scratchpad {
+                path: self
+                    .data_dir
+                    .join("scratchpad")
+                    .join(format!("{namespace}.db")),
+            }),
+            StoreBackend::Postgres(store) => {
+                Box::new(postgres::scratchpad::Scratchpad { store, namespace })
+            }
+        })
     }
 }
 

@@ -565,96 +565,56 @@ async fn pruning_the_decision_log_cuts_it_at_its_old_end() {
     }
 }
 
-/// A router over `domains` (name and tool names), with every domain keyword-matched
-/// by its own name.
-#[cfg(feature = "router")]
-fn log_test_router(domains: &[(&str, &[&str])]) -> loadout_router::Router {
-    let mut builder = loadout::Registry::builder();
-    for (i, (domain, tools)) in domains.iter().enumerate() {
-        let tools: Vec<serde_json::Value> = tools
-            .iter()
-            .map(|t| {
-                serde_json::json!({"name": t, "description": format!("Does {t}."),
-                                        "input_schema": {"type": "object", "properties": {}}})
-            })
-            .collect();
-        let toolkit = serde_json::json!({"domain": domain, "description": format!("The {domain} things."),
-                                         "keywords": [domain], "tools": tools});
-        let parsed = loadout::toolkit::parse(&toolkit.to_string(), &format!("log{i}.json"))
-            .expect("test toolkit");
-        builder = builder.toolkit(parsed);
-    }
-    let registry = std::sync::Arc::new(builder.build().expect("test registry"));
-    loadout_router::Router::new(registry, loadout_router::RouterConfig::default())
-}
-
-/// Rows of selections read back as they were written, by session and from the log's
-/// tail, on every backend; every domain of a selection is in its row once.
-#[cfg(feature = "router")]
+/// Decision rows read back as they were written, by session and from the log's tail,
+/// on every backend: every kind of reason (sent, inactive, unmatched, near, chit-chat,
+/// not sent) and both ways of keeping the message.
 #[tokio::test]
-async fn rows_of_selections_read_back_as_written() {
+async fn decision_rows_read_back_as_written() {
     let (_dir, stores) = stores().await;
-    let router = log_test_router(&[
-        ("weather", &["get_forecast", "get_alerts"]),
-        ("mail", &["send_mail", "read_mail", "delete_mail"]),
-        ("calendar", &["add_event"]),
-    ]);
-    let settings = std::collections::BTreeMap::new();
-    let session = loadout_router::SessionView::new(1);
-    let mut rows = Vec::new();
-    for message in [
-        "weather and mail please",
-        "mail then calendar",
-        "nothing relevant at all",
-        "weather",
-    ] {
-        let selection = router.select(&loadout_router::RouteInput {
-            message,
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        });
-        let row = DecisionRow::new(&selection, Some("s"), 1, message, MessageLogging::Plain, 5);
-        let reasons = &row.reasons;
-        let mut logged: Vec<&str> = reasons
-            .domains
-            .iter()
-            .map(|d| d.domain.as_str())
-            .chain(reasons.inactive.iter().map(String::as_str))
-            .chain(reasons.unmatched.iter().map(String::as_str))
-            .chain(reasons.near.keys().map(String::as_str))
-            .chain(reasons.no_tool_needed.keys().map(String::as_str))
-            .collect();
-        logged.sort_unstable();
-        let mut all: Vec<&str> = selection
-            .domains
-            .iter()
-            .map(|d| d.domain.as_str())
-            .collect();
-        all.sort_unstable();
-        assert_eq!(logged, all, "{message}: {reasons:?}");
-        let sent: Vec<&str> = selection.tool_names().collect();
-        assert_eq!(reasons.tools, sent, "{message}");
-        rows.push(row);
-    }
-    let hashed = DecisionRow::new(
-        &router.select(&loadout_router::RouteInput {
-            message: "weather",
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        }),
-        None,
-        3,
-        "weather",
-        MessageLogging::Sha256,
-        42,
-    );
-    assert!(hashed.message.starts_with("sha256:") && !hashed.message.contains("weather"));
+    let reasons = |turn: usize| Reasons {
+        domains: vec![DomainReason {
+            domain: "weather".into(),
+            included: true,
+            stage: "keyword".into(),
+            score: 0.75,
+            reason: format!("turn {turn}"),
+        }],
+        inactive: vec!["mail".into()],
+        unmatched: vec!["calendar".into()],
+        near: [("files".to_owned(), 0.125)].into(),
+        no_tool_needed: if turn == 3 {
+            [("weather".to_owned(), 0.5)].into()
+        } else {
+            Default::default()
+        },
+        tools: vec!["get_forecast".into()],
+        not_sent: vec![ToolReason(
+            "get_alerts".into(),
+            "weather".into(),
+            "scored".into(),
+            0.25,
+        )],
+        not_sent_left_out: turn,
+        hint_tokens: 10 * turn,
+        all_tools_tokens: 100,
+        notes: vec![format!("note {turn}")],
+    };
+    let rows: Vec<DecisionRow> = (1..=4)
+        .map(|turn| DecisionRow {
+            at_ms: 5,
+            session: Some("s".into()),
+            turn: i64::try_from(turn).expect("turn"),
+            message: if turn == 4 {
+                MessageLogging::Sha256.apply("weather")
+            } else {
+                MessageLogging::Plain.apply("weather and mail please")
+            },
+            n_tools: 1,
+            tokens: 42,
+            reasons: reasons(turn),
+        })
+        .collect();
+    assert!(rows[3].message.starts_with("sha256:") && !rows[3].message.contains("weather"));
     for t in stores {
         let store = &t.store;
         store.decisions_insert(rows.clone()).await.expect("insert");
@@ -1586,16 +1546,13 @@ async fn vectors_are_set_on_entries_without_one() {
 /// `cargo test --release -p loadout-store --lib -- --ignored learned_memory_figures
 /// --nocapture`. Writes 5,000 entries over 50 tools (384-dimensional vectors, a
 /// session each; every 10th repeats the words of the one before, for another tool,
-/// so it is kept apart), reads them back for an index
-/// build, and builds the index.
-#[cfg(feature = "router")]
+/// so it is kept apart) and reads them back as an index build does. (The index
+/// build itself is the router's: the store has no router.)
 #[tokio::test]
 #[ignore]
 async fn learned_memory_figures() {
     let (_dir, stores) = stores().await;
     let tools: Vec<String> = (0..50).map(|t| format!("tool_{t}")).collect();
-    let tool_refs: Vec<&str> = tools.iter().map(String::as_str).collect();
-    let router = log_test_router(&[("bench", &tool_refs)]);
     for t in stores {
         let store = &t.store;
         let started = Instant::now();
@@ -1620,27 +1577,13 @@ async fn learned_memory_figures() {
         let started = Instant::now();
         let rows = store.learned_rows(None, Some("enc")).await.expect("rows");
         let read = started.elapsed();
-        let entries: Vec<loadout_router::LearnedEntry> = rows
-            .into_iter()
-            .map(|r| loadout_router::LearnedEntry {
-                message: r.message,
-                tools: r.tools,
-                vector: r.vector,
-            })
-            .collect();
-        let started = Instant::now();
-        let index = loadout_router::LearnedIndex::new(&router, Some("enc"), &entries);
-        let built = started.elapsed();
         println!(
-            "{}: {n} writes in {:.2} s ({:.0} µs each); {} entries read in {:.0} ms; index built in {:.0} ms ({:?}, {} KB)",
+            "{}: {n} writes in {:.2} s ({:.0} µs each); {} entries read in {:.0} ms",
             t.name,
             inserted.as_secs_f64(),
             inserted.as_secs_f64() * 1e6 / n as f64,
-            entries.len(),
+            rows.len(),
             read.as_secs_f64() * 1e3,
-            built.as_secs_f64() * 1e3,
-            index,
-            index.approx_bytes() / 1024
         );
     }
 }

@@ -2,17 +2,19 @@
 //! sessions, found again by ranked full-text search.
 //!
 //! Tools are engine-neutral: each asks [`engine`] for the [`MemoryEngine`] of the
-//! storage it runs on (`sqlite`: FTS5 with `bm25()`; `postgres`: a `tsvector`
-//! column with a GIN index and `ts_rank`), with the same behaviour and the same
-//! tests. Depends on `loadout` and `loadout-store`, never on another domain crate.
+//! storage it runs on (the store implements it on SQLite with FTS5 and `bm25()`, on
+//! PostgreSQL with a `tsvector` column, a GIN index and `ts_rank`), with the same
+//! behaviour and the same tests. Arguments are checked here, once, before any engine
+//! sees them. Depends on `loadout` only, never on a storage driver or another domain
+//! crate.
 
-mod postgres;
-mod sqlite;
-
-use loadout::{BoxFuture, ToolContext, ToolError};
-use loadout_store::{Store, StoreBackend};
+pub use loadout::engine::memory::{
+    Forgotten, MAX_QUERY_TERMS, Memory, MemoryEngine, MemoryPage, RecalledMemory, Remembered,
+    query_terms,
+};
+use loadout::{ToolContext, ToolError};
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 loadout::domain! {
     name: "memory",
@@ -31,29 +33,6 @@ pub const MAX_CONTENT_CHARS: usize = 10_000;
 /// Most tags per memory, and longest tag in characters.
 pub const MAX_TAGS: usize = 20;
 pub const MAX_TAG_CHARS: usize = 50;
-/// Most words of a recall query that are searched.
-pub const MAX_QUERY_TERMS: usize = 32;
-
-/// A stored memory.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Memory {
-    pub id: i64,
-    pub content: String,
-    pub tags: Vec<String>,
-    /// UTC, RFC 3339.
-    pub created: String,
-    pub updated: String,
-}
-
-/// A memory found by `recall`, with its relevance (higher is better).
-#[derive(Debug, Clone, Serialize)]
-pub struct RecalledMemory {
-    #[serde(flatten)]
-    pub memory: Memory,
-    /// From the engine, the raw rank (BM25, `ts_rank`); from `recall`, relevance from
-    /// 0 to 1 relative to the query's best match (see [`relative_scores`]).
-    pub score: f64,
-}
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -63,14 +42,6 @@ pub struct RememberArgs {
     /// Optional labels for grouping and filtering, e.g. `["travel", "preferences"]`.
     #[serde(default)]
     pub tags: Vec<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Remembered {
-    #[serde(flatten)]
-    pub memory: Memory,
-    /// The same text was already stored; nothing new was written.
-    pub duplicate: bool,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -107,13 +78,6 @@ pub struct ForgetArgs {
     pub id: i64,
 }
 
-#[derive(Debug, Serialize)]
-pub struct Forgotten {
-    pub id: i64,
-    /// The text that was deleted.
-    pub content: String,
-}
-
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListMemoriesArgs {
@@ -128,52 +92,11 @@ pub struct ListMemoriesArgs {
     pub offset: Option<u32>,
 }
 
-#[derive(Debug, Serialize)]
-pub struct MemoryPage {
-    pub memories: Vec<Memory>,
-    /// All memories matching the filter.
-    pub total: i64,
-    pub offset: u32,
-}
-
-/// Where memories are kept: one implementation per storage backend.
-pub trait MemoryEngine: Send + Sync {
-    fn remember(
-        &self,
-        content: String,
-        tags: Vec<String>,
-    ) -> BoxFuture<'_, Result<Remembered, ToolError>>;
-    /// `query` has at least one word ([`query_terms`]).
-    fn recall<'a>(
-        &'a self,
-        query: &'a str,
-        tag: Option<String>,
-        limit: u32,
-    ) -> BoxFuture<'a, Result<Vec<RecalledMemory>, ToolError>>;
-    fn update(
-        &self,
-        id: i64,
-        content: Option<String>,
-        tags: Option<Vec<String>>,
-    ) -> BoxFuture<'_, Result<Memory, ToolError>>;
-    fn forget(&self, id: i64) -> BoxFuture<'_, Result<Forgotten, ToolError>>;
-    fn list(
-        &self,
-        tag: Option<String>,
-        limit: u32,
-        offset: u32,
-    ) -> BoxFuture<'_, Result<MemoryPage, ToolError>>;
-}
-
 /// The engine of the storage `ctx` runs on.
 pub fn engine(ctx: &ToolContext) -> Result<&dyn MemoryEngine, ToolError> {
-    match Store::of(ctx)?.backend() {
-        StoreBackend::Sqlite(store) => Ok(store),
-        StoreBackend::Postgres(store) => Ok(store),
-        _ => Err(ToolError::execution(
-            "memory is not supported on this storage backend yet",
-        )),
-    }
+    ctx.storage()
+        .memory_engine()
+        .ok_or_else(|| ToolError::execution("memory is not supported on this storage backend yet"))
 }
 
 /// Stores a fact, preference or note about the user in long-term memory, kept across conversations.
@@ -361,40 +284,6 @@ fn bounded_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, Tool
         Some(0) => Err(ToolError::execution("`limit` must be at least 1")),
         Some(n) => Ok(n.min(max)),
     }
-}
-
-/// The words of a recall query: runs of letters and digits, lowercased, without
-/// duplicates, at most [`MAX_QUERY_TERMS`]. Nothing else the user wrote survives, so
-/// no search syntax of any engine can be injected.
-pub fn query_terms(query: &str) -> Vec<String> {
-    let mut terms: Vec<String> = Vec::new();
-    for word in query.split(|c: char| !c.is_alphanumeric()) {
-        if word.is_empty() {
-            continue;
-        }
-        let term = word.to_lowercase();
-        if !terms.contains(&term) {
-            terms.push(term);
-        }
-        if terms.len() == MAX_QUERY_TERMS {
-            break;
-        }
-    }
-    terms
-}
-
-/// An FTS5 query that matches any of the [`query_terms`], each as a quoted prefix
-/// term (`AND`, `NEAR`, `"`, `*`, `:`, `^`, parentheses are never read as syntax).
-/// `None` when no word is left.
-pub fn fts_query(query: &str) -> Option<String> {
-    let terms = query_terms(query);
-    (!terms.is_empty()).then(|| {
-        terms
-            .iter()
-            .map(|term| format!("\"{term}\"*"))
-            .collect::<Vec<_>>()
-            .join(" OR ")
-    })
 }
 
 #[cfg(test)]

@@ -241,25 +241,6 @@ async fn update_forget_and_list() {
     }
 }
 
-#[test]
-fn fts_query_quotes_every_term() {
-    assert_eq!(
-        crate::fts_query("Wifi AND \"pass*word\" NEAR(x)"),
-        Some("\"wifi\"* OR \"and\"* OR \"pass\"* OR \"word\"* OR \"near\"* OR \"x\"*".into())
-    );
-    assert_eq!(
-        crate::fts_query("서울 여행, 서울"),
-        Some("\"서울\"* OR \"여행\"*".into())
-    );
-    assert_eq!(crate::fts_query(" ^*:() "), None);
-    let many = (0..100)
-        .map(|i| format!("w{i}"))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let query = crate::fts_query(&many).expect("terms");
-    assert_eq!(query.matches(" OR ").count(), crate::MAX_QUERY_TERMS - 1);
-}
-
 /// N4 of issue 36: `remember` reads (is this a duplicate?) and then writes in one
 /// transaction; begun deferred, a commit by another connection in between made
 /// SQLite refuse the write at once ("database is locked") instead of waiting. Here a

@@ -6,16 +6,19 @@
 //! `postgres`: one schema per namespace). `query_data` is read-only because the database engine
 //! refuses writes (a read-only connection, a `READ ONLY` transaction), not because
 //! the SQL text was inspected; what a statement may touch besides its tables
-//! (pragmas, attached files, server functions) is refused as well. Depends on `loadout` and `loadout-store`, never on
-//! another domain crate.
+//! (pragmas, attached files, server functions) is refused as well. The engines live in
+//! the store; the checks every engine makes before its SQL, in
+//! [`loadout::engine::scratchpad`]. Depends on `loadout` only, never on a storage
+//! driver or another domain crate.
 
-mod postgres;
-mod sqlite;
-
-use loadout::{BoxFuture, ToolContext, ToolError};
-use loadout_store::{Store, StoreBackend};
+pub use loadout::engine::scratchpad::{
+    ColumnInfo, ColumnSpec, ColumnType, CreateTableArgs, InsertDataArgs, MAX_COLUMNS, QueryResult,
+    RowsInserted, ScratchpadEngine, TableCreated, TableDescription, TableDropped, TableSummary,
+    check_identifier,
+};
+use loadout::{ToolContext, ToolError};
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 loadout::domain! {
     name: "scratchpad",
@@ -34,92 +37,9 @@ pub const DEFAULT_ROW_LIMIT: usize = 100;
 pub const MAX_ROW_LIMIT: usize = 1000;
 /// Most rows one `insert_data` call takes.
 pub const MAX_INSERT_ROWS: usize = 1000;
-/// Most columns a table may have.
-pub const MAX_COLUMNS: usize = 100;
 
 // ---------------------------------------------------------------------------
-// Arguments and results
-
-/// Column types a scratchpad table may use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum ColumnType {
-    Text,
-    Integer,
-    Real,
-    // Stored as 0 or 1; JSON `true`/`false` are accepted on insert. (No doc comments
-    // on variants: they would turn the schema's plain `enum` into a `oneOf`.)
-    Boolean,
-    // Text `YYYY-MM-DD`.
-    Date,
-}
-
-impl ColumnType {
-    pub fn sql_name(self) -> &'static str {
-        match self {
-            ColumnType::Text => "TEXT",
-            ColumnType::Integer => "INTEGER",
-            ColumnType::Real => "REAL",
-            ColumnType::Boolean => "BOOLEAN",
-            ColumnType::Date => "DATE",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ColumnSpec {
-    /// Column name: a letter or `_`, then letters, digits or `_` (at most 63).
-    pub name: String,
-    /// One of TEXT, INTEGER, REAL, BOOLEAN (0/1, true/false) or DATE (text `YYYY-MM-DD`).
-    #[serde(rename = "type")]
-    pub column_type: ColumnType,
-    /// Refuse rows without a value for this column.
-    #[serde(default)]
-    pub not_null: bool,
-    /// Part of the primary key (several columns make a composite key).
-    #[serde(default)]
-    pub primary_key: bool,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateTableArgs {
-    /// Table name: a letter or `_`, then letters, digits or `_` (at most 63).
-    pub table: String,
-    /// The columns, in order.
-    pub columns: Vec<ColumnSpec>,
-    /// Succeed without change when the table already exists.
-    #[serde(default)]
-    pub if_not_exists: bool,
-}
-
-#[derive(Debug, Serialize)]
-pub struct TableCreated {
-    pub table: String,
-    /// The statement that was run.
-    pub sql: String,
-    /// False when `if_not_exists` found the table already there.
-    pub created: bool,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct InsertDataArgs {
-    /// The table to insert into.
-    pub table: String,
-    /// Rows as JSON objects mapping column names to values, e.g.
-    /// `[{"name": "Ana", "age": 31}]`. Missing columns get NULL (or their default);
-    /// arrays and objects are stored as JSON text.
-    pub rows: Vec<serde_json::Map<String, serde_json::Value>>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct RowsInserted {
-    pub table: String,
-    pub n_inserted: usize,
-    pub n_rows_total: i64,
-}
+// Arguments (the rest are the engine's: `loadout::engine::scratchpad`)
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -133,24 +53,6 @@ pub struct QueryDataArgs {
     pub limit: Option<u32>,
 }
 
-#[derive(Debug, Serialize)]
-pub struct QueryResult {
-    pub columns: Vec<String>,
-    /// Each row is an array in `columns` order.
-    pub rows: Vec<Vec<serde_json::Value>>,
-    pub n_rows: usize,
-    /// More rows matched than `limit`; add a LIMIT/OFFSET or narrow the query.
-    pub truncated: bool,
-    pub limit: usize,
-}
-
-#[derive(Debug, Serialize)]
-pub struct TableSummary {
-    pub table: String,
-    pub n_rows: i64,
-    pub columns: Vec<String>,
-}
-
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TableArgs {
@@ -158,65 +60,15 @@ pub struct TableArgs {
     pub table: String,
 }
 
-#[derive(Debug, Serialize)]
-pub struct ColumnInfo {
-    pub name: String,
-    #[serde(rename = "type")]
-    pub column_type: String,
-    pub not_null: bool,
-    pub primary_key: bool,
-    pub default: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct TableDescription {
-    pub table: String,
-    pub columns: Vec<ColumnInfo>,
-    pub n_rows: i64,
-    /// The CREATE TABLE statement.
-    pub sql: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct TableDropped {
-    pub table: String,
-    pub n_rows_deleted: i64,
-}
-
 // ---------------------------------------------------------------------------
 // Tools
-
-/// A session's scratch database on one storage backend.
-pub trait ScratchpadEngine: Send + Sync {
-    fn create_table(&self, args: CreateTableArgs)
-    -> BoxFuture<'_, Result<TableCreated, ToolError>>;
-    fn insert_data(&self, args: InsertDataArgs) -> BoxFuture<'_, Result<RowsInserted, ToolError>>;
-    fn query_data(
-        &self,
-        sql: String,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<QueryResult, ToolError>>;
-    fn list_tables(&self) -> BoxFuture<'_, Result<Vec<TableSummary>, ToolError>>;
-    fn describe_table(&self, table: String) -> BoxFuture<'_, Result<TableDescription, ToolError>>;
-    fn drop_table(&self, table: String) -> BoxFuture<'_, Result<TableDropped, ToolError>>;
-}
 
 /// The scratch database of `ctx`'s session, on the storage it runs on.
 pub fn engine(ctx: &ToolContext) -> Result<Box<dyn ScratchpadEngine + '_>, ToolError> {
     let namespace = namespace(ctx)?;
-    match Store::of(ctx)?.backend() {
-        StoreBackend::Sqlite(_) => Ok(Box::new(sqlite::Scratchpad {
-            path: ctx
-                .storage()
-                .data_dir()
-                .join("scratchpad")
-                .join(format!("{namespace}.db")),
-        })),
-        StoreBackend::Postgres(store) => Ok(Box::new(postgres::Scratchpad { store, namespace })),
-        _ => Err(ToolError::execution(
-            "the scratchpad is not supported on this storage backend yet",
-        )),
-    }
+    ctx.storage().scratchpad_engine(namespace).ok_or_else(|| {
+        ToolError::execution("the scratchpad is not supported on this storage backend yet")
+    })
 }
 
 /// Creates a table in this session's scratch database, with typed columns.
@@ -347,33 +199,6 @@ fn namespace(ctx: &ToolContext) -> Result<&str, ToolError> {
         ));
     }
     Ok(namespace)
-}
-
-/// Checks a table or column name: `[A-Za-z_][A-Za-z0-9_]{0,62}`, not reserved by SQLite.
-pub fn check_identifier(what: &str, name: &str) -> Result<(), ToolError> {
-    let mut bytes = name.bytes();
-    let ok = name.len() <= 63
-        && bytes
-            .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if !ok {
-        return Err(ToolError::execution(format!(
-            "invalid {what} name `{}`: use a letter or `_` followed by up to 62 letters, digits or `_`",
-            name.chars().take(64).collect::<String>()
-        )));
-    }
-    if name.to_ascii_lowercase().starts_with("sqlite_") {
-        return Err(ToolError::execution(format!(
-            "invalid {what} name `{name}`: names starting with `sqlite_` are reserved"
-        )));
-    }
-    Ok(())
-}
-
-/// Quotes a name that [`check_identifier`] accepted.
-fn quoted(name: &str) -> String {
-    format!("\"{name}\"")
 }
 
 #[cfg(test)]

@@ -467,10 +467,17 @@ async fn runaway_queries_are_interrupted() {
         let error = match h.store.store.backend() {
             StoreBackend::Sqlite(_) => {
                 let path = h.store.data_dir.join("scratchpad").join("timeout.db");
-                crate::sqlite::query_data(path, sql.into(), 10, timeout).await
+                loadout_store::sqlite::scratchpad::query_data(path, sql.into(), 10, timeout).await
             }
             StoreBackend::Postgres(store) => {
-                crate::postgres::query_data(store, "timeout", sql.into(), 10, timeout).await
+                loadout_store::postgres::scratchpad::query_data(
+                    store,
+                    "timeout",
+                    sql.into(),
+                    10,
+                    timeout,
+                )
+                .await
             }
             _ => panic!("a backend without a scratchpad"),
         }
@@ -490,9 +497,14 @@ async fn a_query_that_builds_a_huge_value_stops_at_once() {
     let path = dir.path().join("scratchpad").join("huge.db");
     let started = Instant::now();
     let sql = "SELECT length(replace(hex(zeroblob(100000000)),'00','abcdefgh'))";
-    let error = crate::sqlite::query_data(path.clone(), sql.into(), 10, Duration::from_secs(5))
-        .await
-        .expect_err("refused");
+    let error = loadout_store::sqlite::scratchpad::query_data(
+        path.clone(),
+        sql.into(),
+        10,
+        Duration::from_secs(5),
+    )
+    .await
+    .expect_err("refused");
     assert!(error.to_string().contains("larger than"), "{error}");
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -501,9 +513,10 @@ async fn a_query_that_builds_a_huge_value_stops_at_once() {
     );
     // Within the bound, the same shape of query still answers.
     let sql = "SELECT length(replace(hex(zeroblob(1000)),'00','ab'))";
-    let answer = crate::sqlite::query_data(path, sql.into(), 10, Duration::from_secs(5))
-        .await
-        .expect("a small value");
+    let answer =
+        loadout_store::sqlite::scratchpad::query_data(path, sql.into(), 10, Duration::from_secs(5))
+            .await
+            .expect("a small value");
     assert_eq!(answer.rows, vec![vec![json!(2000)]]);
 }
 

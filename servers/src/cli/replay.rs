@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -79,38 +79,9 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
 }
 
 async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
-    let (cases, source) = match &args.cases {
-        Some(path) => (read_cases(path)?, path.display().to_string()),
-        None => {
-            let cases =
-                stored_cases(app, args.session.as_deref(), args.sessions, args.since_days).await?;
-            let source = match &args.session {
-                Some(id) => format!("session {id}"),
-                None => format!(
-                    "{} most recent sessions of the last {} days",
-                    cases.len(),
-                    args.since_days
-                ),
-            };
-            (cases, source)
-        }
-    };
+    let (cases, source) = load_cases(app, args).await?;
     if let Some(path) = &args.export {
-        let mut out: Box<dyn std::io::Write> = if path.as_os_str() == "-" {
-            Box::new(std::io::stdout().lock())
-        } else {
-            Box::new(std::io::BufWriter::new(
-                std::fs::File::create(path)
-                    .with_context(|| format!("cannot write {}", path.display()))?,
-            ))
-        };
-        for case in &cases {
-            writeln!(out, "{}", serde_json::to_string(case)?)?;
-        }
-        out.flush()?;
-        if path.as_os_str() != "-" {
-            eprintln!("{} sessions written to {}", cases.len(), path.display());
-        }
+        export_cases(path, &cases)?;
         return Ok(ExitCode::SUCCESS);
     }
 
@@ -121,11 +92,7 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     };
     let (router, dense) = router_for(app, app.new_router(app.registry.clone()), args.lexical).await;
     let file = app.config();
-    let config = if file.path.exists() {
-        file.path.display().to_string()
-    } else {
-        format!("defaults (no {})", file.path.display())
-    };
+    let config = config_phrase(&file);
     outln!(
         "replay of {source}: {} tools, {dense}, budget {}; config {config}",
         router.registry().all_tools().len(),
@@ -209,6 +176,57 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
         outln!("{summary}")?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The config a replay runs with: the file in force, or the defaults where there is
+/// none.
+fn config_phrase(file: &ConfigFile) -> String {
+    if file.path.exists() {
+        file.path.display().to_string()
+    } else {
+        format!("defaults (no {})", file.path.display())
+    }
+}
+
+/// The cases to replay (`--cases` or the stored sessions) and a phrase naming where
+/// they came from.
+async fn load_cases(app: &App, args: &Args) -> anyhow::Result<(Vec<Case>, String)> {
+    Ok(match &args.cases {
+        Some(path) => (read_cases(path)?, path.display().to_string()),
+        None => {
+            let cases =
+                stored_cases(app, args.session.as_deref(), args.sessions, args.since_days).await?;
+            let source = match &args.session {
+                Some(id) => format!("session {id}"),
+                None => format!(
+                    "{} most recent sessions of the last {} days",
+                    cases.len(),
+                    args.since_days
+                ),
+            };
+            (cases, source)
+        }
+    })
+}
+
+/// `--export`: the cases as JSON lines, to a file or (`-`) to stdout.
+fn export_cases(path: &Path, cases: &[Case]) -> anyhow::Result<()> {
+    let mut out: Box<dyn std::io::Write> = if path.as_os_str() == "-" {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot write {}", path.display()))?,
+        ))
+    };
+    for case in cases {
+        writeln!(out, "{}", serde_json::to_string(case)?)?;
+    }
+    out.flush()?;
+    if path.as_os_str() != "-" {
+        eprintln!("{} sessions written to {}", cases.len(), path.display());
+    }
+    Ok(())
 }
 
 /// `router` with the dense stage attached (waited for) unless `lexical` or

@@ -310,7 +310,7 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
     state.app.routing();
     state.app.attach_dense_stage().await;
     spawn_learn_examples(&state.app);
-    tokio::spawn(crate::config::reload_on_hangup(state.app.clone()));
+    tokio::spawn(crate::app::reload_on_hangup(state.app.clone()));
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.addr))?;
@@ -331,13 +331,13 @@ pub async fn run(app: App, args: Args) -> anyhow::Result<ExitCode> {
     )
     .await;
     // Queued log rows are written; a stuck upstream server does not hold the exit.
-    if tokio::time::timeout(SHUTDOWN_GRACE, state.shutdown())
+    if tokio::time::timeout(crate::app::SHUTDOWN_GRACE, state.shutdown())
         .await
         .is_err()
     {
         tracing::warn!(
             "shutting down took longer than {} s: exiting",
-            SHUTDOWN_GRACE.as_secs()
+            crate::app::SHUTDOWN_GRACE.as_secs()
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -356,10 +356,6 @@ fn spawn_learn_examples(app: &App) {
         routing.learner.learn_examples(&routing.router()).await;
     });
 }
-
-/// How long the work after the listener closed (writing queued log rows, stopping
-/// upstream servers) may take before the process exits anyway.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Ctrl-C or SIGTERM: stop accepting, finish requests in flight.
 pub async fn shutdown_signal() {

@@ -344,13 +344,13 @@ pub async fn run(app: &App, args: Args) -> anyhow::Result<ExitCode> {
         eprintln!("error: {e}");
         return Ok(ExitCode::from(2));
     }
-    tokio::spawn(crate::config::reload_on_hangup(app.clone()));
+    tokio::spawn(crate::app::reload_on_hangup(app.clone()));
     let served = match args.http {
         None => serve_stdio(&server).await,
         Some(addr) => serve_http(&server, addr, &hosts, &sessions).await,
     };
     // A stuck upstream server does not hold the exit.
-    let _ = tokio::time::timeout(crate::http::SHUTDOWN_GRACE, server.shutdown()).await;
+    let _ = tokio::time::timeout(crate::app::SHUTDOWN_GRACE, server.shutdown()).await;
     served.map(|()| ExitCode::SUCCESS)
 }
 

@@ -5,8 +5,8 @@
 use super::{PostgresStore, without_nul};
 use crate::StoreError;
 use crate::learned::{
-    Candidate, DAY_MS, LearnOutcome, LearnedRow, LearnedWrite, near_duplicate, normalized_text,
-    vector_bytes, vector_from_bytes, with_tools,
+    self, Candidate, LearnOutcome, LearnedRow, LearnedStatements, LearnedWrite, vector_bytes,
+    vector_from_bytes, with_tools,
 };
 
 impl PostgresStore {
@@ -18,7 +18,7 @@ impl PostgresStore {
         let per_tool = i64::try_from(per_tool.max(1)).unwrap_or(i64::MAX);
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(|e| self.error(e))?;
-        let outcome = insert(&tx, &write, per_tool)
+        let outcome = learned::write(&mut Statements { tx: &tx }, &write, per_tool)
             .await
             .map_err(|e| self.error(e))?;
         tx.commit().await.map_err(|e| self.error(e))?;
@@ -154,128 +154,153 @@ impl PostgresStore {
     }
 }
 
-/// The bounds of [`crate::Store::learned_insert`], in one transaction.
-async fn insert(
-    tx: &deadpool_postgres::Transaction<'_>,
-    write: &LearnedWrite,
-    per_tool: i64,
-) -> Result<LearnOutcome, tokio_postgres::Error> {
-    // First: the lock that orders this write after any other replica's.
-    tx.execute(
-        "UPDATE learned_version SET version = version + 1 WHERE id = 1",
-        &[],
-    )
-    .await?;
-    let day = write.at_ms.div_euclid(DAY_MS);
-    tx.execute(
-        "DELETE FROM learned_session_days WHERE day < $1",
-        &[&(day - 1)],
-    )
-    .await?;
-    let mut tools = Vec::with_capacity(write.tools.len());
-    for tool in &write.tools {
-        let fresh = match &write.session {
-            Some(session) => {
-                tx.execute(
-                    "INSERT INTO learned_session_days(session, tool, day) VALUES ($1, $2, $3)
-                     ON CONFLICT DO NOTHING",
-                    &[session, tool, &day],
-                )
-                .await?
-                    == 1
-            }
-            None => true,
-        };
-        if fresh {
-            tools.push(tool.clone());
-        }
+/// The learned write's statements on PostgreSQL, in one transaction.
+struct Statements<'a> {
+    tx: &'a deadpool_postgres::Transaction<'a>,
+}
+
+impl LearnedStatements for Statements<'_> {
+    type Error = tokio_postgres::Error;
+
+    async fn bump_version(&mut self) -> Result<(), Self::Error> {
+        self.tx
+            .execute(
+                "UPDATE learned_version SET version = version + 1 WHERE id = 1",
+                &[],
+            )
+            .await
+            .map(drop)
     }
-    let Some(first) = tools.first() else {
-        return Ok(LearnOutcome::Nothing);
-    };
-    let message = without_nul(&write.message);
-    let normalized = normalized_text(&message);
-    let rows = tx
-        .query(
-            "SELECT e.id, e.normalized, e.model, e.vector,
-                    (SELECT array_agg(u.tool ORDER BY u.tool) FROM learned_tools u WHERE u.entry_id = e.id)
-             FROM learned_entries e JOIN learned_tools t ON t.entry_id = e.id
-             WHERE t.tool = $1",
-            &[first],
-        )
-        .await?;
-    let mut candidates = Vec::new();
-    for row in &rows {
-        let mut names: Vec<String> = row
-            .try_get::<_, Option<Vec<String>>>(4)?
-            .unwrap_or_default();
-        // The server's collation may order names otherwise than bytes do.
-        names.sort_unstable();
-        if names == tools {
-            let vector: Option<Vec<u8>> = row.try_get(3)?;
-            candidates.push(Candidate {
-                id: row.try_get(0)?,
-                normalized: row.try_get(1)?,
-                model: row.try_get(2)?,
-                vector: vector.as_deref().and_then(vector_from_bytes),
-            });
-        }
+
+    async fn forget_days_before(&mut self, oldest_kept: i64) -> Result<(), Self::Error> {
+        self.tx
+            .execute(
+                "DELETE FROM learned_session_days WHERE day < $1",
+                &[&oldest_kept],
+            )
+            .await
+            .map(drop)
     }
-    let vector = write.vector.as_deref().map(vector_bytes);
-    let source = without_nul(&write.source);
-    if let Some(id) = near_duplicate(write, &normalized, &candidates) {
-        tx.execute(
-            "UPDATE learned_entries SET at_ms = GREATEST(at_ms, $2), n_merged = n_merged + 1,
-                 model = CASE WHEN vector IS NULL THEN $3 ELSE model END,
-                 vector = COALESCE(vector, $4)
-             WHERE id = $1",
-            &[&id, &write.at_ms, &write.model, &vector],
-        )
-        .await?;
-        return Ok(LearnOutcome::Merged { id, tools });
+
+    async fn first_today(
+        &mut self,
+        session: &str,
+        tool: &str,
+        day: i64,
+    ) -> Result<bool, Self::Error> {
+        let n = self
+            .tx
+            .execute(
+                "INSERT INTO learned_session_days(session, tool, day) VALUES ($1, $2, $3)
+                 ON CONFLICT DO NOTHING",
+                &[&session, &tool, &day],
+            )
+            .await?;
+        Ok(n == 1)
     }
-    let id: i64 = tx
-        .query_one(
-            "INSERT INTO learned_entries(at_ms, session, source, message, normalized, model, vector)
-             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
-            &[
-                &write.at_ms,
-                &write.session,
-                &source.as_ref(),
-                &message.as_ref(),
-                &normalized,
-                &write.model,
-                &vector,
-            ],
-        )
-        .await?
-        .try_get(0)?;
-    for tool in &tools {
-        tx.execute(
-            "INSERT INTO learned_tools(entry_id, tool) VALUES ($1, $2)",
-            &[&id, tool],
-        )
-        .await?;
-        // The tool's oldest links beyond the cap go; an entry left with no tool goes
-        // with them.
-        let dropped = tx
+
+    async fn entries_of(
+        &mut self,
+        tool: &str,
+    ) -> Result<Vec<(Candidate, Vec<String>)>, Self::Error> {
+        let rows = self
+            .tx
+            .query(
+                "SELECT e.id, e.normalized, e.model, e.vector,
+                        (SELECT array_agg(u.tool) FROM learned_tools u WHERE u.entry_id = e.id)
+                 FROM learned_entries e JOIN learned_tools t ON t.entry_id = e.id
+                 WHERE t.tool = $1",
+                &[&tool],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let vector: Option<Vec<u8>> = row.try_get(3)?;
+                let names: Option<Vec<String>> = row.try_get(4)?;
+                Ok((
+                    Candidate {
+                        id: row.try_get(0)?,
+                        normalized: row.try_get(1)?,
+                        model: row.try_get(2)?,
+                        vector: vector.as_deref().and_then(vector_from_bytes),
+                    },
+                    names.unwrap_or_default(),
+                ))
+            })
+            .collect()
+    }
+
+    async fn merge(
+        &mut self,
+        id: i64,
+        write: &LearnedWrite,
+        vector: Option<&[u8]>,
+    ) -> Result<(), Self::Error> {
+        self.tx
+            .execute(
+                "UPDATE learned_entries SET at_ms = GREATEST(at_ms, $2), n_merged = n_merged + 1,
+                     model = CASE WHEN vector IS NULL THEN $3 ELSE model END,
+                     vector = COALESCE(vector, $4)
+                 WHERE id = $1",
+                &[&id, &write.at_ms, &write.model, &vector],
+            )
+            .await
+            .map(drop)
+    }
+
+    async fn add_entry(
+        &mut self,
+        write: &LearnedWrite,
+        normalized: &str,
+        vector: Option<&[u8]>,
+    ) -> Result<i64, Self::Error> {
+        // PostgreSQL's text holds no NUL; the normalized words never had one.
+        let (message, source) = (without_nul(&write.message), without_nul(&write.source));
+        self.tx
+            .query_one(
+                "INSERT INTO learned_entries(at_ms, session, source, message, normalized, model, vector)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+                &[
+                    &write.at_ms,
+                    &write.session,
+                    &source.as_ref(),
+                    &message.as_ref(),
+                    &normalized,
+                    &write.model,
+                    &vector,
+                ],
+            )
+            .await?
+            .try_get(0)
+    }
+
+    async fn link(&mut self, id: i64, tool: &str, per_tool: i64) -> Result<(), Self::Error> {
+        self.tx
+            .execute(
+                "INSERT INTO learned_tools(entry_id, tool) VALUES ($1, $2)",
+                &[&id, &tool],
+            )
+            .await?;
+        let dropped = self
+            .tx
             .query(
                 "DELETE FROM learned_tools WHERE tool = $1 AND entry_id IN
                  (SELECT t.entry_id FROM learned_tools t JOIN learned_entries e ON e.id = t.entry_id
                   WHERE t.tool = $1 ORDER BY e.at_ms DESC, e.id DESC OFFSET $2)
                  RETURNING entry_id",
-                &[tool, &per_tool],
+                &[&tool, &per_tool],
             )
             .await?;
         for row in &dropped {
             let entry: i64 = row.try_get(0)?;
-            tx.execute(
-                "DELETE FROM learned_entries e WHERE e.id = $1 AND NOT EXISTS
-                 (SELECT 1 FROM learned_tools t WHERE t.entry_id = $1)",
-                &[&entry],
-            )
-            .await?;
+            self.tx
+                .execute(
+                    "DELETE FROM learned_entries e WHERE e.id = $1 AND NOT EXISTS
+                     (SELECT 1 FROM learned_tools t WHERE t.entry_id = $1)",
+                    &[&entry],
+                )
+                .await?;
         }
+        Ok(())
     }
-    Ok(LearnOutcome::Added { id, tools })
 }

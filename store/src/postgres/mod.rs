@@ -17,7 +17,9 @@ mod clients;
 mod decisions;
 mod learned;
 mod listener;
+mod memory;
 mod migrations;
+pub mod scratchpad;
 mod sessions;
 mod settings;
 

@@ -7,8 +7,8 @@ use rusqlite::{OptionalExtension, Transaction, params};
 use super::{Error, SqliteStore};
 use crate::StoreError;
 use crate::learned::{
-    Candidate, DAY_MS, LearnOutcome, LearnedRow, LearnedWrite, near_duplicate, normalized_text,
-    vector_bytes, vector_from_bytes, with_tools,
+    self, Candidate, LearnOutcome, LearnedRow, LearnedStatements, LearnedWrite, vector_bytes,
+    vector_from_bytes, with_tools,
 };
 
 /// Separates the tool names `group_concat` joins (no tool name holds it).
@@ -23,7 +23,10 @@ impl SqliteStore {
         let per_tool = i64::try_from(per_tool.max(1)).unwrap_or(i64::MAX);
         self.call_log(move |c| {
             let tx = c.transaction()?;
-            let outcome = insert(&tx, &write, per_tool)?;
+            let mut statements = Statements { tx: &tx };
+            let written = learned::write(&mut statements, &write, per_tool);
+            let outcome = learned::now_or_never(written)
+                .ok_or_else(|| StoreError::Database("a learned write on SQLite waited".into()))??;
             tx.commit()?;
             Ok(outcome)
         })
@@ -146,43 +149,46 @@ impl SqliteStore {
     }
 }
 
-/// The bounds of [`crate::Store::learned_insert`], in one transaction.
-fn insert(
-    tx: &Transaction<'_>,
-    write: &LearnedWrite,
-    per_tool: i64,
-) -> Result<LearnOutcome, Error> {
-    let day = write.at_ms.div_euclid(DAY_MS);
-    tx.prepare_cached("DELETE FROM learned_session_days WHERE day < ?1")?
-        .execute([day - 1])?;
-    let mut tools = Vec::with_capacity(write.tools.len());
-    for tool in &write.tools {
-        let fresh = match &write.session {
-            Some(session) => {
-                tx.prepare_cached(
-                    "INSERT OR IGNORE INTO learned_session_days(session, tool, day) VALUES (?1, ?2, ?3)",
-                )?
-                .execute(params![session, tool, day])?
-                    == 1
-            }
-            None => true,
-        };
-        if fresh {
-            tools.push(tool.clone());
-        }
+/// The learned write's statements on SQLite, in the log connection's transaction.
+struct Statements<'a> {
+    tx: &'a Transaction<'a>,
+}
+
+impl LearnedStatements for Statements<'_> {
+    type Error = Error;
+
+    async fn bump_version(&mut self) -> Result<(), Error> {
+        self.tx
+            .prepare_cached("UPDATE learned_version SET version = version + 1 WHERE id = 1")?
+            .execute([])?;
+        Ok(())
     }
-    let Some(first) = tools.first() else {
-        return Ok(LearnOutcome::Nothing);
-    };
-    let normalized = normalized_text(&write.message);
-    let candidates = {
-        let mut stmt = tx.prepare_cached(
+
+    async fn forget_days_before(&mut self, oldest_kept: i64) -> Result<(), Error> {
+        self.tx
+            .prepare_cached("DELETE FROM learned_session_days WHERE day < ?1")?
+            .execute([oldest_kept])?;
+        Ok(())
+    }
+
+    async fn first_today(&mut self, session: &str, tool: &str, day: i64) -> Result<bool, Error> {
+        let n = self
+            .tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO learned_session_days(session, tool, day) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![session, tool, day])?;
+        Ok(n == 1)
+    }
+
+    async fn entries_of(&mut self, tool: &str) -> Result<Vec<(Candidate, Vec<String>)>, Error> {
+        let mut stmt = self.tx.prepare_cached(
             "SELECT e.id, e.normalized, e.model, e.vector,
                     (SELECT group_concat(u.tool, char(31)) FROM learned_tools u WHERE u.entry_id = e.id)
              FROM learned_entries e JOIN learned_tools t ON t.entry_id = e.id
              WHERE t.tool = ?1",
         )?;
-        let rows = stmt.query_map([first], |r| {
+        let rows = stmt.query_map([tool], |r| {
             let vector: Option<Vec<u8>> = r.get(3)?;
             let joined: Option<String> = r.get(4)?;
             Ok((
@@ -192,32 +198,41 @@ fn insert(
                     model: r.get(2)?,
                     vector: vector.as_deref().and_then(vector_from_bytes),
                 },
-                joined.unwrap_or_default(),
+                joined
+                    .unwrap_or_default()
+                    .split(SEP)
+                    .map(str::to_owned)
+                    .collect(),
             ))
         })?;
-        let mut same_tools = Vec::new();
-        for row in rows {
-            let (candidate, joined) = row?;
-            let mut names: Vec<&str> = joined.split(SEP).collect();
-            names.sort_unstable();
-            if names.iter().copied().eq(tools.iter().map(String::as_str)) {
-                same_tools.push(candidate);
-            }
-        }
-        same_tools
-    };
-    let vector = write.vector.as_deref().map(vector_bytes);
-    let outcome = if let Some(id) = near_duplicate(write, &normalized, &candidates) {
-        tx.prepare_cached(
-            "UPDATE learned_entries SET at_ms = max(at_ms, ?2), n_merged = n_merged + 1,
-                 model = CASE WHEN vector IS NULL THEN ?3 ELSE model END,
-                 vector = COALESCE(vector, ?4)
-             WHERE id = ?1",
-        )?
-        .execute(params![id, write.at_ms, write.model, vector])?;
-        LearnOutcome::Merged { id, tools }
-    } else {
-        let id: i64 = tx
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    async fn merge(
+        &mut self,
+        id: i64,
+        write: &LearnedWrite,
+        vector: Option<&[u8]>,
+    ) -> Result<(), Error> {
+        self.tx
+            .prepare_cached(
+                "UPDATE learned_entries SET at_ms = max(at_ms, ?2), n_merged = n_merged + 1,
+                     model = CASE WHEN vector IS NULL THEN ?3 ELSE model END,
+                     vector = COALESCE(vector, ?4)
+                 WHERE id = ?1",
+            )?
+            .execute(params![id, write.at_ms, write.model, vector])?;
+        Ok(())
+    }
+
+    async fn add_entry(
+        &mut self,
+        write: &LearnedWrite,
+        normalized: &str,
+        vector: Option<&[u8]>,
+    ) -> Result<i64, Error> {
+        Ok(self
+            .tx
             .prepare_cached(
                 "INSERT INTO learned_entries(at_ms, session, source, message, normalized, model, vector)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
@@ -233,32 +248,31 @@ fn insert(
                     vector
                 ],
                 |r| r.get(0),
-            )?;
-        for tool in &tools {
-            tx.prepare_cached("INSERT INTO learned_tools(entry_id, tool) VALUES (?1, ?2)")?
-                .execute(params![id, tool])?;
-            // The tool's oldest links beyond the cap go; an entry left with no tool
-            // goes with them.
-            let dropped: Vec<i64> = tx
+            )?)
+    }
+
+    async fn link(&mut self, id: i64, tool: &str, per_tool: i64) -> Result<(), Error> {
+        self.tx
+            .prepare_cached("INSERT INTO learned_tools(entry_id, tool) VALUES (?1, ?2)")?
+            .execute(params![id, tool])?;
+        let dropped: Vec<i64> = self
+            .tx
+            .prepare_cached(
+                "DELETE FROM learned_tools WHERE tool = ?1 AND entry_id IN
+                 (SELECT t.entry_id FROM learned_tools t JOIN learned_entries e ON e.id = t.entry_id
+                  WHERE t.tool = ?1 ORDER BY e.at_ms DESC, e.id DESC LIMIT -1 OFFSET ?2)
+                 RETURNING entry_id",
+            )?
+            .query_map(params![tool, per_tool], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for entry in dropped {
+            self.tx
                 .prepare_cached(
-                    "DELETE FROM learned_tools WHERE tool = ?1 AND entry_id IN
-                     (SELECT t.entry_id FROM learned_tools t JOIN learned_entries e ON e.id = t.entry_id
-                      WHERE t.tool = ?1 ORDER BY e.at_ms DESC, e.id DESC LIMIT -1 OFFSET ?2)
-                     RETURNING entry_id",
-                )?
-                .query_map(params![tool, per_tool], |r| r.get(0))?
-                .collect::<Result<_, _>>()?;
-            for entry in dropped {
-                tx.prepare_cached(
                     "DELETE FROM learned_entries WHERE id = ?1 AND NOT EXISTS
                      (SELECT 1 FROM learned_tools WHERE entry_id = ?1)",
                 )?
                 .execute([entry])?;
-            }
         }
-        LearnOutcome::Added { id, tools }
-    };
-    tx.prepare_cached("UPDATE learned_version SET version = version + 1 WHERE id = 1")?
-        .execute([])?;
-    Ok(outcome)
+        Ok(())
+    }
 }

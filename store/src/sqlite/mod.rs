@@ -11,7 +11,9 @@ mod connection;
 mod decisions;
 mod integrity;
 mod learned;
+mod memory;
 mod migrations;
+pub mod scratchpad;
 mod sessions;
 mod settings;
 

@@ -228,35 +228,59 @@ impl Turn {
             }
             messages.push(assistant_for_model(&assistant));
 
-            for call in &reply.tool_calls {
-                events.emit(
-                    "tool_call",
-                    json!({"step": step, "id": call.id, "name": call.name, "arguments": call.arguments}),
-                );
-                let result = self.execute(call, ctx.clone()).await;
-                let stored = json!({
-                    "tool_call_id": call.id,
-                    "name": call.name,
-                    "ok": result.ok,
-                    "refused": result.refused,
-                    "content": result.content,
-                });
-                self.append(&store, "tool", &stored).await;
-                events.emit(
-                    "tool_result",
-                    json!({"step": step, "id": call.id, "name": call.name, "ok": result.ok, "refused": result.refused, "content": result.content}),
-                );
-                messages.push(
-                    json!({"role": "tool", "tool_call_id": call.id, "content": result.content}),
-                );
-            }
+            self.run_calls(step, &reply.tool_calls, &ctx, &store, events, &mut messages)
+                .await;
             show_selection = self.control.lock().changed;
         }
+        Ok(self.stop_at_step_limit(&store, events, turn).await)
+    }
+
+    /// Runs the tool calls of one model step, in order: each is stored, shown, and
+    /// answered to the model in `messages`.
+    async fn run_calls(
+        &self,
+        step: usize,
+        calls: &[ToolCall],
+        ctx: &loadout::ToolContext,
+        store: &Store,
+        events: &mut Events,
+        messages: &mut Vec<Value>,
+    ) {
+        for call in calls {
+            events.emit(
+                "tool_call",
+                json!({"step": step, "id": call.id, "name": call.name, "arguments": call.arguments}),
+            );
+            let result = self.execute(call, ctx.clone()).await;
+            let stored = json!({
+                "tool_call_id": call.id,
+                "name": call.name,
+                "ok": result.ok,
+                "refused": result.refused,
+                "content": result.content,
+            });
+            self.append(store, "tool", &stored).await;
+            events.emit(
+                "tool_result",
+                json!({"step": step, "id": call.id, "name": call.name, "ok": result.ok, "refused": result.refused, "content": result.content}),
+            );
+            messages
+                .push(json!({"role": "tool", "tool_call_id": call.id, "content": result.content}));
+        }
+    }
+
+    /// The turn's end when the model kept calling tools for [`MAX_STEPS`] steps.
+    async fn stop_at_step_limit(
+        &self,
+        store: &Store,
+        events: &mut Events,
+        turn: i64,
+    ) -> TurnOutcome {
         let answer = format!(
             "I stopped after {MAX_STEPS} steps without a final answer; ask me to continue if you want more."
         );
         self.append(
-            &store,
+            store,
             "assistant",
             &json!({"content": answer, "tool_calls": [], "stopped": "step_limit"}),
         )
@@ -266,12 +290,12 @@ impl Turn {
             "final",
             json!({"turn": turn, "answer": answer, "steps": MAX_STEPS, "stopped": "step_limit", "unsaved": unsaved}),
         );
-        Ok(TurnOutcome {
+        TurnOutcome {
             answer,
             n_steps: MAX_STEPS,
             stopped: true,
             unsaved,
-        })
+        }
     }
 
     /// Runs one tool call if the turn's selection holds the tool; the result is what

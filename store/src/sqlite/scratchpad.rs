@@ -8,27 +8,22 @@
 //! process-wide state, such as `hard_heap_limit`, which SQLite only lets go down),
 //! no `ATTACH`, `DETACH`, transaction control or `load_extension`.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use loadout::ToolError;
+use loadout::engine::scratchpad::{
+    self as checks, ColumnInfo, ColumnType, CreateTableArgs, InsertDataArgs, QueryResult,
+    RowsInserted, ScratchpadEngine, TableCreated, TableDescription, TableDropped, TableSummary,
+    quoted,
+};
+use loadout::{BoxFuture, ToolError};
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 use rusqlite::limits::Limit;
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params_from_iter};
 use serde_json::Value;
 
-use loadout::BoxFuture;
-
-use crate::{
-    ColumnInfo, ColumnType, CreateTableArgs, InsertDataArgs, MAX_COLUMNS, QueryResult,
-    RowsInserted, ScratchpadEngine, TableCreated, TableDescription, TableDropped, TableSummary,
-    check_identifier, quoted,
-};
-
-/// How long one `query_data` statement may run.
 /// A session's scratch database file: `<data dir>/scratchpad/<namespace>.db`.
 pub struct Scratchpad {
     pub path: PathBuf,
@@ -67,6 +62,7 @@ impl ScratchpadEngine for Scratchpad {
     }
 }
 
+/// How long one `query_data` statement may run.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest string or blob a query may build (SQLITE_LIMIT_LENGTH): one
 /// `replace(hex(zeroblob(…)))` took 1.9 GB and ran 30 s in one step before it.
@@ -79,39 +75,16 @@ pub const HEAP_LIMIT_BYTES: i64 = 512 * 1024 * 1024;
 const PROGRESS_STEPS: i32 = 1_000;
 /// Largest scratch database: 64 MiB of 4 KiB pages.
 const MAX_PAGE_COUNT: i64 = 16_384;
-/// Longest text returned in one cell of a query result, in characters.
-const MAX_CELL_CHARS: usize = 10_000;
 
 pub async fn create_table(path: PathBuf, args: CreateTableArgs) -> Result<TableCreated, ToolError> {
-    check_identifier("table", &args.table)?;
-    if args.columns.is_empty() {
-        return Err(ToolError::execution("a table needs at least one column"));
-    }
-    if args.columns.len() > MAX_COLUMNS {
-        return Err(ToolError::execution(format!(
-            "{} columns given; at most {MAX_COLUMNS}",
-            args.columns.len()
-        )));
-    }
-    let mut seen = HashSet::new();
-    for column in &args.columns {
-        check_identifier("column", &column.name)?;
-        if !seen.insert(column.name.to_ascii_lowercase()) {
-            return Err(ToolError::execution(format!(
-                "column `{}` is listed twice",
-                column.name
-            )));
-        }
-    }
+    checks::check_create_table(&args)?;
     let sql = create_table_sql(&args);
     let table = args.table.clone();
     blocking(move || {
         let conn = open_writer(&path)?;
         let existed = table_exists(&conn, &table)?;
         if existed && !args.if_not_exists {
-            return Err(ToolError::execution(format!(
-                "table `{table}` already exists; use describe_table to see it, drop_table to replace it, or pass if_not_exists"
-            )));
+            return Err(checks::already_exists(&table));
         }
         conn.execute_batch(&sql).map_err(sql_error)?;
         Ok(TableCreated {
@@ -167,33 +140,15 @@ fn create_table_sql(args: &CreateTableArgs) -> String {
 }
 
 pub async fn insert_data(path: PathBuf, args: InsertDataArgs) -> Result<RowsInserted, ToolError> {
-    check_identifier("table", &args.table)?;
+    checks::check_identifier("table", &args.table)?;
     blocking(move || {
         let mut conn = open_writer(&path)?;
         let columns = column_names(&conn, &args.table)?;
         let tx = conn.transaction().map_err(sql_error)?;
         for (row_idx, row) in args.rows.iter().enumerate() {
-            if row.is_empty() {
-                return Err(ToolError::execution(format!(
-                    "row {row_idx} is an empty object; give at least one column"
-                )));
-            }
-            let mut names = Vec::with_capacity(row.len());
-            let mut values = Vec::with_capacity(row.len());
-            for (key, value) in row {
-                // Match columns case-insensitively, as SQLite does, but only against
-                // names the table really has: nothing the caller wrote reaches SQL.
-                let Some(column) = columns.iter().find(|c| c.eq_ignore_ascii_case(key)) else {
-                    return Err(ToolError::execution(format!(
-                        "row {row_idx}: table `{}` has no column `{}`; columns: {}",
-                        args.table,
-                        key.chars().take(64).collect::<String>(),
-                        columns.join(", ")
-                    )));
-                };
-                names.push(quoted(column));
-                values.push(json_to_sql(value));
-            }
+            let matched = checks::row_columns(row_idx, row, &args.table, &columns)?;
+            let names: Vec<String> = matched.iter().map(|(c, _)| quoted(&columns[*c])).collect();
+            let values: Vec<SqlValue> = matched.iter().map(|(_, v)| json_to_sql(v)).collect();
             let placeholders: Vec<String> = (1..=values.len()).map(|i| format!("?{i}")).collect();
             let sql = format!(
                 "INSERT INTO {} ({}) VALUES ({})",
@@ -235,9 +190,7 @@ pub async fn query_data(
     limit: usize,
     timeout: Duration,
 ) -> Result<QueryResult, ToolError> {
-    if sql.trim().is_empty() {
-        return Err(ToolError::execution("the query is empty"));
-    }
+    checks::check_query(&sql)?;
     blocking(move || {
         if !path.exists() {
             // Create the (empty) database so the read-only connection can open it.
@@ -369,31 +322,18 @@ fn sql_to_json(value: ValueRef<'_>) -> Value {
     match value {
         ValueRef::Null => Value::Null,
         ValueRef::Integer(i) => Value::from(i),
-        ValueRef::Real(f) => serde_json::Number::from_f64(f)
-            .map(Value::Number)
-            .unwrap_or_else(|| Value::String(f.to_string())),
-        ValueRef::Text(bytes) => {
-            let text = String::from_utf8_lossy(bytes);
-            if text.chars().count() > MAX_CELL_CHARS {
-                let cut: String = text.chars().take(MAX_CELL_CHARS).collect();
-                Value::String(format!("{cut}… [cut at {MAX_CELL_CHARS} characters]"))
-            } else {
-                Value::String(text.into_owned())
-            }
-        }
+        ValueRef::Real(f) => checks::float_value(f),
+        ValueRef::Text(bytes) => Value::String(checks::cell_text(
+            String::from_utf8_lossy(bytes).into_owned(),
+        )),
         ValueRef::Blob(bytes) => Value::String(format!("<blob of {} bytes>", bytes.len())),
     }
 }
 
 fn query_error(e: rusqlite::Error, timeout: Duration) -> ToolError {
     match e.sqlite_error_code() {
-        Some(ErrorCode::ReadOnly) => ToolError::execution(format!(
-            "query_data is read-only and the database refused to write ({e}); use insert_data, create_table or drop_table to change data"
-        )),
-        Some(ErrorCode::OperationInterrupted) => ToolError::execution(format!(
-            "the query ran longer than {} s and was stopped; narrow it or add a LIMIT",
-            timeout.as_secs_f64()
-        )),
+        Some(ErrorCode::ReadOnly) => checks::refused_write(&e.to_string()),
+        Some(ErrorCode::OperationInterrupted) => checks::timed_out(timeout),
         Some(ErrorCode::TooBig) => ToolError::execution(format!(
             "the query built a value larger than {} MiB and was stopped; query_data returns data, not large computed strings",
             MAX_VALUE_BYTES / (1024 * 1024)
@@ -401,9 +341,9 @@ fn query_error(e: rusqlite::Error, timeout: Duration) -> ToolError {
         Some(ErrorCode::OutOfMemory) => ToolError::execution(
             "the query needed more memory than query_data allows and was stopped; narrow it",
         ),
-        _ if matches!(e, rusqlite::Error::MultipleStatement) => ToolError::execution(
-            "query_data runs exactly one statement; send one SELECT without a second statement after `;`",
-        ),
+        _ if matches!(e, rusqlite::Error::MultipleStatement) => {
+            ToolError::execution(checks::ONE_STATEMENT)
+        }
         _ => {
             let message = describe(&e);
             if message.contains("too many attached databases") {
@@ -437,7 +377,7 @@ pub async fn list_tables(path: PathBuf) -> Result<Vec<TableSummary>, ToolError> 
 }
 
 pub async fn describe_table(path: PathBuf, table: String) -> Result<TableDescription, ToolError> {
-    check_identifier("table", &table)?;
+    checks::check_identifier("table", &table)?;
     blocking(move || {
         let conn = open_writer(&path)?;
         let sql: Option<String> = conn
@@ -478,7 +418,7 @@ pub async fn describe_table(path: PathBuf, table: String) -> Result<TableDescrip
 }
 
 pub async fn drop_table(path: PathBuf, table: String) -> Result<TableDropped, ToolError> {
-    check_identifier("table", &table)?;
+    checks::check_identifier("table", &table)?;
     blocking(move || {
         let conn = open_writer(&path)?;
         if !table_exists(&conn, &table)? {
@@ -598,17 +538,7 @@ fn table_exists(conn: &Connection, table: &str) -> Result<bool, ToolError> {
 }
 
 fn no_such_table(conn: &Connection, table: &str) -> ToolError {
-    let existing = table_names(conn).unwrap_or_default();
-    if existing.is_empty() {
-        ToolError::execution(format!(
-            "no table `{table}`: the scratchpad has no tables yet; create one with create_table"
-        ))
-    } else {
-        ToolError::execution(format!(
-            "no table `{table}`; existing tables: {}",
-            existing.join(", ")
-        ))
-    }
+    checks::no_such_table(table, &table_names(conn).unwrap_or_default())
 }
 
 /// Column names of a table, in order; a clear error when the table does not exist.

@@ -1,14 +1,13 @@
 //! Memory on SQLite: a table in the shared database plus an external-content FTS5
 //! index kept in step by triggers; `recall` ranks with `bm25()`.
 
-use loadout::ToolError;
-use loadout_store::SqliteStore;
-use loadout_store::sqlite::Error;
+use loadout::engine::memory::{
+    Forgotten, Memory, MemoryEngine, MemoryPage, RecalledMemory, Remembered, not_found, query_terms,
+};
+use loadout::{BoxFuture, ToolError};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use loadout::BoxFuture;
-
-use crate::{Forgotten, Memory, MemoryEngine, MemoryPage, RecalledMemory, Remembered};
+use super::{Error, SqliteStore};
 
 /// Created on first use; every statement is idempotent.
 const SCHEMA: &str = r#"
@@ -81,12 +80,6 @@ fn tags_json(tags: &[String]) -> String {
     serde_json::Value::from(tags.to_vec()).to_string()
 }
 
-fn not_found(id: i64) -> ToolError {
-    ToolError::execution(format!(
-        "no memory with id {id}; use recall or list_memories to find ids"
-    ))
-}
-
 async fn remember(
     store: &SqliteStore,
     content: String,
@@ -106,7 +99,7 @@ async fn remember(
             let (id, duplicate) = match existing {
                 Some(id) => (id, true),
                 None => {
-                    let now = loadout_store::now_ms();
+                    let now = crate::now_ms();
                     tx.execute(
                         "INSERT INTO memory_items(content, tags, created_ms, updated_ms)
                          VALUES (?1, ?2, ?3, ?3)",
@@ -170,12 +163,7 @@ async fn update(
                     tags = COALESCE(?3, tags),
                     updated_ms = ?4
                  WHERE id = ?1",
-                params![
-                    id,
-                    content,
-                    tags.as_deref().map(tags_json),
-                    loadout_store::now_ms()
-                ],
+                params![id, content, tags.as_deref().map(tags_json), crate::now_ms()],
             )?;
             let memory = if n_changed == 0 {
                 None
@@ -259,7 +247,7 @@ impl MemoryEngine for SqliteStore {
     ) -> BoxFuture<'a, Result<Vec<RecalledMemory>, ToolError>> {
         Box::pin(recall(
             self,
-            crate::fts_query(query).unwrap_or_default(),
+            fts_query(query).unwrap_or_default(),
             tag,
             limit,
         ))
@@ -285,5 +273,46 @@ impl MemoryEngine for SqliteStore {
         offset: u32,
     ) -> BoxFuture<'_, Result<MemoryPage, ToolError>> {
         Box::pin(list(self, tag, limit, offset))
+    }
+}
+
+/// An FTS5 query that matches any of the [`query_terms`], each as a quoted prefix
+/// term (`AND`, `NEAR`, `"`, `*`, `:`, `^`, parentheses are never read as syntax).
+/// `None` when no word is left.
+pub fn fts_query(query: &str) -> Option<String> {
+    let terms = query_terms(query);
+    (!terms.is_empty()).then(|| {
+        terms
+            .iter()
+            .map(|term| format!("\"{term}\"*"))
+            .collect::<Vec<_>>()
+            .join(" OR ")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fts_query;
+
+    #[test]
+    fn fts_query_quotes_every_term() {
+        assert_eq!(
+            fts_query("Wifi AND \"pass*word\" NEAR(x)"),
+            Some("\"wifi\"* OR \"and\"* OR \"pass\"* OR \"word\"* OR \"near\"* OR \"x\"*".into())
+        );
+        assert_eq!(
+            fts_query("서울 여행, 서울"),
+            Some("\"서울\"* OR \"여행\"*".into())
+        );
+        assert_eq!(fts_query(" ^*:() "), None);
+        let many = (0..100)
+            .map(|i| format!("w{i}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let query = fts_query(&many).expect("terms");
+        assert_eq!(
+            query.matches(" OR ").count(),
+            loadout::engine::memory::MAX_QUERY_TERMS - 1
+        );
     }
 }

@@ -7,13 +7,13 @@
 //! stemming, no stop words). Tags weigh twice the text (weights A and B). The
 //! database must use the UTF8 encoding (`normalize()` needs it).
 
-use loadout::ToolError;
-use loadout_store::tokio_postgres::Row;
-use loadout_store::{PostgresStore, StoreError};
+use loadout::engine::memory::{
+    Forgotten, Memory, MemoryEngine, MemoryPage, RecalledMemory, Remembered, not_found, query_terms,
+};
+use loadout::{BoxFuture, ToolError};
+use tokio_postgres::Row;
 
-use loadout::BoxFuture;
-
-use crate::{Forgotten, Memory, MemoryEngine, MemoryPage, RecalledMemory, Remembered};
+use crate::{PostgresStore, StoreError};
 
 /// Run once per store (under an advisory lock); every statement is idempotent.
 const SCHEMA: &str = r#"
@@ -62,7 +62,7 @@ async fn ensure_schema(store: &PostgresStore) -> Result<(), StoreError> {
     store.ensure_schema("memory/1", SCHEMA).await
 }
 
-fn memory_from_row(row: &Row) -> Result<Memory, loadout_store::tokio_postgres::Error> {
+fn memory_from_row(row: &Row) -> Result<Memory, tokio_postgres::Error> {
     Ok(Memory {
         id: row.try_get(0)?,
         content: row.try_get(1)?,
@@ -72,15 +72,9 @@ fn memory_from_row(row: &Row) -> Result<Memory, loadout_store::tokio_postgres::E
     })
 }
 
-fn not_found(id: i64) -> ToolError {
-    ToolError::execution(format!(
-        "no memory with id {id}; use recall or list_memories to find ids"
-    ))
-}
-
 /// A statement error the user can act on (e.g. a NUL character), or the store's
 /// own error (unavailable database) as a storage error.
-fn pg_error(store: &PostgresStore, e: loadout_store::tokio_postgres::Error) -> ToolError {
+fn pg_error(store: &PostgresStore, e: tokio_postgres::Error) -> ToolError {
     match store.error(e) {
         StoreError::Database(message) => ToolError::execution(message),
         other => other.into(),
@@ -115,7 +109,7 @@ async fn remember(
     let (row, duplicate) = match existing {
         Some(row) => (row, true),
         None => {
-            let now = loadout_store::now_ms();
+            let now = crate::now_ms();
             let row = tx
                 .query_one(
                     &format!(
@@ -167,7 +161,7 @@ async fn recall(
                 score: row.try_get(5)?,
             })
         })
-        .collect::<Result<_, loadout_store::tokio_postgres::Error>>()
+        .collect::<Result<_, tokio_postgres::Error>>()
         .map_err(|e| pg_error(store, e))
 }
 
@@ -188,7 +182,7 @@ async fn update(
                     updated_ms = $4
                  WHERE m.id = $1 RETURNING {COLUMNS}"
             ),
-            &[&id, &content, &tags, &loadout_store::now_ms()],
+            &[&id, &content, &tags, &crate::now_ms()],
         )
         .await
         .map_err(|e| pg_error(store, e))?;
@@ -271,7 +265,7 @@ impl MemoryEngine for PostgresStore {
         tag: Option<String>,
         limit: u32,
     ) -> BoxFuture<'a, Result<Vec<RecalledMemory>, ToolError>> {
-        Box::pin(recall(self, crate::query_terms(query), tag, limit))
+        Box::pin(recall(self, query_terms(query), tag, limit))
     }
 
     fn update(
