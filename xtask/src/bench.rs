@@ -180,7 +180,7 @@ fn bench_one(
         messages.iter().map(|m| (m.as_str(), route(m))).collect();
     let row_times = time_per_message(messages, rounds, |m| {
         if let Some(selection) = selections.get(m) {
-            black_box(DecisionRow::new(
+            black_box(loadout_server::decision_log::row(
                 selection,
                 Some("bench"),
                 1,
@@ -223,7 +223,7 @@ fn bench_one(
         .iter()
         .filter_map(|m| {
             let selection = selections.get(m.as_str())?;
-            Some(DecisionRow::new(
+            Some(loadout_server::decision_log::row(
                 selection,
                 None,
                 1,
