@@ -38,10 +38,11 @@ pub struct ChatBody {
 
 pub async fn chat(
     State(state): State<HttpState>,
+    client: Option<axum::Extension<crate::clients::Client>>,
     headers: HeaderMap,
     ApiJson(body): ApiJson<ChatBody>,
 ) -> Result<Response, ApiError> {
-    let turn = prepare(state, body).await?;
+    let turn = prepare(state, body, client.map(|axum::Extension(c)| c)).await?;
     let session = turn.session.clone();
     let turn_number = turn.turn_number();
     if wants_event_stream(&headers) {
@@ -85,8 +86,13 @@ pub async fn chat(
 }
 
 /// Checks the model settings and routes the message; nothing is sent to the client
-/// before this succeeds, so its failures keep their HTTP status.
-async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
+/// before this succeeds, so its failures keep their HTTP status. A client's turn sees
+/// and calls only what its token allows (`clients add --domains/--tools/--read-only`).
+async fn prepare(
+    state: HttpState,
+    body: ChatBody,
+    client: Option<crate::clients::Client>,
+) -> Result<Turn, ApiError> {
     if let Some(session) = &body.session {
         loadout_store::validate_session_id(session)?;
     }
@@ -120,8 +126,10 @@ async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
         store,
         session.clone(),
         body.message.clone(),
+        client.clone(),
     );
     Ok(Turn {
+        client,
         state,
         config,
         session,
