@@ -251,7 +251,9 @@ pub fn app(state: HttpState) -> Router {
             &state.sessions,
         ));
     }
-    router
+    // Outermost: the request's span covers its auth and its answer (a no-op when no
+    // collector is configured).
+    router.layer(axum::middleware::from_fn(crate::telemetry::trace_request))
 }
 
 /// Answers a request that takes longer than `limit` with a JSON timeout error

@@ -586,6 +586,63 @@ impl ServerHandler for McpHandler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        use tracing::Instrument as _;
+        if !crate::telemetry::enabled() {
+            return self
+                .call_tool_untraced(request, context)
+                .await
+                .map(Into::into);
+        }
+        // The call's span is a child of the caller's trace: `_meta.traceparent`
+        // (SEP-414), else the HTTP request's `traceparent` header.
+        let span = crate::telemetry::tool_span(&request.name);
+        let from_meta = context
+            .meta
+            .get_traceparent()
+            .or_else(|| request.meta.as_ref().and_then(|m| m.get_traceparent()))
+            .map(str::to_owned);
+        match from_meta {
+            Some(traceparent) => {
+                let state = context.meta.get_tracestate().map(str::to_owned);
+                crate::telemetry::set_remote_parent(&span, &traceparent, state.as_deref());
+            }
+            None => {
+                if let Some(parts) = context.extensions.get::<axum::http::request::Parts>() {
+                    crate::telemetry::set_parent_from_headers(&span, &parts.headers);
+                }
+            }
+        }
+        let result = self
+            .call_tool_untraced(request, context)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(result) if result.is_error == Some(true) => "error",
+            Ok(_) => "ok",
+            Err(_) => "error",
+        };
+        crate::telemetry::end_tool_span(&span, outcome);
+        result.map(Into::into)
+    }
+
+    /// A request rmcp could not read as any request it knows, standard ones with bad
+    /// params included (they fall through to here): -32602 naming the field for
+    /// `tools/call` and the other standard methods, -32601 for unknown methods.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        Err(malformed_request(&request.method, request.params.as_ref()))
+    }
+}
+
+impl McpHandler {
+    async fn call_tool_untraced(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
         let started = Instant::now();
         let client = client_name(&context);
         let by_token = token_client(&context);
@@ -596,7 +653,7 @@ impl ServerHandler for McpHandler {
             let result = self
                 .run(&state, &name, args, &client, by_token.as_ref(), started)
                 .await?;
-            return Ok(result.into());
+            return Ok(result);
         }
         let (inner, inner_args) = match meta::parse_call_args(&args) {
             Ok(parsed) => parsed,
@@ -604,7 +661,7 @@ impl ServerHandler for McpHandler {
                 let record = CallRecord::of(&result, "invalid_args");
                 self.audit(&client, by_token.as_ref(), &name, &args, &record, started)
                     .await;
-                return Ok(result.into());
+                return Ok(result);
             }
         };
         let listed = state.listed.iter().any(|tool| *tool.name == *inner);
@@ -631,18 +688,7 @@ impl ServerHandler for McpHandler {
         {
             crate::metrics::record_miss_repaired("call_tool");
         }
-        Ok(result.into())
-    }
-
-    /// A request rmcp could not read as any request it knows, standard ones with bad
-    /// params included (they fall through to here): -32602 naming the field for
-    /// `tools/call` and the other standard methods, -32601 for unknown methods.
-    async fn on_custom_request(
-        &self,
-        request: CustomRequest,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<CustomResult, McpError> {
-        Err(malformed_request(&request.method, request.params.as_ref()))
+        Ok(result)
     }
 }
 

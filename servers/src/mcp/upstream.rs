@@ -587,6 +587,14 @@ impl Upstream {
         if let Some(arguments) = arguments {
             request = request.with_arguments(arguments);
         }
+        // OpenTelemetry (issue 40): the upstream server continues this call's trace
+        // (`_meta.traceparent`, SEP-414; over HTTP also the header, see `HttpClient`).
+        if let Some(traceparent) = crate::telemetry::traceparent(&tracing::Span::current()) {
+            request
+                .meta
+                .get_or_insert_with(Default::default)
+                .set_traceparent(traceparent);
+        }
         let timeout = self
             .config
             .timeout_secs
@@ -802,6 +810,22 @@ struct HttpClient(reqwest::Client);
 
 type PostResult = Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
 
+/// The headers of a POST, with the `traceparent` of a `tools/call` whose `_meta`
+/// carries one (set by `call_result`): HTTP servers read the header.
+fn with_traceparent(
+    message: &ClientJsonRpcMessage,
+    mut headers: HashMap<HeaderName, HeaderValue>,
+) -> HashMap<HeaderName, HeaderValue> {
+    if let JsonRpcMessage::Request(request) = message
+        && let rmcp::model::ClientRequest::CallToolRequest(call) = &request.request
+        && let Some(traceparent) = call.params.meta.as_ref().and_then(|m| m.get_traceparent())
+        && let Ok(value) = HeaderValue::from_str(traceparent)
+    {
+        headers.insert(HeaderName::from_static("traceparent"), value);
+    }
+    headers
+}
+
 fn request_id(message: &ClientJsonRpcMessage) -> Option<RequestId> {
     match message {
         JsonRpcMessage::Request(request) => Some(request.id.clone()),
@@ -837,6 +861,7 @@ impl StreamableHttpClient for HttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> PostResult {
         let id = request_id(&message);
+        let custom_headers = with_traceparent(&message, custom_headers);
         let response = self
             .0
             .post_message(uri, message, session_id, auth_header, custom_headers)
@@ -854,6 +879,7 @@ impl StreamableHttpClient for HttpClient {
         max_sse_event_size: usize,
     ) -> PostResult {
         let id = request_id(&message);
+        let custom_headers = with_traceparent(&message, custom_headers);
         let response = self
             .0
             .post_message_with_max_sse_event_size(
@@ -878,6 +904,7 @@ impl StreamableHttpClient for HttpClient {
         limits: StreamableHttpResponseLimits,
     ) -> PostResult {
         let id = request_id(&message);
+        let custom_headers = with_traceparent(&message, custom_headers);
         let response = self
             .0
             .post_message_with_response_limits(
@@ -1129,7 +1156,14 @@ impl ForwardedTool {
         let original = self.original.clone();
         Box::pin(async move {
             match upstream {
-                Some(upstream) => map(upstream.call_result(&original, args).await?),
+                Some(upstream) => {
+                    use tracing::Instrument as _;
+                    let span = crate::telemetry::upstream_span(&upstream.slug, &original);
+                    map(upstream
+                        .call_result(&original, args)
+                        .instrument(span)
+                        .await?)
+                }
                 None => Err(ToolError::Execution(
                     "the upstream MCP server was shut down".into(),
                 )),

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tracing::Instrument as _;
 
 use super::extract::ApiJson;
 use super::{ApiError, HttpState};
@@ -48,11 +49,15 @@ pub async fn chat(
     if wants_event_stream(&headers) {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let _ = sender.send(("session", json!({"session": session, "turn": turn_number})));
-        // The turn runs to the end and persists even if the client goes away.
-        tokio::spawn(async move {
-            let mut events = Events::Stream(sender);
-            let _outcome = turn.run(&mut events).await;
-        });
+        // The turn runs to the end and persists even if the client goes away; in the
+        // request's span, so that its spans are the request's children.
+        tokio::spawn(
+            async move {
+                let mut events = Events::Stream(sender);
+                let _outcome = turn.run(&mut events).await;
+            }
+            .instrument(tracing::Span::current()),
+        );
         let stream =
             UnboundedReceiverStream::new(receiver).map(|(kind, data): (&'static str, Value)| {
                 Ok::<Event, Infallible>(Event::default().event(kind).data(data.to_string()))
@@ -62,11 +67,14 @@ pub async fn chat(
             .into_response());
     }
     // A task of its own, so a client that goes away does not cut the turn short.
-    let (outcome, events) = tokio::spawn(async move {
-        let mut events = Events::Collect(Vec::new());
-        let outcome = turn.run(&mut events).await;
-        (outcome, events)
-    })
+    let (outcome, events) = tokio::spawn(
+        async move {
+            let mut events = Events::Collect(Vec::new());
+            let outcome = turn.run(&mut events).await;
+            (outcome, events)
+        }
+        .instrument(tracing::Span::current()),
+    )
     .await
     .map_err(|e| ApiError::Internal(format!("chat turn task failed: {e}")))?;
     let outcome = outcome.map_err(|e| ApiError::BadGateway(e.to_string()))?;

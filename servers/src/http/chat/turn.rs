@@ -296,6 +296,22 @@ impl Turn {
     /// Runs one tool call if the turn's selection holds the tool; the result is what
     /// the model reads.
     async fn execute(&self, call: &ToolCall, ctx: loadout::ToolContext) -> CallResult {
+        use tracing::Instrument as _;
+        let span = crate::telemetry::tool_span(&call.name);
+        let (result, outcome) = self
+            .execute_untraced(call, ctx)
+            .instrument(span.clone())
+            .await;
+        crate::telemetry::end_tool_span(&span, &outcome);
+        result
+    }
+
+    /// [`Turn::execute`]'s work: the result, and the audit's outcome.
+    async fn execute_untraced(
+        &self,
+        call: &ToolCall,
+        ctx: loadout::ToolContext,
+    ) -> (CallResult, String) {
         let started = Instant::now();
         let (registry, sent) = {
             let state = self.control.lock();
@@ -384,13 +400,13 @@ impl Turn {
                     client: self.audit_client(),
                     tool: cut(&call.name, 128),
                     args: audit_args(&call.arguments),
-                    outcome: outcome.0,
+                    outcome: outcome.0.clone(),
                     detail: outcome.1,
                     duration_ms: started.elapsed().as_secs_f64() * 1000.0,
                 },
             )
             .await;
-        result
+        (result, outcome.0)
     }
 
     /// The session's stickiness: the tool's domain counts as used this turn. A call to
