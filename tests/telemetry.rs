@@ -5,7 +5,8 @@
 //! W3C `traceparent`, must come back as one trace: the HTTP request's span (a child
 //! of the caller's), and under it the routing decision, each model call (GenAI
 //! attributes) and the tool call. An MCP `tools/call` with `_meta.traceparent`
-//! continues that caller's trace.
+//! continues that caller's trace, and its call to an upstream MCP server over HTTP
+//! passes the trace on (header and `_meta`).
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -93,6 +94,62 @@ async fn model() -> String {
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, router).await });
     format!("http://{addr}/v1")
+}
+
+/// What the upstream server saw of each `tools/call`: the `traceparent` header and
+/// `_meta.traceparent`.
+type Seen = Arc<Mutex<Vec<(Option<String>, Option<String>)>>>;
+
+/// A minimal MCP server over streamable HTTP (JSON answers, no SSE), with one tool,
+/// `echo`; it keeps the trace context of every call.
+async fn upstream() -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let kept = seen.clone();
+    let post = move |headers: axum::http::HeaderMap, axum::Json(message): axum::Json<Value>| {
+        let kept = kept.clone();
+        async move {
+            use axum::response::IntoResponse as _;
+            let Some(id) = message.get("id").cloned() else {
+                return axum::http::StatusCode::ACCEPTED.into_response();
+            };
+            let result = match message["method"].as_str().unwrap_or_default() {
+                "initialize" => json!({
+                    "protocolVersion": message["params"]["protocolVersion"],
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "echo", "version": "1"},
+                }),
+                "tools/list" => {
+                    json!({"tools": [{"name": "echo", "description": "Echoes a text back.",
+                    "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}]})
+                }
+                "tools/call" => {
+                    let header = headers
+                        .get("traceparent")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    let meta = message["params"]["_meta"]["traceparent"]
+                        .as_str()
+                        .map(str::to_owned);
+                    kept.lock().expect("seen").push((header, meta));
+                    json!({"content": [{"type": "text", "text": "echoed"}]})
+                }
+                _ => json!({}),
+            };
+            axum::Json(json!({"jsonrpc": "2.0", "id": id, "result": result})).into_response()
+        }
+    };
+    let router = axum::Router::new().route(
+        "/mcp",
+        axum::routing::post(post)
+            .get(|| async { axum::http::StatusCode::METHOD_NOT_ALLOWED })
+            .delete(|| async { axum::http::StatusCode::OK }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (format!("http://{addr}/mcp"), seen)
 }
 
 struct Server(Child);
@@ -187,7 +244,13 @@ async fn a_chat_turn_is_one_trace_with_its_route_model_and_tool_spans() {
     let _already_installed = rustls::crypto::ring::default_provider().install_default();
     let (collector, spans) = receiver().await;
     let model = model().await;
+    let (upstream_url, upstream_seen) = upstream().await;
     let data = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        data.path().join("loadout.toml"),
+        format!("[servers.echo]\nurl = {upstream_url:?}\nkeywords = [\"echo\"]\n"),
+    )
+    .expect("loadout.toml");
     let (_server, base) = serve(data.path(), &collector);
     let http = reqwest::Client::builder()
         .timeout(WAIT)
@@ -330,4 +393,53 @@ async fn a_chat_turn_is_one_trace_with_its_route_model_and_tool_spans() {
         .find(|s| s.name == "execute_tool calculate")
         .unwrap_or_else(|| panic!("no MCP call span: {:?}", names(&mcp)));
     assert_eq!(hex(&call.parent_span_id), CALLER_SPAN, "{call:?}");
+
+    // The upstream call: a client span under the MCP call's span, whose context the
+    // upstream server receives as the `traceparent` header and in `_meta`.
+    let deadline = Instant::now() + WAIT;
+    let echoed = loop {
+        let answer = post(
+            Some(&session),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+                "_meta": {"traceparent": format!("00-{MCP_TRACE_ID}-{CALLER_SPAN}-01")},
+                "name": "call_tool", "arguments": {"name": "echo__echo", "arguments": {"text": "hi"}}}}),
+        )
+        .await
+        .expect("tools/call")
+        .text()
+        .await
+        .expect("answer");
+        // Until the upstream server is connected its tool is unknown.
+        if answer.contains("echoed") || Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(echoed.contains("echoed"), "{echoed}");
+    let mcp = spans_of(&spans, MCP_TRACE_ID, |found| {
+        found.iter().any(|s| s.name == "tools/call echo")
+    })
+    .await;
+    let client = mcp
+        .iter()
+        .find(|s| s.name == "tools/call echo")
+        .unwrap_or_else(|| panic!("no upstream span: {:?}", names(&mcp)));
+    let wrapper = mcp
+        .iter()
+        .find(|s| hex(&s.span_id) == hex(&client.parent_span_id))
+        .unwrap_or_else(|| {
+            panic!(
+                "the upstream span's parent is not in the trace: {:?}",
+                names(&mcp)
+            )
+        });
+    assert_eq!(wrapper.name, "execute_tool call_tool", "{:?}", names(&mcp));
+    let sent = format!("00-{MCP_TRACE_ID}-{}-01", hex(&client.span_id));
+    let seen = upstream_seen.lock().expect("seen").clone();
+    assert!(
+        seen.iter()
+            .any(|(header, meta)| header.as_deref() == Some(sent.as_str())
+                && meta.as_deref() == Some(sent.as_str())),
+        "{sent} not in {seen:?}"
+    );
 }
