@@ -251,9 +251,12 @@ pub fn app(state: HttpState) -> Router {
             &state.sessions,
         ));
     }
-    // Outermost: the request's span covers its auth and its answer (a no-op when no
-    // collector is configured).
-    router.layer(axum::middleware::from_fn(crate::telemetry::trace_request))
+    // Outermost: the request's span covers its auth and its answer. Without a
+    // collector the layer is left out, so requests pay nothing for it.
+    if crate::telemetry::enabled() {
+        router = router.layer(axum::middleware::from_fn(crate::telemetry::trace_request));
+    }
+    router
 }
 
 /// Answers a request that takes longer than `limit` with a JSON timeout error
