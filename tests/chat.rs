@@ -1231,6 +1231,8 @@ async fn a_clients_chat_turn_sees_and_calls_only_its_tools() {
     let sent = tool_names(&requests[0]);
     assert!(sent.contains(&"recall".to_owned()), "{sent:?}");
     assert!(!sent.contains(&"remember".to_owned()), "{sent:?}");
+    // The session meta-tools stay: they change what is sent, not data.
+    assert!(sent.contains(&"load_tools".to_owned()), "{sent:?}");
     let refusal = last_tool_result(&requests[1]);
     assert!(
         refusal.contains("refused") && refusal.contains("notes-reader"),

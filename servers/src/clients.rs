@@ -27,7 +27,7 @@ pub struct Client(pub Arc<ClientRow>);
 impl Client {
     /// Whether the client may see and call `tool`: a tool of an always-on domain, of
     /// one of its domains or one of its tools (every tool when it lists neither), and
-    /// with `read_only` only tools marked read-only.
+    /// with `read_only` only tools marked read-only (and the session meta-tools).
     pub fn may_use(&self, registry: &Registry, tool: &str) -> bool {
         let row = &self.0;
         let Some(tool) = registry.tool(tool) else {
@@ -38,7 +38,13 @@ impl Client {
             || always_on
             || row.domains.contains(&tool.domain)
             || row.tools.iter().any(|t| *t == *tool.name);
-        listed && (!row.read_only || tool.annotations.read_only == Some(true))
+        // The session meta-tools (`load_tools`, ...) change which tools a turn sends,
+        // never data: a read-only client keeps them, and what they load is still
+        // narrowed to its set.
+        listed
+            && (!row.read_only
+                || tool.annotations.read_only == Some(true)
+                || loadout::meta::ALL.contains(&&*tool.name))
     }
 
     /// Whether the client may hear of `domain` at all: always-on, one of its domains,
