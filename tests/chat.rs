@@ -1172,3 +1172,98 @@ async fn metrics_count_a_miss_found_by_search_then_loaded() {
         "{after}"
     );
 }
+
+/// Issue 40: `/api/chat` with a client's token is narrowed to the client's set: the
+/// model is sent core and the client's read-only tools of its domains only, a call
+/// outside them is refused by name and never runs, and the audit names the client.
+/// The operator's token on the same message gets the write tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_chat_turn_sees_and_calls_only_its_tools() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = tempfile::tempdir().expect("root");
+    let model = FakeModel::start(Arc::new(|request: &Value| match step_of(request) {
+        0 if last_user_message(request).contains("client") => {
+            call("c1", "remember", json!({"content": "my parrot is Polly"}))
+        }
+        _ => answer("done"),
+    }))
+    .await;
+    let plain = configured(dir.path(), &model, root.path()).await;
+    let store = plain.app.store().clone();
+    let client_token = "client-token-of-the-notes-reader";
+    store
+        .client_insert(loadout_store::ClientRow {
+            name: "notes-reader".into(),
+            token_sha256: loadout_store::sha256_hex(client_token),
+            domains: vec!["memory".into()],
+            tools: vec![],
+            rate_per_min: None,
+            read_only: true,
+            created_ms: 0,
+        })
+        .await
+        .expect("insert client");
+    let operator = "operator-token-0123456789";
+    let state = HttpState::new(
+        plain.app.clone(),
+        Some(loadout_server::mcp::BearerToken::new(operator).expect("token")),
+    );
+    let chat = |token: &str, message: &str| {
+        Request::builder()
+            .method("POST")
+            .uri("/api/chat")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::from(json!({"message": message}).to_string()))
+            .expect("request")
+    };
+    let (status, bytes) = crate::support::send_request(
+        &app(state.clone()),
+        chat(
+            client_token,
+            "as a client, remember that my parrot is called Polly",
+        ),
+    )
+    .await;
+    let body: Value = serde_json::from_slice(&bytes).expect("JSON");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let requests = model.requests_for("as a client");
+    let sent = tool_names(&requests[0]);
+    assert!(sent.contains(&"recall".to_owned()), "{sent:?}");
+    assert!(!sent.contains(&"remember".to_owned()), "{sent:?}");
+    // The session meta-tools stay: they change what is sent, not data.
+    assert!(sent.contains(&"load_tools".to_owned()), "{sent:?}");
+    let refusal = last_tool_result(&requests[1]);
+    assert!(
+        refusal.contains("refused") && refusal.contains("notes-reader"),
+        "{refusal}"
+    );
+    let audited = store.audit_tail(5).await.expect("audit");
+    assert!(
+        audited
+            .iter()
+            .any(|r| r.tool == "remember" && r.client == "notes-reader" && r.outcome == "refused"),
+        "{audited:?}"
+    );
+    assert!(
+        store
+            .audit_tail(50)
+            .await
+            .expect("audit")
+            .iter()
+            .all(|r| !(r.tool == "remember" && r.outcome == "ok")),
+        "the refused call ran"
+    );
+
+    let (status, _) = crate::support::send_request(
+        &app(state.clone()),
+        chat(
+            operator,
+            "as the operator, remember that my parrot is called Polly",
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let sent = tool_names(&model.requests_for("as the operator")[0]);
+    assert!(sent.contains(&"remember".to_owned()), "{sent:?}");
+}

@@ -136,6 +136,7 @@ async fn openapi_document_lists_every_endpoint_the_app_serves() {
         ("/api/route", "post"),
         ("/api/chat", "post"),
         ("/api/audit", "get"),
+        ("/api/clients", "get"),
         ("/metrics", "get"),
         ("/openapi.json", "get"),
         ("/", "get"),
@@ -991,7 +992,7 @@ async fn mcp_post(
 
 /// Issue 40: over MCP a client limited to domains is served the view of those
 /// domains: `tools/list` has core and them only, and a call outside them is refused
-/// by name. A client limited by tool names is refused on MCP rather than given more.
+/// by name. A client limited by tool names gets its tools and core, no more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clients_token_is_served_the_mcp_view_of_its_domains() {
     use loadout_server::app::{App, Config};
@@ -1106,15 +1107,307 @@ async fn a_clients_token_is_served_the_mcp_view_of_its_domains() {
         "{audited:?}"
     );
 
-    let (status, refused, _) = mcp_post(
+    // Issue 40: a client limited by tool names is served on MCP too, narrowed to
+    // them (and core): its list, its searches and its calls.
+    let calc = "client-token-of-the-calc-agent";
+    let (status, init, session) = mcp_post(
         &app,
-        "client-token-of-the-calc-agent",
+        calc,
         None,
         json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "client-test", "version": "1"}}}),
     )
     .await;
-    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
-    assert!(refused.to_string().contains("calc-agent"), "{refused}");
+    assert_eq!(status, StatusCode::OK, "{init}");
+    let session = session.expect("a session id");
+    mcp_post(
+        &app,
+        calc,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (_, listed, _) = mcp_post(
+        &app,
+        calc,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    )
+    .await;
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"calculate"), "{names:?}");
+    assert!(
+        !names.contains(&"recall") && !names.contains(&"remember"),
+        "{names:?}"
+    );
+    let (_, found, _) = mcp_post(
+        &app,
+        calc,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+               "params": {"name": "search_tools", "arguments": {"query": "remember a note for later"}}}),
+    )
+    .await;
+    let text = found["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or("{}");
+    let results: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    let hits: Vec<&str> = results["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert!(results["results"].is_array(), "{found}");
+    assert!(
+        hits.iter()
+            .all(|h| *h == "calculate" || !["remember", "recall", "forget"].contains(h)),
+        "search_tools found a tool outside the client's: {hits:?}"
+    );
+    // A call outside its tools is refused by name, directly and through call_tool,
+    // and never runs.
+    let (_, direct, _) = mcp_post(
+        &app,
+        calc,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+               "params": {"name": "remember", "arguments": {"content": "calc was here"}}}),
+    )
+    .await;
+    let message = direct["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("`remember`") && message.contains("calc-agent"),
+        "{direct}"
+    );
+    let (_, through, _) = mcp_post(
+        &app,
+        calc,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+               "params": {"name": "call_tool", "arguments": {"name": "remember", "arguments": {"content": "calc was here"}}}}),
+    )
+    .await;
+    assert_eq!(through["result"]["isError"], json!(true), "{through}");
+    assert!(through.to_string().contains("calc-agent"), "{through}");
+    let (_, calculated, _) = mcp_post(
+        &app,
+        calc,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+               "params": {"name": "calculate", "arguments": {"expression": "6*7"}}}),
+    )
+    .await;
+    assert!(calculated.to_string().contains("42"), "{calculated}");
+    let audited = store.audit_tail(10).await.expect("audit");
+    assert!(
+        audited
+            .iter()
+            .any(|r| r.tool == "remember" && r.client == "calc-agent" && r.outcome == "refused"),
+        "{audited:?}"
+    );
+    assert!(
+        !audited
+            .iter()
+            .any(|r| r.tool == "remember" && r.outcome == "ok"),
+        "{audited:?}"
+    );
+}
+
+/// Issue 40: a client with `--rate N/min` gets 429 with `Retry-After` past N requests
+/// a minute, on `/api/route` and on `/mcp` (there with a JSON-RPC error), one budget
+/// for both; another client and the operator's token are not held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_rate_gets_429_with_retry_after() {
+    use loadout_server::app::{App, Config};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let app_state = App::open(&Config::in_data_dir(dir.path().to_path_buf()))
+        .await
+        .expect("open app");
+    let store = app_state.store().clone();
+    for (name, token, rate) in [
+        ("slow-agent", "client-token-of-the-slow-agent", Some(2)),
+        ("free-agent", "client-token-of-the-free-agent", None),
+    ] {
+        store
+            .client_insert(loadout_store::ClientRow {
+                name: name.into(),
+                token_sha256: loadout_store::sha256_hex(token),
+                domains: vec![],
+                tools: vec![],
+                rate_per_min: rate,
+                read_only: false,
+                created_ms: 0,
+            })
+            .await
+            .expect("insert client");
+    }
+    let operator =
+        loadout_server::mcp::BearerToken::new("operator-token-0123456789").expect("token");
+    let state = loadout_server::http::HttpState::new(app_state, Some(operator))
+        .with_mcp()
+        .await
+        .expect("mcp");
+    let app = loadout_server::http::app(state);
+    let route = |token: &str| {
+        Request::builder()
+            .method("POST")
+            .uri("/api/route")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::from(
+                json!({"message": "what time is it"}).to_string(),
+            ))
+            .expect("request")
+    };
+    let slow = "client-token-of-the-slow-agent";
+    for _ in 0..2 {
+        let (status, _) = send_request(&app, route(slow)).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let response = app.clone().oneshot(route(slow)).await.expect("response");
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("a Retry-After in seconds");
+    assert!((1..=30).contains(&retry_after), "{retry_after}");
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .expect("body")
+        .to_bytes();
+    let body: Value = serde_json::from_slice(&bytes).expect("JSON");
+    assert_eq!(body["error"]["kind"], "rate_limited", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("slow-agent")),
+        "{body}"
+    );
+    // The same budget on /mcp, answered as JSON-RPC.
+    let (status, rpc, _) = mcp_post(
+        &app,
+        slow,
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "client-test", "version": "1"}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{rpc}");
+    assert_eq!(rpc["jsonrpc"], "2.0", "{rpc}");
+    assert!(rpc["error"]["code"].is_i64(), "{rpc}");
+    // Others are not held back: a client without a rate, and the operator.
+    for token in [
+        "client-token-of-the-free-agent",
+        "operator-token-0123456789",
+    ] {
+        for _ in 0..5 {
+            let (status, _) = send_request(&app, route(token)).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+    }
+}
+
+/// Issue 40: `/api/chat` takes a client's token and narrows the turn to its tools
+/// is in tests/chat.rs; here `/api/clients` lists the clients with their calls,
+/// for the operator only, and `/metrics` counts a client's calls under its name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_and_their_calls_are_listed_for_the_operator() {
+    use loadout_server::app::{App, Config};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let app_state = App::open(&Config::in_data_dir(dir.path().to_path_buf()))
+        .await
+        .expect("open app");
+    let store = app_state.store().clone();
+    let token = "client-token-of-the-list-agent";
+    store
+        .client_insert(loadout_store::ClientRow {
+            name: "list-agent".into(),
+            token_sha256: loadout_store::sha256_hex(token),
+            domains: vec![],
+            tools: vec!["calculate".into()],
+            rate_per_min: Some(100),
+            read_only: true,
+            created_ms: 0,
+        })
+        .await
+        .expect("insert client");
+    let operator =
+        loadout_server::mcp::BearerToken::new("operator-token-0123456789").expect("token");
+    let state = loadout_server::http::HttpState::new(app_state, Some(operator))
+        .with_mcp()
+        .await
+        .expect("mcp");
+    let app = loadout_server::http::app(state);
+    let (status, _, session) = mcp_post(
+        &app,
+        token,
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "client-test", "version": "1"}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let session = session.expect("session");
+    mcp_post(
+        &app,
+        token,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    for id in 2..4 {
+        let (_, called, _) = mcp_post(
+            &app,
+            token,
+            Some(&session),
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                   "params": {"name": "calculate", "arguments": {"expression": "1+1"}}}),
+        )
+        .await;
+        assert!(called.get("result").is_some(), "{called}");
+    }
+    let get = |path: &str, token: &str| {
+        Request::builder()
+            .uri(path)
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::empty())
+            .expect("request")
+    };
+    let (status, _) = send_request(&app, get("/api/clients", token)).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a client lists the clients"
+    );
+    let (status, bytes) =
+        send_request(&app, get("/api/clients", "operator-token-0123456789")).await;
+    assert_eq!(status, StatusCode::OK);
+    let body: Value = serde_json::from_slice(&bytes).expect("JSON");
+    let listed = &body["clients"][0];
+    assert_eq!(listed["name"], "list-agent", "{body}");
+    assert_eq!(listed["calls"], 2, "{body}");
+    assert_eq!(listed["rate_per_min"], 100, "{body}");
+    assert_eq!(listed["read_only"], true, "{body}");
+    assert_eq!(listed["tools"], json!(["calculate"]), "{body}");
+    assert!(listed["last_call"].is_string(), "{body}");
+
+    let (status, bytes) = send_request(&app, get("/metrics", "operator-token-0123456789")).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(
+        text.lines().any(|l| l.starts_with(
+            r#"loadout_tool_calls_total{tool="calculate",outcome="ok",client="list-agent"} "#
+        )),
+        "{text}"
+    );
 }

@@ -11,3 +11,4 @@ mod properties;
 mod registry;
 mod replicas;
 mod support;
+mod telemetry;

@@ -57,6 +57,8 @@ pub struct App {
     /// Held while a router replaces the one routing: a reload and an upstream
     /// server's new tool list each build from what the other left, in turn.
     replacing: Arc<tokio::sync::Mutex<()>>,
+    /// The clients' rate limiters, one budget per client across `/api` and `/mcp`.
+    pub rate_limits: crate::clients::RateLimits,
 }
 
 /// The background build of the dense stage (see [`loadout_embed::spawn_dense_stage`]).
@@ -87,6 +89,7 @@ impl App {
             config: Arc::new(tokio::sync::watch::Sender::new(Arc::new(config))),
             routing: Arc::new(OnceLock::new()),
             replacing: Arc::new(tokio::sync::Mutex::new(())),
+            rate_limits: Default::default(),
         }
     }
 
@@ -100,6 +103,7 @@ impl App {
             config: self.config.clone(),
             routing: Arc::new(OnceLock::new()),
             replacing: self.replacing.clone(),
+            rate_limits: self.rate_limits.clone(),
         }
     }
 

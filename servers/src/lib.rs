@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod retention;
 pub mod routing;
 pub mod settings;
+pub mod telemetry;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

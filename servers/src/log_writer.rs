@@ -224,7 +224,17 @@ impl AuditWriter {
     /// Writes the row; a failure is logged, never returned: the call itself has
     /// happened, and its answer goes out either way.
     pub async fn record(&self, row: AuditRow) {
-        crate::metrics::record_tool_call(&row.tool, &row.outcome);
+        self.record_for(None, row).await;
+    }
+
+    /// [`AuditWriter::record`] of a call made with a client's token: `/metrics`
+    /// counts it under the client's name (the audit row names it already).
+    pub async fn record_for(&self, client: Option<&crate::clients::Client>, row: AuditRow) {
+        crate::metrics::record_tool_call(
+            &row.tool,
+            &row.outcome,
+            client.map(|c| c.0.name.as_str()),
+        );
         if let Err(e) = self.store.audit_insert(vec![row]).await {
             tracing::warn!("audit log: a row was not written: {e}");
         }

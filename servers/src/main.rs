@@ -20,15 +20,28 @@ fn main() -> ExitCode {
     // folder loadout creates is its user's alone (0600, 0700).
     rustix::process::umask(rustix::fs::Mode::from_bits_truncate(0o077));
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LOADOUT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=error")),
-        )
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    // The log filter is the log's own: the OpenTelemetry layer, when a collector is
+    // configured, takes its spans whatever the log's level.
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colours only on a terminal: escape codes in a log file or a pipe are noise.
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
-        .init();
+        .with_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LOADOUT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=error")),
+        );
+    let (otel, telemetry) = match loadout_server::telemetry::layer() {
+        Ok(Some((layer, telemetry))) => (Some(layer), Some(telemetry)),
+        Ok(None) => (None, None),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing_subscriber::registry().with(log).with(otel).init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -50,5 +63,8 @@ fn main() -> ExitCode {
     // Dropping the runtime would wait for every blocking task, a tool stuck in a
     // system call among them: the exit waits a moment, not forever.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
     code
 }

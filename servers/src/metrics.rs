@@ -17,7 +17,8 @@ pub const ROUTE_SECONDS: &str = "loadout_route_seconds";
 pub const TURN_TOOLS: &str = "loadout_turn_tools";
 /// Tool-definition tokens sent per routed turn (o200k_base).
 pub const TURN_TOKENS: &str = "loadout_turn_tokens";
-/// Tool calls by `tool` and `outcome`.
+/// Tool calls by `tool` and `outcome`, and `client` for a call made with a client's
+/// own token (`clients add`).
 pub const TOOL_CALLS: &str = "loadout_tool_calls_total";
 /// Tools the router did not send that the model reached anyway, by `via`.
 pub const MISSES_REPAIRED: &str = "loadout_misses_repaired_total";
@@ -113,7 +114,7 @@ fn describe() {
     );
     ::metrics::describe_counter!(
         TOOL_CALLS,
-        "Tool calls (chat, MCP) by tool and outcome, as the audit names it: ok, invalid_args, unknown_tool, refused, not_configured, timeout, error."
+        "Tool calls (chat, MCP) by tool and outcome, as the audit names it: ok, invalid_args, unknown_tool, refused, not_configured, timeout, error; and by client for calls made with a client's own token."
     );
     ::metrics::describe_counter!(
         MISSES_REPAIRED,
@@ -148,15 +149,21 @@ pub fn record_turn(n_tools: usize, tokens: usize) {
 }
 
 /// One tool call, from its audit row's tool and outcome. A name no tool has is
-/// counted as `unknown`, so that a client cannot add series at will.
-pub fn record_tool_call(tool: &str, outcome: &str) {
+/// counted as `unknown`, so that a client cannot add series at will. A call made
+/// with a client's token carries `client="<name>"` (names are the operator's, from
+/// `clients add`); the operator's calls keep the series they always had.
+pub fn record_tool_call(tool: &str, outcome: &str, client: Option<&str>) {
     let tool = if outcome == "unknown_tool" {
         "unknown".to_owned()
     } else {
         tool.to_owned()
     };
-    ::metrics::counter!(TOOL_CALLS, "tool" => tool, "outcome" => call_outcome(outcome))
-        .increment(1);
+    let outcome = call_outcome(outcome);
+    match client {
+        Some(client) => ::metrics::counter!(TOOL_CALLS, "tool" => tool, "outcome" => outcome, "client" => client.to_owned())
+            .increment(1),
+        None => ::metrics::counter!(TOOL_CALLS, "tool" => tool, "outcome" => outcome).increment(1),
+    }
 }
 
 /// The few outcomes the counter tells apart, from an audit outcome (a tool error's

@@ -165,6 +165,54 @@ impl Routing {
         settings: Arc<BTreeMap<String, String>>,
         request: TurnRequest<'_>,
     ) -> Result<RoutedTurn, RouteError> {
+        if !crate::telemetry::enabled() {
+            return self.route_untraced(store, settings, request).await;
+        }
+        use tracing::Instrument as _;
+        // The routing decision as a span: the stage that sent each domain, and what
+        // the turn sent (tools, tokens).
+        let span = tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "loadout.route",
+            loadout.route.turn = tracing::field::Empty,
+            loadout.route.tools = tracing::field::Empty,
+            loadout.route.tokens = tracing::field::Empty,
+            loadout.route.stages = tracing::field::Empty,
+            loadout.route.dense = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let routed = self
+            .route_untraced(store, settings, request)
+            .instrument(span.clone())
+            .await;
+        match &routed {
+            Ok(routed) => {
+                let selection = &routed.selection;
+                let stages: Vec<String> = selection
+                    .domains
+                    .iter()
+                    .filter(|d| d.included)
+                    .map(|d| format!("{}:{}", d.domain, d.stage))
+                    .collect();
+                span.record("loadout.route.turn", routed.turn);
+                span.record("loadout.route.tools", selection.n_tools as i64);
+                span.record("loadout.route.tokens", selection.tokens as i64);
+                span.record("loadout.route.stages", stages.join(","));
+                span.record("loadout.route.dense", routed.vectors.is_some());
+            }
+            Err(_) => {
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        routed
+    }
+
+    async fn route_untraced(
+        &self,
+        store: &Store,
+        settings: Arc<BTreeMap<String, String>>,
+        request: TurnRequest<'_>,
+    ) -> Result<RoutedTurn, RouteError> {
         let message = request.message;
         if message.trim().is_empty() {
             return Err(RouteError::EmptyMessage);

@@ -31,6 +31,10 @@ def missing(reason):
     pytest.skip(reason)
 
 
+# The data dir of each running server, by its URL (for the CLI beside it).
+DATA_DIRS = {}
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -66,7 +70,9 @@ def server():
             stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
             pytest.fail(f"loadout serve did not start: {stderr}")
         time.sleep(0.1)
+    DATA_DIRS[url] = data_dir
     yield url
+    DATA_DIRS.pop(url, None)
     process.terminate()
     try:
         process.wait(timeout=10)
@@ -261,3 +267,32 @@ def test_a_chat_turn_streams_its_steps_live(server, browser):
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp or ""), stamp
     finally:
         model.close()
+
+
+def test_the_clients_section_lists_each_client_with_its_calls(server, browser):
+    """Issue 40: a client added with `loadout clients add` shows on the dashboard with
+    what it may see, its rate and its calls (none yet)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, WAIT_SECONDS)
+    browser.get(server + "/")
+    wait.until(EC.text_to_be_present_in_element((By.ID, "clients"), "No client yet"))
+    env = dict(os.environ, LOADOUT_DATA_DIR=DATA_DIRS[server])
+    env.pop("LOADOUT_DATABASE_URL", None)
+    added = subprocess.run(
+        [os.environ["LOADOUT_BIN"], "clients", "add", "notes-agent", "--domains", "memory", "--rate", "30/min", "--read-only"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_SECONDS,
+    )
+    assert added.returncode == 0, added.stderr
+    browser.get(server + "/")
+    row = '#clients tr[data-client="notes-agent"]'
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, row)))
+    cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, row + " td")]
+    assert cells[:6] == ["notes-agent", "memory", "-", "30/min", "read-only", "0"], cells
+    listed = api_get(server + "/api/clients")["clients"]
+    assert [c["name"] for c in listed] == ["notes-agent"]

@@ -7,6 +7,7 @@
 
 mod audit;
 pub mod chat;
+mod clients;
 mod dashboard;
 mod domains;
 mod error;
@@ -183,8 +184,17 @@ pub fn app(state: HttpState) -> Router {
         )
         .route("/api/domains", get(domains::list))
         .route("/api/audit", get(audit::tail))
+        .route("/api/clients", get(clients::list))
         .route("/metrics", get(prometheus::metrics))
         .route("/openapi.json", get(openapi::document))
+        .route_layer(axum::middleware::from_fn_with_state(
+            REQUEST_TIMEOUT,
+            deadline,
+        ));
+    // The endpoints a client's own token may use (issue 40); the rest are the
+    // operator's.
+    let for_clients = Router::new()
+        .route("/api/route", post(route::route))
         .route_layer(axum::middleware::from_fn_with_state(
             REQUEST_TIMEOUT,
             deadline,
@@ -194,14 +204,6 @@ pub fn app(state: HttpState) -> Router {
             post(chat::chat)
                 .route_layer(axum::middleware::from_fn_with_state(CHAT_TIMEOUT, deadline)),
         );
-    // The endpoints a client's own token may use (issue 40); the rest are the
-    // operator's.
-    let for_clients = Router::new()
-        .route("/api/route", post(route::route))
-        .route_layer(axum::middleware::from_fn_with_state(
-            REQUEST_TIMEOUT,
-            deadline,
-        ));
     let (api, for_clients) = match &state.token {
         Some(token) => (
             api.route_layer(axum::middleware::from_fn_with_state(
@@ -209,7 +211,11 @@ pub fn app(state: HttpState) -> Router {
                 crate::mcp::require_bearer,
             )),
             for_clients.route_layer(axum::middleware::from_fn_with_state(
-                (token.clone(), state.app.store().clone()),
+                crate::clients::Gate {
+                    token: token.clone(),
+                    store: state.app.store().clone(),
+                    limits: state.app.rate_limits.clone(),
+                },
                 crate::clients::require_operator_or_client,
             )),
         ),
@@ -244,6 +250,11 @@ pub fn app(state: HttpState) -> Router {
             state.hosts.clone(),
             &state.sessions,
         ));
+    }
+    // Outermost: the request's span covers its auth and its answer. Without a
+    // collector the layer is left out, so requests pay nothing for it.
+    if crate::telemetry::enabled() {
+        router = router.layer(axum::middleware::from_fn(crate::telemetry::trace_request));
     }
     router
 }

@@ -23,6 +23,17 @@ fn audit_path() -> Value {
                               "400": error_response("Malformed or out-of-range tail, or an unknown parameter")}}})
 }
 
+/// `/api/clients`, apart for the same reason.
+fn clients_path() -> Value {
+    json!({"get": {"summary": "The clients with tokens of their own: what each may see, its rate, and its calls among the newest 5,000 audit rows",
+                "responses": {"200": {"description": "Clients", "content": {"application/json": {"schema": {"type": "object", "required": ["clients"], "properties": {"clients": {"type": "array", "items": {"type": "object",
+                    "required": ["name", "domains", "tools", "read_only", "created", "calls"],
+                    "properties": {"name": {"type": "string"}, "domains": {"type": "array", "items": {"type": "string"}}, "tools": {"type": "array", "items": {"type": "string"}},
+                                   "rate_per_min": {"type": "integer", "nullable": true}, "read_only": {"type": "boolean"}, "created": {"type": "string", "format": "date-time"},
+                                   "calls": {"type": "integer"}, "failed_calls": {"type": "integer"}, "last_call": {"type": "string", "format": "date-time", "nullable": true}}}},
+                    "calls_counted_in": {"type": "integer"}}}}}}}}})
+}
+
 pub fn spec() -> Value {
     let key_param = json!([{"name": "key", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[a-z0-9_.]{1,128}$"}}]);
     let id_param = json!([{"name": "id", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}}]);
@@ -73,6 +84,7 @@ pub fn spec() -> Value {
             "/api/domains": {"get": {"summary": "Domains: active or not and why, tools, tokens",
                 "responses": {"200": {"description": "Domains", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
             "/api/audit": audit_path(),
+            "/api/clients": clients_path(),
             "/metrics": {"get": {"summary": "Prometheus text: routing latency by path, tools and tokens per turn, tool calls by tool and outcome, misses repaired, upstream health, learned entries",
                 "responses": {"200": {"description": "Text exposition format 0.0.4", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
             "/openapi.json": {"get": {"summary": "This document",

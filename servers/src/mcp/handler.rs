@@ -287,14 +287,37 @@ impl McpHandler {
         name: &str,
         args: Value,
         client: &str,
+        token_client: Option<&crate::clients::Client>,
         started: Instant,
     ) -> Result<CallToolResult, McpError> {
+        let registry = &state.catalog.registry;
+        // A client's token calls only its own tools (issue 40); a name no tool has
+        // is answered as any unknown tool is.
+        if let Some(outside) = token_client.filter(|c| {
+            name != meta::SEARCH_TOOLS
+                && registry.tool(name).is_some()
+                && !c.may_use(registry, name)
+        }) {
+            let message = format!(
+                "refused: tool `{name}` is not among the tools of client `{}`",
+                outside.0.name
+            );
+            let record = CallRecord {
+                outcome: "refused".into(),
+                detail: Some(message.clone()),
+            };
+            self.audit(client, token_client, name, &args, &record, started)
+                .await;
+            return Err(McpError::invalid_params(
+                message,
+                Some(json!({"tool": name, "client": outside.0.name})),
+            ));
+        }
         let (response, record) = if name == meta::SEARCH_TOOLS {
-            let result = self.search(state, &args).await;
+            let result = self.search(state, &args, token_client).await;
             let record = CallRecord::of(&result, "invalid_args");
             (Ok(result), record)
         } else {
-            let registry = &state.catalog.registry;
             let ctx = ToolContext::new(registry.clone(), self.shared.app.settings.clone())
                 .with_client(client.to_owned());
             let result = registry.call_passthrough(name, args.clone(), ctx).await;
@@ -306,13 +329,19 @@ impl McpHandler {
                 self.learn_from_search(name).await;
             }
         }
-        self.audit(client, name, &args, &record, started).await;
+        self.audit(client, token_client, name, &args, &record, started)
+            .await;
         response
     }
 
     /// `search_tools`: every tool of the view ranked by the router, with the full
     /// definition a client needs to call it.
-    async fn search(&self, state: &ViewState, args: &Value) -> CallToolResult {
+    async fn search(
+        &self,
+        state: &ViewState,
+        args: &Value,
+        token_client: Option<&crate::clients::Client>,
+    ) -> CallToolResult {
         let search = match meta::parse_search_args(args) {
             Ok(search) => search,
             Err(result) => return result,
@@ -333,13 +362,16 @@ impl McpHandler {
         let no_settings = std::collections::BTreeMap::new();
         let bound_by = settings.as_deref().unwrap_or(&no_settings);
         let vectors = crate::routing::message_vectors(&router, bound_by, &search.query).await;
-        let hits = router.search(
+        let mut hits = router.search(
             &search.query,
             None,
             learned.as_deref(),
             vectors.as_ref(),
             search.limit,
         );
+        if let Some(client) = token_client {
+            hits.retain(|hit| client.may_use(&catalog.registry, &hit.name));
+        }
         if settings.as_deref().is_some_and(learning_allowed) {
             *lock(&self.connection.last_search) = Some(LastSearch {
                 at: Instant::now(),
@@ -422,6 +454,7 @@ impl McpHandler {
     async fn audit(
         &self,
         client: &str,
+        token_client: Option<&crate::clients::Client>,
         tool: &str,
         args: &Value,
         call: &CallRecord,
@@ -429,15 +462,18 @@ impl McpHandler {
     ) {
         self.shared
             .audit
-            .record(AuditRow {
-                at_ms: now_ms(),
-                client: client.to_owned(),
-                tool: tool.chars().take(128).collect(),
-                args: audit_args(args),
-                outcome: call.outcome.clone(),
-                detail: call.detail.clone(),
-                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-            })
+            .record_for(
+                token_client,
+                AuditRow {
+                    at_ms: now_ms(),
+                    client: client.to_owned(),
+                    tool: tool.chars().take(128).collect(),
+                    args: audit_args(args),
+                    outcome: call.outcome.clone(),
+                    detail: call.detail.clone(),
+                    duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                },
+            )
             .await;
     }
 }
@@ -521,11 +557,24 @@ impl ServerHandler for McpHandler {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(
-            self.state()?.listed.clone(),
-        ))
+        let state = self.state()?;
+        let listed = match token_client(&context) {
+            // The same list for every request of that client's token.
+            Some(client) => state
+                .listed
+                .iter()
+                .filter(|tool| {
+                    *tool.name == *meta::SEARCH_TOOLS
+                        || *tool.name == *meta::CALL_TOOL
+                        || client.may_use(&state.catalog.registry, &tool.name)
+                })
+                .cloned()
+                .collect(),
+            None => state.listed.clone(),
+        };
+        Ok(ListToolsResult::with_all_items(listed))
     }
 
     fn get_tool(&self, name: &str) -> Option<McpTool> {
@@ -537,25 +586,96 @@ impl ServerHandler for McpHandler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        use tracing::Instrument as _;
+        if !crate::telemetry::enabled() {
+            return self
+                .call_tool_untraced(request, context)
+                .await
+                .map(Into::into);
+        }
+        // The call's span is a child of the caller's trace: `_meta.traceparent`
+        // (SEP-414), else the HTTP request's `traceparent` header.
+        let span = crate::telemetry::tool_span(&request.name);
+        let from_meta = context
+            .meta
+            .get_traceparent()
+            .or_else(|| request.meta.as_ref().and_then(|m| m.get_traceparent()))
+            .map(str::to_owned);
+        match from_meta {
+            Some(traceparent) => {
+                let state = context.meta.get_tracestate().map(str::to_owned);
+                crate::telemetry::set_remote_parent(&span, &traceparent, state.as_deref());
+            }
+            None => {
+                if let Some(parts) = context.extensions.get::<axum::http::request::Parts>() {
+                    crate::telemetry::set_parent_from_headers(&span, &parts.headers);
+                }
+            }
+        }
+        let result = self
+            .call_tool_untraced(request, context)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(result) if result.is_error == Some(true) => "error",
+            Ok(_) => "ok",
+            Err(_) => "error",
+        };
+        crate::telemetry::end_tool_span(&span, outcome);
+        result.map(Into::into)
+    }
+
+    /// A request rmcp could not read as any request it knows, standard ones with bad
+    /// params included (they fall through to here): -32602 naming the field for
+    /// `tools/call` and the other standard methods, -32601 for unknown methods.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        Err(malformed_request(&request.method, request.params.as_ref()))
+    }
+}
+
+impl McpHandler {
+    async fn call_tool_untraced(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
         let started = Instant::now();
         let client = client_name(&context);
+        let by_token = token_client(&context);
         let state = self.state()?;
         let name = request.name.to_string();
         let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
         if name != meta::CALL_TOOL {
-            let result = self.run(&state, &name, args, &client, started).await?;
-            return Ok(result.into());
+            let result = self
+                .run(&state, &name, args, &client, by_token.as_ref(), started)
+                .await?;
+            return Ok(result);
         }
         let (inner, inner_args) = match meta::parse_call_args(&args) {
             Ok(parsed) => parsed,
             Err(result) => {
                 let record = CallRecord::of(&result, "invalid_args");
-                self.audit(&client, &name, &args, &record, started).await;
-                return Ok(result.into());
+                self.audit(&client, by_token.as_ref(), &name, &args, &record, started)
+                    .await;
+                return Ok(result);
             }
         };
         let listed = state.listed.iter().any(|tool| *tool.name == *inner);
-        let result = match self.run(&state, &inner, inner_args, &client, started).await {
+        let result = match self
+            .run(
+                &state,
+                &inner,
+                inner_args,
+                &client,
+                by_token.as_ref(),
+                started,
+            )
+            .await
+        {
             // The name is `call_tool`'s argument: a mistake the model can fix.
             Err(e) if e.code == ErrorCode::INVALID_PARAMS => tool_error(format!(
                 "call_tool: invalid arguments at `name`: {}",
@@ -568,18 +688,7 @@ impl ServerHandler for McpHandler {
         {
             crate::metrics::record_miss_repaired("call_tool");
         }
-        Ok(result.into())
-    }
-
-    /// A request rmcp could not read as any request it knows, standard ones with bad
-    /// params included (they fall through to here): -32602 naming the field for
-    /// `tools/call` and the other standard methods, -32601 for unknown methods.
-    async fn on_custom_request(
-        &self,
-        request: CustomRequest,
-        _context: RequestContext<RoleServer>,
-    ) -> Result<CustomResult, McpError> {
-        Err(malformed_request(&request.method, request.params.as_ref()))
+        Ok(result)
     }
 }
 
@@ -713,15 +822,20 @@ fn first_text(result: &CallToolResult) -> Option<String> {
         .map(|t| t.text.chars().take(1000).collect())
 }
 
+/// The Loadout client the request's token names (issue 40), if any.
+fn token_client(context: &RequestContext<RoleServer>) -> Option<crate::clients::Client> {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<crate::clients::Client>())
+        .cloned()
+}
+
 /// The client's name for the audit log: the Loadout client its token names (issue
 /// 40), else the name from its `initialize` (or the request's metadata); `mcp` when
 /// it gave none.
 fn client_name(context: &RequestContext<RoleServer>) -> String {
-    let by_token = context
-        .extensions
-        .get::<axum::http::request::Parts>()
-        .and_then(|parts| parts.extensions.get::<crate::clients::Client>());
-    if let Some(crate::clients::Client(row)) = by_token {
+    if let Some(crate::clients::Client(row)) = token_client(context) {
         return row.name.clone();
     }
     context

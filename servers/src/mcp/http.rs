@@ -94,10 +94,14 @@ pub fn http_router(
         // A client's token is served the view of its own domains (issue 40): the
         // request is checked, and its path chosen, before the MCP routes see it.
         Some(token) => {
-            let store = server.shared.app.store().clone();
+            let gate = crate::clients::Gate {
+                token,
+                store: server.shared.app.store().clone(),
+                limits: server.shared.app.rate_limits.clone(),
+            };
             let gate = axum::routing::any(move |request: Request| {
-                let (router, token, store) = (router.clone(), token.clone(), store.clone());
-                async move { crate::clients::mcp_gate(token, store, router, request).await }
+                let (router, gate) = (router.clone(), gate.clone());
+                async move { crate::clients::mcp_gate(gate, router, request).await }
             });
             axum::Router::new()
                 .route("/mcp", gate.clone())

@@ -38,6 +38,8 @@ pub struct TurnControl {
     /// The model called `search_tools` this turn (a later load repairs a miss found
     /// by searching).
     searched: Arc<AtomicBool>,
+    /// The client whose token started the turn: `search_tools` finds only its tools.
+    client: Option<crate::clients::Client>,
 }
 
 impl TurnControl {
@@ -47,6 +49,7 @@ impl TurnControl {
         store: Store,
         session: String,
         message: String,
+        client: Option<crate::clients::Client>,
     ) -> TurnControl {
         TurnControl {
             state: Arc::new(Mutex::new(TurnState {
@@ -59,6 +62,7 @@ impl TurnControl {
             session,
             message,
             searched: Arc::new(AtomicBool::new(false)),
+            client,
         }
     }
 
@@ -135,15 +139,21 @@ impl SessionControl for TurnControl {
             let state = self.lock();
             let selection = &state.routed.selection;
             let router = &state.routed.router;
-            let hints = router.search(
+            let mut hints = router.search(
                 query,
                 Some(&state.routed.settings),
                 state.routed.learned.as_deref(),
                 vectors.as_ref(),
                 limit,
             );
+            if let Some(client) = &self.client {
+                hints.retain(|hint| client.may_use(router.registry(), &hint.name));
+            }
             // Matches in domains that are not configured: named with the keys to ask for.
-            let everything = router.search(query, None, None, vectors.as_ref(), limit);
+            let mut everything = router.search(query, None, None, vectors.as_ref(), limit);
+            if let Some(client) = &self.client {
+                everything.retain(|hint| client.may_use(router.registry(), &hint.name));
+            }
             let registry = router.registry();
             let mut not_configured: Vec<String> = Vec::new();
             for hint in &everything {

@@ -86,6 +86,18 @@ pub enum LlmError {
     Client(String),
 }
 
+impl LlmError {
+    /// A word for the failure, as a span's `error.type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LlmError::Unreachable { .. } => "unreachable",
+            LlmError::Status { .. } => "http_status",
+            LlmError::Malformed { .. } => "malformed",
+            LlmError::Client(_) => "client",
+        }
+    }
+}
+
 /// A tool call the model asked for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCall {
@@ -141,6 +153,55 @@ impl LlmClient {
         messages: &[Value],
         tools: &[Value],
     ) -> Result<Reply, LlmError> {
+        use tracing::Instrument as _;
+        // A GenAI client span (OpenTelemetry's semantic conventions), exported only
+        // when a collector is configured.
+        let span = tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "gen_ai.chat",
+            otel.name = %format!("chat {}", config.model),
+            otel.kind = "client",
+            gen_ai.operation.name = "chat",
+            gen_ai.request.model = %config.model,
+            gen_ai.response.model = tracing::field::Empty,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        let result = self
+            .complete_once(config, messages, tools)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok((_, value)) => {
+                let usage = &value["usage"];
+                if let Some(n) = usage["prompt_tokens"].as_i64() {
+                    span.record("gen_ai.usage.input_tokens", n);
+                }
+                if let Some(n) = usage["completion_tokens"].as_i64() {
+                    span.record("gen_ai.usage.output_tokens", n);
+                }
+                if let Some(model) = value["model"].as_str() {
+                    span.record("gen_ai.response.model", model);
+                }
+            }
+            Err(e) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("error.type", e.kind());
+            }
+        }
+        let (url, value) = result?;
+        parse_reply(&value).map_err(|message| LlmError::Malformed { url, message })
+    }
+
+    /// One request to the model: its URL and its JSON answer.
+    async fn complete_once(
+        &self,
+        config: &LlmConfig,
+        messages: &[Value],
+        tools: &[Value],
+    ) -> Result<(String, Value), LlmError> {
         let url = config.completions_url();
         let mut body = json!({
             "model": config.model,
@@ -174,7 +235,7 @@ impl LlmClient {
             url: url.clone(),
             message: format!("{e}: {}", cut(&text, MAX_ERROR_BODY)),
         })?;
-        parse_reply(&value).map_err(|message| LlmError::Malformed { url, message })
+        Ok((url, value))
     }
 }
 

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tracing::Instrument as _;
 
 use super::extract::ApiJson;
 use super::{ApiError, HttpState};
@@ -38,20 +39,25 @@ pub struct ChatBody {
 
 pub async fn chat(
     State(state): State<HttpState>,
+    client: Option<axum::Extension<crate::clients::Client>>,
     headers: HeaderMap,
     ApiJson(body): ApiJson<ChatBody>,
 ) -> Result<Response, ApiError> {
-    let turn = prepare(state, body).await?;
+    let turn = prepare(state, body, client.map(|axum::Extension(c)| c)).await?;
     let session = turn.session.clone();
     let turn_number = turn.turn_number();
     if wants_event_stream(&headers) {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let _ = sender.send(("session", json!({"session": session, "turn": turn_number})));
-        // The turn runs to the end and persists even if the client goes away.
-        tokio::spawn(async move {
-            let mut events = Events::Stream(sender);
-            let _outcome = turn.run(&mut events).await;
-        });
+        // The turn runs to the end and persists even if the client goes away; in the
+        // request's span, so that its spans are the request's children.
+        tokio::spawn(
+            async move {
+                let mut events = Events::Stream(sender);
+                let _outcome = turn.run(&mut events).await;
+            }
+            .instrument(tracing::Span::current()),
+        );
         let stream =
             UnboundedReceiverStream::new(receiver).map(|(kind, data): (&'static str, Value)| {
                 Ok::<Event, Infallible>(Event::default().event(kind).data(data.to_string()))
@@ -61,11 +67,14 @@ pub async fn chat(
             .into_response());
     }
     // A task of its own, so a client that goes away does not cut the turn short.
-    let (outcome, events) = tokio::spawn(async move {
-        let mut events = Events::Collect(Vec::new());
-        let outcome = turn.run(&mut events).await;
-        (outcome, events)
-    })
+    let (outcome, events) = tokio::spawn(
+        async move {
+            let mut events = Events::Collect(Vec::new());
+            let outcome = turn.run(&mut events).await;
+            (outcome, events)
+        }
+        .instrument(tracing::Span::current()),
+    )
     .await
     .map_err(|e| ApiError::Internal(format!("chat turn task failed: {e}")))?;
     let outcome = outcome.map_err(|e| ApiError::BadGateway(e.to_string()))?;
@@ -85,8 +94,13 @@ pub async fn chat(
 }
 
 /// Checks the model settings and routes the message; nothing is sent to the client
-/// before this succeeds, so its failures keep their HTTP status.
-async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
+/// before this succeeds, so its failures keep their HTTP status. A client's turn sees
+/// and calls only what its token allows (`clients add --domains/--tools/--read-only`).
+async fn prepare(
+    state: HttpState,
+    body: ChatBody,
+    client: Option<crate::clients::Client>,
+) -> Result<Turn, ApiError> {
     if let Some(session) = &body.session {
         loadout_store::validate_session_id(session)?;
     }
@@ -120,8 +134,10 @@ async fn prepare(state: HttpState, body: ChatBody) -> Result<Turn, ApiError> {
         store,
         session.clone(),
         body.message.clone(),
+        client.clone(),
     );
     Ok(Turn {
+        client,
         state,
         config,
         session,

@@ -74,6 +74,9 @@ pub struct TurnOutcome {
 /// still get their HTTP status).
 pub struct Turn {
     pub state: HttpState,
+    /// The client whose token started the turn (`None`: the operator): the model is
+    /// sent only its tools, and a call outside them is refused.
+    pub client: Option<crate::clients::Client>,
     pub config: LlmConfig,
     pub session: String,
     pub message: String,
@@ -91,6 +94,15 @@ pub struct Turn {
 impl Turn {
     pub fn turn_number(&self) -> i64 {
         self.control.lock().routed.turn
+    }
+
+    /// The audit's client of this turn's calls: the client's name, `chat` for the
+    /// operator.
+    fn audit_client(&self) -> String {
+        match &self.client {
+            Some(client) => client.0.name.clone(),
+            None => "chat".into(),
+        }
     }
 
     fn unsaved(&self) -> usize {
@@ -166,7 +178,7 @@ impl Turn {
         };
         let ctx = loadout::ToolContext::new(registry.clone(), self.state.app.settings.clone())
             .with_session(self.session.clone())
-            .with_client("chat")
+            .with_client(self.audit_client())
             .with_session_control(std::sync::Arc::new(self.control.clone()));
 
         let mut show_selection = true;
@@ -174,13 +186,20 @@ impl Turn {
             let (tools, system) = {
                 let mut state = self.control.lock();
                 state.changed = false;
-                let selection = &state.routed.selection;
+                let seen;
+                let selection = match &self.client {
+                    Some(client) => {
+                        seen = client.filter(&registry, &state.routed.selection);
+                        &seen
+                    }
+                    None => &state.routed.selection,
+                };
                 if show_selection {
                     events.emit("selection", selection_event(step, turn, selection));
                 }
                 (
                     selection.tools_openai(&registry),
-                    system_prompt(selection, &registry),
+                    system_prompt(selection, &registry, self.client.as_ref()),
                 )
             };
             let mut request = Vec::with_capacity(messages.len() + 1);
@@ -301,6 +320,22 @@ impl Turn {
     /// Runs one tool call if the turn's selection holds the tool; the result is what
     /// the model reads.
     async fn execute(&self, call: &ToolCall, ctx: loadout::ToolContext) -> CallResult {
+        use tracing::Instrument as _;
+        let span = crate::telemetry::tool_span(&call.name);
+        let (result, outcome) = self
+            .execute_untraced(call, ctx)
+            .instrument(span.clone())
+            .await;
+        crate::telemetry::end_tool_span(&span, &outcome);
+        result
+    }
+
+    /// [`Turn::execute`]'s work: the result, and the audit's outcome.
+    async fn execute_untraced(
+        &self,
+        call: &ToolCall,
+        ctx: loadout::ToolContext,
+    ) -> (CallResult, String) {
         let started = Instant::now();
         let (registry, sent) = {
             let state = self.control.lock();
@@ -315,7 +350,19 @@ impl Turn {
         } else {
             serde_json::from_str(&call.arguments).map_err(|e| e.to_string())
         };
-        let (result, outcome) = if !sent {
+        let outside = self.client.as_ref().filter(|client| {
+            registry.tool(&call.name).is_some() && !client.may_use(&registry, &call.name)
+        });
+        let (result, outcome) = if let Some(client) = outside {
+            let message = format!(
+                "refused: tool `{}` is not among the tools of client `{}`, so it did not run.",
+                call.name, client.0.name
+            );
+            (
+                CallResult::refused(message.clone()),
+                ("refused".to_owned(), Some(message)),
+            )
+        } else if !sent {
             // A name no tool has is audited as the registry would (`unknown_tool`).
             let (message, kind) = if registry.tool(&call.name).is_some() {
                 (
@@ -370,17 +417,20 @@ impl Turn {
         };
         self.state
             .audit
-            .record(AuditRow {
-                at_ms: now_ms(),
-                client: "chat".into(),
-                tool: cut(&call.name, 128),
-                args: audit_args(&call.arguments),
-                outcome: outcome.0,
-                detail: outcome.1,
-                duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-            })
+            .record_for(
+                self.client.as_ref(),
+                AuditRow {
+                    at_ms: now_ms(),
+                    client: self.audit_client(),
+                    tool: cut(&call.name, 128),
+                    args: audit_args(&call.arguments),
+                    outcome: outcome.0.clone(),
+                    detail: outcome.1,
+                    duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+                },
+            )
             .await;
-        result
+        (result, outcome.0)
     }
 
     /// The session's stickiness: the tool's domain counts as used this turn. A call to
@@ -479,7 +529,11 @@ impl CallResult {
 
 /// The system prompt of one step: what the tool list is, and how to reach the rest
 /// (hints for the active tools of considered domains, then the other active domains).
-pub fn system_prompt(selection: &Selection, registry: &loadout::Registry) -> String {
+pub fn system_prompt(
+    selection: &Selection,
+    registry: &loadout::Registry,
+    client: Option<&crate::clients::Client>,
+) -> String {
     let mut prompt = String::from(
         "You are a helpful assistant. Use the tools in your tool list when they help; answer directly when none is needed.\n",
     );
@@ -487,6 +541,7 @@ pub fn system_prompt(selection: &Selection, registry: &loadout::Registry) -> Str
         .domains
         .iter()
         .filter(|d| !d.included && d.stage != Stage::Inactive)
+        .filter(|d| client.is_none_or(|c| c.may_see_domain(registry, &d.domain)))
         .collect();
     if !selection.unconfigured.is_empty() {
         prompt.push_str("Domains that fit this message but are not configured (tell the user what each needs and where it is set):\n");
@@ -690,7 +745,7 @@ mod tests {
             learned: None,
             vectors: None,
         });
-        let prompt = system_prompt(&selection, &registry);
+        let prompt = system_prompt(&selection, &registry, None);
         assert!(
             prompt.contains(
                 "- filesystem (not configured: set filesystem_roots): the operator sets filesystem_roots from the dashboard or `loadout settings set` (`set_setting` may not)"

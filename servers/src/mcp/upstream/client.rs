@@ -53,6 +53,22 @@ pub(super) struct HttpClient(reqwest::Client);
 pub(super) type PostResult =
     Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>>;
 
+/// The headers of a POST, with the `traceparent` of a `tools/call` whose `_meta`
+/// carries one (set by `call_result`): HTTP servers read the header.
+fn with_traceparent(
+    message: &ClientJsonRpcMessage,
+    mut headers: HashMap<HeaderName, HeaderValue>,
+) -> HashMap<HeaderName, HeaderValue> {
+    if let JsonRpcMessage::Request(request) = message
+        && let rmcp::model::ClientRequest::CallToolRequest(call) = &request.request
+        && let Some(traceparent) = call.params.meta.as_ref().and_then(|m| m.get_traceparent())
+        && let Ok(value) = HeaderValue::from_str(traceparent)
+    {
+        headers.insert(HeaderName::from_static("traceparent"), value);
+    }
+    headers
+}
+
 pub(super) fn request_id(message: &ClientJsonRpcMessage) -> Option<RequestId> {
     match message {
         JsonRpcMessage::Request(request) => Some(request.id.clone()),
@@ -88,6 +104,7 @@ impl StreamableHttpClient for HttpClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> PostResult {
         let id = request_id(&message);
+        let custom_headers = with_traceparent(&message, custom_headers);
         let response = self
             .0
             .post_message(uri, message, session_id, auth_header, custom_headers)
@@ -105,6 +122,7 @@ impl StreamableHttpClient for HttpClient {
         max_sse_event_size: usize,
     ) -> PostResult {
         let id = request_id(&message);
+        let custom_headers = with_traceparent(&message, custom_headers);
         let response = self
             .0
             .post_message_with_max_sse_event_size(
@@ -129,6 +147,7 @@ impl StreamableHttpClient for HttpClient {
         limits: StreamableHttpResponseLimits,
     ) -> PostResult {
         let id = request_id(&message);
+        let custom_headers = with_traceparent(&message, custom_headers);
         let response = self
             .0
             .post_message_with_response_limits(

@@ -44,11 +44,21 @@ impl ForwardedTool {
         args: Value,
         map: fn(CallToolResult) -> Result<Value, ToolError>,
     ) -> CallFuture {
+        use tracing::Instrument as _;
         let upstream = self.upstream.upgrade();
         let original = self.original.clone();
+        // Made here, not in the future: the registry runs that on a task of its own,
+        // where the calling tool's span is no longer the current one.
+        let span = match &upstream {
+            Some(upstream) => crate::telemetry::upstream_span(&upstream.slug, &original),
+            None => tracing::Span::none(),
+        };
         Box::pin(async move {
             match upstream {
-                Some(upstream) => map(upstream.call_result(&original, args).await?),
+                Some(upstream) => map(upstream
+                    .call_result(&original, args)
+                    .instrument(span)
+                    .await?),
                 None => Err(ToolError::Execution(
                     "the upstream MCP server was shut down".into(),
                 )),

@@ -329,6 +329,14 @@ impl Upstream {
         if let Some(arguments) = arguments {
             request = request.with_arguments(arguments);
         }
+        // OpenTelemetry (issue 40): the upstream server continues this call's trace
+        // (`_meta.traceparent`, SEP-414; over HTTP also the header, see `HttpClient`).
+        if let Some(traceparent) = crate::telemetry::traceparent(&tracing::Span::current()) {
+            request
+                .meta
+                .get_or_insert_with(Default::default)
+                .set_traceparent(traceparent);
+        }
         let timeout = self
             .config
             .timeout_secs
