@@ -121,17 +121,7 @@ pub fn fit_path(
     })?;
     router.set_weights(shipped.clone());
     log(format!("{path:?}: chosen rule {rule:?} of {tried} tried"));
-    let mut fold_lines = Vec::new();
-    for (f, report) in per_fold.iter().enumerate() {
-        let line = format!("fold {f}: {}", report.summary_line());
-        log(format!("  {line}"));
-        fold_lines.push(line);
-    }
-    log(format!("  all folds: {}", total.summary_line()));
-    log(format!(
-        "  with the weights before the fit: {}",
-        before.summary_line()
-    ));
+    let fold_lines = fold_lines(&per_fold, &total, &before, log);
 
     let (rows, labels) = pooled(&data, None);
     let (bias, weights) = scorer::fit(&rows, &labels, l2);
@@ -149,6 +139,28 @@ pub fn fit_path(
         before,
         summary,
     })
+}
+
+/// A line a fold, then the folds together and the same folds before the fit, each
+/// logged; the folds' lines are returned for the weights file.
+fn fold_lines(
+    per_fold: &[Report],
+    total: &Report,
+    before: &Report,
+    log: &mut dyn FnMut(String),
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (f, report) in per_fold.iter().enumerate() {
+        let line = format!("fold {f}: {}", report.summary_line());
+        log(format!("  {line}"));
+        lines.push(line);
+    }
+    log(format!("  all folds: {}", total.summary_line()));
+    log(format!(
+        "  with the weights before the fit: {}",
+        before.summary_line()
+    ));
+    lines
 }
 
 /// `weights` with `path`'s model replaced.

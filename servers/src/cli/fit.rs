@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use loadout_router::fit::{self, Path};
 use loadout_router::replay::{Case, CaseTurn, Configured, folds};
+use loadout_router::scorer::Weights;
 
 use crate::app::App;
 use crate::config::{WEIGHTS_FILE, fitted_on};
@@ -93,24 +94,7 @@ pub fn reset(data_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
 }
 
 async fn fit_and_write(app: &App, args: &Args, path: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let (cases, source) = match &args.cases {
-        Some(file) => (super::replay::read_cases(file)?, file.display().to_string()),
-        None => {
-            let mut cases =
-                super::replay::stored_cases(app, None, args.sessions, args.since_days).await?;
-            let sessions = cases.len();
-            let learned = learned_cases(app, &cases).await?;
-            let n_learned = learned.len();
-            cases.extend(learned);
-            (
-                cases,
-                format!(
-                    "{sessions} sessions of the last {} days and {n_learned} learned entries of no stored session",
-                    args.since_days
-                ),
-            )
-        }
-    };
+    let (cases, source) = training_cases(app, args).await?;
     let labeled = cases
         .iter()
         .flat_map(|case| &case.turns)
@@ -123,19 +107,59 @@ async fn fit_and_write(app: &App, args: &Args, path: &std::path::Path) -> anyhow
             args.folds
         );
     }
-    let in_force = app.config();
     outln!(
         "fitting on {source}: {} conversations, {labeled} turns that called a tool; weights in force: {}",
         cases.len(),
-        in_force
+        app.config()
             .weights
             .as_ref()
             .map(|w| format!("{WEIGHTS_FILE} ({})", fitted_on(w)))
             .unwrap_or_else(|| "shipped".to_owned())
     )?;
-    let folds = folds(&cases, usize::from(args.folds));
+    let (weights, better) = fit_weights(app, args, &cases).await?;
+    if args.dry_run {
+        outln!("--dry-run: nothing written")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !better && !args.force {
+        outln!(
+            "not written: the fitted weights route the held-out folds worse than the weights in force (turn recall less 0.002 a tool); --force writes them anyway"
+        )?;
+        return Ok(ExitCode::FAILURE);
+    }
+    let json = serde_json::to_string_pretty(&weights)? + "\n";
+    write_atomically(path, &json)?;
+    outln!(
+        "wrote {}: routers built from now on use it (a running server at its next reload, SIGHUP)",
+        path.display()
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
 
-    let mut weights = in_force.router_weights();
+/// `--cases`, or the stored sessions and the learned entries no stored session holds;
+/// with a phrase naming them.
+async fn training_cases(app: &App, args: &Args) -> anyhow::Result<(Vec<Case>, String)> {
+    if let Some(file) = &args.cases {
+        return Ok((super::replay::read_cases(file)?, file.display().to_string()));
+    }
+    let mut cases = super::replay::stored_cases(app, None, args.sessions, args.since_days).await?;
+    let sessions = cases.len();
+    let learned = learned_cases(app, &cases).await?;
+    let n_learned = learned.len();
+    cases.extend(learned);
+    let source = format!(
+        "{sessions} sessions of the last {} days and {n_learned} learned entries of no stored session",
+        args.since_days
+    );
+    Ok((cases, source))
+}
+
+/// The weights in force with each path's model refitted (the dense one when the dense
+/// stage runs and `--lexical` is not given), and whether every refitted model routes
+/// the held-out folds at least as well as the one it replaces.
+async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(Weights, bool)> {
+    let folds = folds(cases, usize::from(args.folds));
+    let mut weights = app.config().router_weights();
     let mut summaries = serde_json::Map::new();
     let mut better = true;
     let mut paths = vec![Path::Lexical];
@@ -153,7 +177,7 @@ async fn fit_and_write(app: &App, args: &Args, path: &std::path::Path) -> anyhow
             Path::Dense => {
                 // The dense stage's index, built once above, serves this router too.
                 router.set_dense(dense_router.dense().cloned());
-                super::replay::case_vectors(&router, &cases)
+                super::replay::case_vectors(&router, cases)
             }
         };
         let fitted = tokio::task::block_in_place(|| {
@@ -189,24 +213,7 @@ async fn fit_and_write(app: &App, args: &Args, path: &std::path::Path) -> anyhow
         fitted[path] = summary;
     }
     weights.fitted = fitted;
-
-    if args.dry_run {
-        outln!("--dry-run: nothing written")?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    if !better && !args.force {
-        outln!(
-            "not written: the fitted weights route the held-out folds worse than the weights in force (turn recall less 0.002 a tool); --force writes them anyway"
-        )?;
-        return Ok(ExitCode::FAILURE);
-    }
-    let json = serde_json::to_string_pretty(&weights)? + "\n";
-    write_atomically(path, &json)?;
-    outln!(
-        "wrote {}: routers built from now on use it (a running server at its next reload, SIGHUP)",
-        path.display()
-    )?;
-    Ok(ExitCode::SUCCESS)
+    Ok((weights, better))
 }
 
 /// The learned entries of sessions `cases` does not hold, each a one-turn

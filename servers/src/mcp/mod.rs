@@ -13,6 +13,7 @@ mod handler;
 mod http;
 mod jsonrpc;
 mod meta;
+mod results;
 mod sessions;
 mod stdio;
 pub mod upstream;

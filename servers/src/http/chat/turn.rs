@@ -350,41 +350,8 @@ impl Turn {
         } else {
             serde_json::from_str(&call.arguments).map_err(|e| e.to_string())
         };
-        let outside = self.client.as_ref().filter(|client| {
-            registry.tool(&call.name).is_some() && !client.may_use(&registry, &call.name)
-        });
-        let (result, outcome) = if let Some(client) = outside {
-            let message = format!(
-                "refused: tool `{}` is not among the tools of client `{}`, so it did not run.",
-                call.name, client.0.name
-            );
-            (
-                CallResult::refused(message.clone()),
-                ("refused".to_owned(), Some(message)),
-            )
-        } else if !sent {
-            // A name no tool has is audited as the registry would (`unknown_tool`).
-            let (message, kind) = if registry.tool(&call.name).is_some() {
-                (
-                    format!(
-                        "refused: tool `{name}` is not loaded this turn, so it did not run. Call load_tools with [\"{name}\"] first, then call it again.",
-                        name = call.name
-                    ),
-                    "refused",
-                )
-            } else {
-                (
-                    format!(
-                        "refused: there is no tool named `{}`; search_tools finds tools by what they do.",
-                        cut(&call.name, 64)
-                    ),
-                    "unknown_tool",
-                )
-            };
-            (
-                CallResult::refused(message.clone()),
-                (kind.to_owned(), Some(message)),
-            )
+        let (result, outcome) = if let Some(refused) = self.refusal(&registry, call, sent) {
+            refused
         } else {
             match args {
                 Err(e) => {
@@ -431,6 +398,54 @@ impl Turn {
             )
             .await;
         (result, outcome.0)
+    }
+
+    /// A call the turn refuses before it runs, with the audit's outcome: a tool
+    /// outside the client's set, or not sent this turn (or no tool at all).
+    fn refusal(
+        &self,
+        registry: &loadout::Registry,
+        call: &ToolCall,
+        sent: bool,
+    ) -> Option<(CallResult, (String, Option<String>))> {
+        let outside = self.client.as_ref().filter(|client| {
+            registry.tool(&call.name).is_some() && !client.may_use(registry, &call.name)
+        });
+        if let Some(client) = outside {
+            let message = format!(
+                "refused: tool `{}` is not among the tools of client `{}`, so it did not run.",
+                call.name, client.0.name
+            );
+            Some((
+                CallResult::refused(message.clone()),
+                ("refused".to_owned(), Some(message)),
+            ))
+        } else if !sent {
+            // A name no tool has is audited as the registry would (`unknown_tool`).
+            let (message, kind) = if registry.tool(&call.name).is_some() {
+                (
+                    format!(
+                        "refused: tool `{name}` is not loaded this turn, so it did not run. Call load_tools with [\"{name}\"] first, then call it again.",
+                        name = call.name
+                    ),
+                    "refused",
+                )
+            } else {
+                (
+                    format!(
+                        "refused: there is no tool named `{}`; search_tools finds tools by what they do.",
+                        cut(&call.name, 64)
+                    ),
+                    "unknown_tool",
+                )
+            };
+            Some((
+                CallResult::refused(message.clone()),
+                (kind.to_owned(), Some(message)),
+            ))
+        } else {
+            None
+        }
     }
 
     /// The session's stickiness: the tool's domain counts as used this turn. A call to
