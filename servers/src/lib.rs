@@ -4,6 +4,7 @@
 //! domain through `loadout-domains`, opens the store, and hands messages to the
 //! router and calls to the registry.
 
+pub mod api_error;
 pub mod app;
 pub mod cli;
 pub mod clients;

@@ -10,7 +10,6 @@ pub mod chat;
 mod clients;
 mod dashboard;
 mod domains;
-mod error;
 mod extract;
 mod openapi;
 mod prometheus;
@@ -31,7 +30,7 @@ use crate::app::App;
 use crate::log_writer::AuditWriter;
 use crate::mcp::{AllowedHosts, BearerToken, HostArgs, McpServer, SessionArgs};
 
-pub use error::ApiError;
+pub use crate::api_error::ApiError;
 
 /// Largest request body accepted (a chat message with some history).
 pub const MAX_BODY_BYTES: usize = 256 * 1024;

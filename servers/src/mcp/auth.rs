@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::http::ApiError;
+use crate::api_error::ApiError;
 
 /// Shortest token accepted, after trimming.
 pub const MIN_TOKEN_CHARS: usize = 16;
