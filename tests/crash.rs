@@ -4,8 +4,7 @@
 //! there; the decision log's queued rows may be lost (README, "The decision log").
 
 use std::collections::BTreeMap;
-use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -19,34 +18,7 @@ const WORKERS: usize = 6;
 
 /// `loadout serve` on a loopback port; its base URL.
 fn serve(data: &std::path::Path) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_loadout"))
-        .args(["serve", "--addr", "127.0.0.1:0"])
-        .env("LOADOUT_DATA_DIR", data)
-        .env("LOADOUT_LOG", "warn")
-        .env_remove("LOADOUT_DATABASE_URL")
-        .env_remove("LOADOUT_CONFIG")
-        .env_remove("LOADOUT_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn loadout serve");
-    let pipe = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("serving on http://").nth(1)
-                && let Some(addr) = rest.split_whitespace().next()
-                && let Some(tx) = tx.take()
-            {
-                let _ = tx.send(addr.to_owned());
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(WAIT)
-        .expect("loadout serve printed its address");
-    (child, format!("http://{addr}"))
+    crate::support::spawn_serve(data, &[])
 }
 
 fn http_client() -> reqwest::Client {

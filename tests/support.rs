@@ -137,3 +137,43 @@ pub fn domain_decision<'a>(selection: &'a Value, domain: &str) -> &'a Value {
         .find(|d| d["domain"] == domain)
         .unwrap_or_else(|| panic!("no decision for `{domain}` in {selection}"))
 }
+
+/// `loadout serve` on a loopback port of a fresh `data` dir, with `env` set and the
+/// environment that would point it elsewhere removed; its base URL once it printed
+/// its address (within 30 s).
+pub fn spawn_serve(data: &std::path::Path, env: &[(&str, &str)]) -> (std::process::Child, String) {
+    use std::io::{BufRead as _, BufReader};
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_loadout"));
+    command
+        .args(["serve", "--addr", "127.0.0.1:0"])
+        .env("LOADOUT_DATA_DIR", data)
+        .env("LOADOUT_LOG", "warn")
+        .env_remove("LOADOUT_DATABASE_URL")
+        .env_remove("LOADOUT_CONFIG")
+        .env_remove("LOADOUT_TOKEN")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().expect("spawn loadout serve");
+    let pipe = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("serving on http://").nth(1)
+                && let Some(addr) = rest.split_whitespace().next()
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(addr.to_owned());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("loadout serve printed its address");
+    (child, format!("http://{addr}"))
+}

@@ -8,8 +8,7 @@
 //! continues that caller's trace, and its call to an upstream MCP server over HTTP
 //! passes the trace on (header and `_meta`).
 
-use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -162,37 +161,14 @@ impl Drop for Server {
 }
 
 fn serve(data: &std::path::Path, collector: &str) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_loadout"))
-        .args(["serve", "--addr", "127.0.0.1:0"])
-        .env("LOADOUT_DATA_DIR", data)
-        .env("LOADOUT_LOG", "warn")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", collector)
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        .env_remove("LOADOUT_DATABASE_URL")
-        .env_remove("LOADOUT_CONFIG")
-        .env_remove("LOADOUT_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn loadout serve");
-    let pipe = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("serving on http://").nth(1)
-                && let Some(addr) = rest.split_whitespace().next()
-                && let Some(tx) = tx.take()
-            {
-                let _ = tx.send(addr.to_owned());
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(WAIT)
-        .expect("loadout serve printed its address");
-    (Server(child), format!("http://{addr}"))
+    let (child, base) = crate::support::spawn_serve(
+        data,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", collector),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    (Server(child), base)
 }
 
 fn hex(bytes: &[u8]) -> String {
