@@ -951,6 +951,29 @@ async fn a_clients_token_routes_within_its_own_set() {
 
 /// One JSON-RPC request to `/mcp` with a bearer token: status, the answer's JSON
 /// (from an SSE `data:` line or a plain body) and the session id it gave.
+/// An initialized MCP session of `token`'s: its id.
+async fn mcp_session(app: &axum::Router, token: &str) -> String {
+    let (status, init, session) = mcp_post(
+        app,
+        token,
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "client-test", "version": "1"}}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{init}");
+    let session = session.expect("a session id");
+    mcp_post(
+        app,
+        token,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    session
+}
+
 async fn mcp_post(
     app: &axum::Router,
     token: &str,
@@ -1036,24 +1059,7 @@ async fn a_clients_token_is_served_the_mcp_view_of_its_domains() {
         .expect("mcp");
     let app = loadout_server::http::app(state);
     let token = "client-token-of-the-notes-agent";
-    let (status, init, session) = mcp_post(
-        &app,
-        token,
-        None,
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "client-test", "version": "1"}}}),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{init}");
-    let session = session.expect("a session id");
-    mcp_post(
-        &app,
-        token,
-        Some(&session),
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    )
-    .await;
+    let session = mcp_session(&app, token).await;
     let (status, listed, _) = mcp_post(
         &app,
         token,
@@ -1110,24 +1116,7 @@ async fn a_clients_token_is_served_the_mcp_view_of_its_domains() {
     // Issue 40: a client limited by tool names is served on MCP too, narrowed to
     // them (and core): its list, its searches and its calls.
     let calc = "client-token-of-the-calc-agent";
-    let (status, init, session) = mcp_post(
-        &app,
-        calc,
-        None,
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "client-test", "version": "1"}}}),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{init}");
-    let session = session.expect("a session id");
-    mcp_post(
-        &app,
-        calc,
-        Some(&session),
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    )
-    .await;
+    let session = mcp_session(&app, calc).await;
     let (_, listed, _) = mcp_post(
         &app,
         calc,
@@ -1347,24 +1336,7 @@ async fn the_clients_and_their_calls_are_listed_for_the_operator() {
         .await
         .expect("mcp");
     let app = loadout_server::http::app(state);
-    let (status, _, session) = mcp_post(
-        &app,
-        token,
-        None,
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "client-test", "version": "1"}}}),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
-    let session = session.expect("session");
-    mcp_post(
-        &app,
-        token,
-        Some(&session),
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    )
-    .await;
+    let session = mcp_session(&app, token).await;
     for id in 2..4 {
         let (_, called, _) = mcp_post(
             &app,
