@@ -5,19 +5,22 @@
 //! session from the store into a [`SessionView`], calls `select`, and persists what the
 //! [`SessionView`] updates return; the eval does the same in memory.
 //!
-//! Stages, in order (see [`Stage`]): activation by settings; always-on core; session
-//! (pinned, sticky, loaded by meta-tools); "no tool needed" for chit-chat (core only);
-//! keywords; similarity (BM25, and a dense stage once a [`DenseIndex`] is attached);
-//! carry-over of last turn's tools for a follow-up without evidence; fallback when
-//! nothing optional is selected; granularity (large domains send their best tools and
-//! hint the rest); collisions; token budget.
+//! Stages, in order (see [`Stage`]), with the fitted scorer (`scorer = true`, the
+//! default): activation by settings; always-on core; the session's hold (pinned,
+//! sticky, loaded by meta-tools); "no tool needed" for chit-chat (core only);
+//! keywords; then every candidate tool's probability from its features (`features.rs`:
+//! keyword, BM25 and dense evidence per request piece, the session, learned votes and
+//! co-usage, prerequisites and workflow steps; `scorer.rs`), sent by expected coverage
+//! (`stages/scored.rs`); carry-over of what the last turn sent for a follow-up with no
+//! keyword of its own; collisions; the destructive guard (a destructive tool only on
+//! direct evidence); the token budget. With `scorer = false` the stage rules run
+//! instead: similarity gates, domain collisions, learned votes, backfill or fallback,
+//! workflow steps (`stages/domains.rs`, `stages/tools.rs`).
 //!
 //! Similarity is scored for the whole message and for each request of a message that
-//! chains several (`requests`), best per request. Per piece, a domain passes the BM25
-//! gate or the dense gate; passing domains are ordered by reciprocal-rank fusion of
-//! their BM25 and dense ranks (stage `fused` when both gates pass, else `bm25` or
-//! `dense`, with every score in the reason). Tools inside a domain are ranked by the
-//! fused rank of their own BM25 and dense scores.
+//! chains several (`requests`), best per request: BM25, and with a [`DenseIndex`]
+//! attached the cosine of the vectors the caller gives (the router runs no encoder),
+//! fused by reciprocal rank.
 //!
 //! Recall comes first: a needed tool that is hidden breaks the task, an extra tool only
 //! costs tokens. So every selected domain sends at least its best tools, and the budget
