@@ -1159,6 +1159,25 @@ async fn a_clients_token_is_served_the_mcp_view_of_its_domains() {
             .all(|h| *h == "calculate" || !["remember", "recall", "forget"].contains(h)),
         "search_tools found a tool outside the client's: {hits:?}"
     );
+    // Its best hits come from its own tools: a limit of 1 still finds one, though
+    // the likeliest tool for the query (`remember`) is not its.
+    let (_, found, _) = mcp_post(
+        &app,
+        calc,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "id": 30, "method": "tools/call",
+               "params": {"name": "search_tools", "arguments": {"query": "remember the sum to calculate", "limit": 1}}}),
+    )
+    .await;
+    let text = found["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or("{}");
+    let results: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    assert_eq!(
+        results["results"].as_array().map(Vec::len),
+        Some(1),
+        "{found}"
+    );
     // A call outside its tools is refused by name, directly and through call_tool,
     // and never runs.
     let (_, direct, _) = mcp_post(

@@ -362,15 +362,22 @@ impl McpHandler {
         let no_settings = std::collections::BTreeMap::new();
         let bound_by = settings.as_deref().unwrap_or(&no_settings);
         let vectors = crate::routing::message_vectors(&router, bound_by, &search.query).await;
+        // A client's search ranks every tool and keeps the best of its own, so that it
+        // still gets `limit` results.
+        let ranked = match token_client {
+            Some(_) => catalog.registry.all_tools().len(),
+            None => search.limit,
+        };
         let mut hits = router.search(
             &search.query,
             None,
             learned.as_deref(),
             vectors.as_ref(),
-            search.limit,
+            ranked,
         );
         if let Some(client) = token_client {
             hits.retain(|hit| client.may_use(&catalog.registry, &hit.name));
+            hits.truncate(search.limit);
         }
         if settings.as_deref().is_some_and(learning_allowed) {
             *lock(&self.connection.last_search) = Some(LastSearch {

@@ -139,21 +139,27 @@ impl SessionControl for TurnControl {
             let state = self.lock();
             let selection = &state.routed.selection;
             let router = &state.routed.router;
+            // A client's search ranks every tool and keeps the best of its own, so that
+            // it still gets `limit` results.
+            let ranked = match &self.client {
+                Some(_) => router.registry().all_tools().len(),
+                None => limit,
+            };
             let mut hints = router.search(
                 query,
                 Some(&state.routed.settings),
                 state.routed.learned.as_deref(),
                 vectors.as_ref(),
-                limit,
+                ranked,
             );
+            // Matches in domains that are not configured: named with the keys to ask for.
+            let mut everything = router.search(query, None, None, vectors.as_ref(), ranked);
             if let Some(client) = &self.client {
                 hints.retain(|hint| client.may_use(router.registry(), &hint.name));
-            }
-            // Matches in domains that are not configured: named with the keys to ask for.
-            let mut everything = router.search(query, None, None, vectors.as_ref(), limit);
-            if let Some(client) = &self.client {
                 everything.retain(|hint| client.may_use(router.registry(), &hint.name));
             }
+            hints.truncate(limit);
+            everything.truncate(limit);
             let registry = router.registry();
             let mut not_configured: Vec<String> = Vec::new();
             for hint in &everything {
