@@ -127,12 +127,7 @@ impl App {
     /// builds its routers here, so `[router]` applies to chat, `/api/route`,
     /// `loadout route` and MCP's `search_tools` alike.
     pub fn new_router(&self, registry: Arc<Registry>) -> Router {
-        let config = self.config();
-        let mut router = Router::new(registry, config.router.clone());
-        if let Some(weights) = &config.weights {
-            router.set_weights(weights.clone());
-        }
-        router
+        self.config().router(registry)
     }
 
     /// Reads the config file again. A file with problems changes nothing. New
@@ -144,7 +139,7 @@ impl App {
     pub async fn reload_config(&self) -> anyhow::Result<Reloaded> {
         let _replacing = self.replacing.lock().await;
         let old = self.config();
-        let new = old.reload()?;
+        let new = Arc::new(old.reload()?);
         let servers_changed = new.servers != old.servers;
         let reloaded = Reloaded {
             router_changes: old.router_changes(&new),
@@ -156,11 +151,11 @@ impl App {
         let rebuilt = match self.routing.get() {
             Some(routing) if !reloaded.router_changes.is_empty() => {
                 let registry = routing.router().registry().clone();
-                Some((routing, build_router(registry, &new).await?))
+                Some((routing, build_router(registry, new.clone()).await?))
             }
             _ => None,
         };
-        self.config.send_replace(Arc::new(new));
+        self.config.send_replace(new);
         if let Some((routing, router)) = rebuilt {
             self.install(routing, router).await;
         }
@@ -171,7 +166,7 @@ impl App {
     /// upstream server's tools changed) and the config in force.
     pub async fn replace_router(&self, registry: Arc<Registry>) -> anyhow::Result<Arc<Router>> {
         let _replacing = self.replacing.lock().await;
-        let router = build_router(registry, &self.config()).await?;
+        let router = build_router(registry, self.config()).await?;
         self.install(self.routing(), router.clone()).await;
         Ok(router)
     }
@@ -263,17 +258,13 @@ impl App {
 }
 
 /// Indexes and token counts take a tenth of a second or more: built off the runtime.
-async fn build_router(registry: Arc<Registry>, file: &ConfigFile) -> anyhow::Result<Arc<Router>> {
-    let (config, weights) = (file.router.clone(), file.weights.clone());
-    let router = tokio::task::spawn_blocking(move || {
-        let mut router = Router::new(registry, config);
-        if let Some(weights) = weights {
-            router.set_weights(weights);
-        }
-        router
-    })
-    .await
-    .context("building the router")?;
+async fn build_router(
+    registry: Arc<Registry>,
+    file: Arc<ConfigFile>,
+) -> anyhow::Result<Arc<Router>> {
+    let router = tokio::task::spawn_blocking(move || file.router(registry))
+        .await
+        .context("building the router")?;
     Ok(Arc::new(router))
 }
 

@@ -61,8 +61,8 @@ pub struct ConfigFile {
     explicit: bool,
     /// The scorer's weights of [`WEIGHTS_FILE`], when the data dir has one.
     pub weights: Option<Weights>,
-    /// Where the weights are read from at start and at each reload.
-    weights_path: Option<PathBuf>,
+    /// The directory whose weights are read at start and at each reload.
+    weights_dir: Option<PathBuf>,
 }
 
 impl ConfigFile {
@@ -74,7 +74,7 @@ impl ConfigFile {
             router: RouterConfig::default(),
             explicit: false,
             weights: None,
-            weights_path: None,
+            weights_dir: None,
         }
     }
 
@@ -105,7 +105,7 @@ impl ConfigFile {
             router: file.router,
             explicit,
             weights: None,
-            weights_path: None,
+            weights_dir: None,
         })
     }
 
@@ -113,9 +113,8 @@ impl ConfigFile {
     /// not parse, or names a feature the scorer lacks, is an error, as a typo in the
     /// config is: routing must not fall back to other weights unnoticed.
     pub fn with_weights_from(mut self, dir: &Path) -> anyhow::Result<ConfigFile> {
-        let path = dir.join(WEIGHTS_FILE);
-        self.weights = read_weights(&path)?;
-        self.weights_path = Some(path);
+        self.weights = read_weights(&dir.join(WEIGHTS_FILE))?;
+        self.weights_dir = Some(dir.to_path_buf());
         Ok(self)
     }
 
@@ -124,11 +123,21 @@ impl ConfigFile {
         self.weights.clone().unwrap_or_else(Weights::shipped)
     }
 
+    /// A router over `registry` with this config's tunables and weights: every router
+    /// an entry point builds comes from here.
+    pub fn router(&self, registry: std::sync::Arc<loadout::Registry>) -> loadout_router::Router {
+        let mut router = loadout_router::Router::new(registry, self.router.clone());
+        if let Some(weights) = &self.weights {
+            router.set_weights(weights.clone());
+        }
+        router
+    }
+
     /// The file read again from where this one was read, checked as at start.
     pub fn reload(&self) -> anyhow::Result<ConfigFile> {
         let file = ConfigFile::load(&self.path, self.explicit)?;
-        match &self.weights_path {
-            Some(path) => file.with_weights_from(path.parent().unwrap_or(Path::new("."))),
+        match &self.weights_dir {
+            Some(dir) => file.with_weights_from(dir),
             None => Ok(file),
         }
     }

@@ -87,7 +87,10 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
 
     // The candidate first: a bad file should stop the command before any routing.
     let candidate = match &args.compare {
-        Some(path) => Some(ConfigFile::load(path, true)?),
+        // The candidate's `[router]` with the weights in force.
+        Some(path) => {
+            Some(ConfigFile::load(path, true)?.with_weights_from(app.store().data_dir())?)
+        }
         None => None,
     };
     let (router, dense) = router_for(app, app.new_router(app.registry.clone()), args.lexical).await;
@@ -144,8 +147,7 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
             changes.join(", ")
         }
     )?;
-    let mut built = Router::new(app.registry.clone(), candidate.router.clone());
-    built.set_weights(app.config().router_weights());
+    let built = candidate.router(app.registry.clone());
     let (router, _) = router_for(app, built, args.lexical).await;
     let vectors = case_vectors(&router, &cases);
     let tried = replay(
