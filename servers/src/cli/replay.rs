@@ -114,16 +114,13 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
             );
         }
     };
-    let vectors = case_vectors(&router, &cases);
-    let report = replay(
-        &router,
-        &cases,
-        args.budget,
-        None,
-        vectors.as_ref(),
-        on_turn,
-    )
-    .map_err(anyhow::Error::msg)?;
+    // Each message embedded by the router's own encoder, then the cases routed.
+    let replay_with = |router: &Router| {
+        let vectors = case_vectors(router, &cases);
+        replay(router, &cases, args.budget, None, vectors.as_ref(), on_turn)
+            .map_err(anyhow::Error::msg)
+    };
+    let report = replay_with(&router)?;
     let Some(candidate) = candidate else {
         for line in report.miss_lines() {
             outln!("{line}")?;
@@ -149,16 +146,7 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     )?;
     let built = candidate.router(app.registry.clone());
     let (router, _) = router_for(app, built, args.lexical).await;
-    let vectors = case_vectors(&router, &cases);
-    let tried = replay(
-        &router,
-        &cases,
-        args.budget,
-        None,
-        vectors.as_ref(),
-        on_turn,
-    )
-    .map_err(anyhow::Error::msg)?;
+    let tried = replay_with(&router)?;
     let comparison = Comparison::new(&report, &tried);
     for line in comparison.lines() {
         outln!("{line}")?;
