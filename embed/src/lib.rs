@@ -31,6 +31,8 @@ use loadout_router::{DenseIndex, Router};
 
 pub mod http;
 pub mod message;
+#[cfg(feature = "dense")]
+pub mod static_table;
 
 pub use message::{
     ENCODER_BUSY, EncodeError, EncoderOptions, EncoderStats, MessageEncoder, encoder_for,
@@ -113,6 +115,22 @@ impl Embedder for BuiltinEncoder {
     /// `pocket-encoder` runs the texts of a call one after the other.
     fn max_batch(&self) -> usize {
         1
+    }
+}
+
+/// The static table distilled from the built-in encoder (see [`static_table`]): from
+/// `dir` when distilled there before, else distilled now, which takes minutes.
+pub fn builtin_static(dir: Option<&Path>) -> Result<Arc<dyn Embedder>, String> {
+    #[cfg(feature = "dense")]
+    {
+        let source = shared_builtin()?;
+        static_table::StaticEncoder::load_or_distill(source.as_ref(), dir)
+            .map(|e| Arc::new(e) as Arc<dyn Embedder>)
+    }
+    #[cfg(not(feature = "dense"))]
+    {
+        let _ = dir;
+        Err("this build has no built-in encoder (cargo feature `dense` is off)".to_owned())
     }
 }
 

@@ -341,15 +341,20 @@ impl MessageEncoder {
 #[cfg(target_os = "linux")]
 const WORKER_NICENESS: i32 = 10;
 
-/// A worker: takes the next job and whatever else is queued (up to `max_batch`
-/// texts), embeds their distinct texts in one call, caches and answers.
-fn work(shared: &Shared, queue: &Mutex<mpsc::Receiver<Job>>, max_batch: usize) {
+/// Lowers the calling thread's priority by [`WORKER_NICENESS`] (Linux only).
+pub(crate) fn lower_priority() {
     // On Linux the nice value is per thread, and `None` names the calling one
     // (elsewhere it would be the whole process's).
     #[cfg(target_os = "linux")]
     if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICENESS) {
-        tracing::debug!("encoder worker keeps its priority: {e}");
+        tracing::debug!("encoder thread keeps its priority: {e}");
     }
+}
+
+/// A worker: takes the next job and whatever else is queued (up to `max_batch`
+/// texts), embeds their distinct texts in one call, caches and answers.
+fn work(shared: &Shared, queue: &Mutex<mpsc::Receiver<Job>>, max_batch: usize) {
+    lower_priority();
     loop {
         let batch = {
             let queue = queue.lock().unwrap_or_else(|p| p.into_inner());

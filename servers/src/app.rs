@@ -227,11 +227,16 @@ impl App {
             tracing::info!("[router] dense stage off (router_dense = off)");
             return None;
         }
+        // `static`: the table distilled from the built-in encoder (minutes, once per
+        // data dir; lexical until then), microseconds per message.
+        let distilled = settings.get("router_dense").is_some_and(|v| v == "static");
         let http = loadout_embed::http::HttpEmbedder::from_settings(&settings);
         let cache_dir = self.store().data_dir().join("vectors");
+        let table_dir = cache_dir.clone();
         let build = loadout_embed::spawn_dense_stage(
             router,
             move || match http {
+                _ if distilled => loadout_embed::builtin_static(Some(&table_dir)),
                 Some(Ok(embedder)) => Ok(Arc::new(embedder) as Arc<dyn loadout_embed::Embedder>),
                 Some(Err(e)) => Err(e),
                 // The weights and the message cache of a router built earlier serve

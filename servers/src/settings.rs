@@ -56,10 +56,10 @@ loadout::setting! {
 // vectors): a running serve or mcp keeps the stage it started with.
 loadout::setting! {
     key: "router_dense",
-    kind: SettingKind::Choice(&["on", "off"]),
+    kind: SettingKind::Choice(&["on", "off", "static"]),
     trust: Trust::Operator,
     applies: Applies::Restart,
-    description: "whether routing uses the dense (semantic) stage",
+    description: "whether routing uses the dense (semantic) stage: on (the encoder), off, or static (a table distilled from the built-in encoder at first start: microseconds a message, a little less recall)",
 }
 
 // How long a message may queue for the encoder before it is routed lexically: the

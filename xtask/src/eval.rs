@@ -45,7 +45,7 @@ pub struct Args {
     /// its model, as the server's `embeddings_base_url` and `embeddings_model`
     /// settings name them (e.g. http://127.0.0.1:11434/v1#nomic-embed-text); its
     /// bearer key, if it needs one, from LOADOUT_EMBEDDINGS_API_KEY.
-    #[arg(long, value_name = "builtin|none|URL#MODEL", value_parser = EmbedderChoice::parse,
+    #[arg(long, value_name = "builtin|static|none|URL#MODEL", value_parser = EmbedderChoice::parse,
           default_value_t = EmbedderChoice::default_for_build())]
     pub embedder: EmbedderChoice,
     /// Where tool vectors are cached, or none (default target/vector-cache of this
@@ -134,6 +134,9 @@ enum Learning<'a> {
 pub enum EmbedderChoice {
     None,
     Builtin,
+    /// The static table distilled from the built-in encoder (kept in the vector
+    /// cache's directory; the first run distils it, which takes minutes).
+    Static,
     /// An OpenAI-compatible `/v1/embeddings` endpoint: the server's second embedder,
     /// so a model can be measured on the eval before a deployment points at it.
     Endpoint {
@@ -155,6 +158,7 @@ impl EmbedderChoice {
         match text {
             "none" | "lexical" => Ok(EmbedderChoice::None),
             "builtin" => Ok(EmbedderChoice::Builtin),
+            "static" => Ok(EmbedderChoice::Static),
             other => match other.split_once('#') {
                 Some((base_url, model))
                     if (base_url.starts_with("http://") || base_url.starts_with("https://"))
@@ -166,7 +170,7 @@ impl EmbedderChoice {
                     })
                 }
                 _ => bail!(
-                    "--embedder {other}: expected builtin, none or an endpoint URL#MODEL \
+                    "--embedder {other}: expected builtin, static, none or an endpoint URL#MODEL \
                      (e.g. http://127.0.0.1:11434/v1#nomic-embed-text)"
                 ),
             },
@@ -177,6 +181,7 @@ impl EmbedderChoice {
         match self {
             EmbedderChoice::None => "none (lexical only)".to_owned(),
             EmbedderChoice::Builtin => "builtin".to_owned(),
+            EmbedderChoice::Static => "static".to_owned(),
             EmbedderChoice::Endpoint { base_url, model } => format!("{base_url}#{model}"),
         }
     }
@@ -188,6 +193,7 @@ impl std::fmt::Display for EmbedderChoice {
         match self {
             EmbedderChoice::None => f.write_str("none"),
             EmbedderChoice::Builtin => f.write_str("builtin"),
+            EmbedderChoice::Static => f.write_str("static"),
             EmbedderChoice::Endpoint { base_url, model } => write!(f, "{base_url}#{model}"),
         }
     }
@@ -234,6 +240,9 @@ pub fn attach_embedder(
     let embedder: Arc<dyn loadout_embed::Embedder> = match choice {
         EmbedderChoice::None => return Ok("embedder none (lexical only)".to_owned()),
         EmbedderChoice::Builtin => loadout_embed::shared_builtin().map_err(anyhow::Error::msg)?,
+        EmbedderChoice::Static => {
+            loadout_embed::builtin_static(vector_cache).map_err(anyhow::Error::msg)?
+        }
         EmbedderChoice::Endpoint { base_url, model } => {
             let api_key = std::env::var("LOADOUT_EMBEDDINGS_API_KEY").ok();
             Arc::new(
