@@ -204,6 +204,49 @@ fn route_uses_the_dense_stage_unless_asked_not_to() {
     assert!(!lexical.contains("dense"), "{lexical}");
 }
 
+/// `router_dense = static` routes with the table distilled from the built-in encoder,
+/// read from the data dir (distilled there at first start; here, a table of a few
+/// hundred common tokens written beforehand, so that the test does not distil for
+/// minutes): the tool vectors are the static model's, and the table is not rewritten.
+#[test]
+fn route_with_router_dense_static_uses_the_distilled_table_of_the_data_dir() {
+    if !loadout_embed::builtin_available() {
+        eprintln!("note: built without the dense feature; skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source = loadout_embed::builtin().expect("built-in encoder");
+    let common: Vec<u32> = (1996..2300).collect();
+    let table =
+        loadout_embed::static_table::StaticEncoder::distill(source.as_ref(), 2, Some(&common))
+            .expect("distilled");
+    let model_id = loadout_embed::Embedder::model_id(&table).to_owned();
+    let vectors = dir.path().join("vectors");
+    let table_file = loadout_embed::static_table::table_path(&vectors, &model_id);
+    table.write(&table_file).expect("written");
+    let written = std::fs::read(&table_file).expect("read");
+    let set = loadout(dir.path())
+        .args(["settings", "set", "router_dense", "static"])
+        .output()
+        .expect("run loadout");
+    stdout_of(set);
+    let output = loadout(dir.path())
+        .args(["route", "what is my parrot called?", "--json"])
+        .output()
+        .expect("run loadout");
+    let selection: serde_json::Value = serde_json::from_str(&stdout_of(output)).expect("json");
+    let reasons: Vec<&str> = selection["domains"]
+        .as_array()
+        .expect("domains")
+        .iter()
+        .filter_map(|d| d["reason"].as_str())
+        .collect();
+    assert!(reasons.iter().any(|r| r.contains("dense")), "{reasons:?}");
+    let cache = loadout_embed::VectorCache::open(&vectors, &model_id);
+    assert!(!cache.is_empty(), "tool vectors cached under {model_id}");
+    assert_eq!(std::fs::read(&table_file).expect("read"), written);
+}
+
 /// Issue 37: "delete all my notes" is about memory; the scratchpad's `drop_table`
 /// stays out however close its text comes, on both paths.
 #[test]
