@@ -34,6 +34,19 @@ pub struct Args {
     /// Fit the lexical model only; keep the shipped dense model.
     #[arg(long)]
     lexical_only: bool,
+    /// The dense path's encoder: `builtin`, or `static` for the table distilled from
+    /// it (its own model; see `router_dense = static`).
+    #[arg(long, value_name = "builtin|static", default_value = "builtin",
+          value_parser = dense_embedder)]
+    embedder: crate::eval::EmbedderChoice,
+}
+
+fn dense_embedder(text: &str) -> anyhow::Result<crate::eval::EmbedderChoice> {
+    use crate::eval::EmbedderChoice;
+    match EmbedderChoice::parse(text)? {
+        choice @ (EmbedderChoice::Builtin | EmbedderChoice::Static) => Ok(choice),
+        _ => anyhow::bail!("--embedder {text}: expected builtin or static"),
+    }
 }
 
 /// The weights file the router ships with.
@@ -74,7 +87,7 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
         let mut dense_router = Router::new(registry.clone(), crate::eval::eval_config());
         crate::eval::attach_embedder(
             &dense_router,
-            &crate::eval::EmbedderChoice::Builtin,
+            &options.embedder,
             Some(&crate::eval::default_vector_cache()),
         )?;
         let dense = fit_path(&mut dense_router, &folds, options, Path::Dense)?;
