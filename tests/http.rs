@@ -949,6 +949,67 @@ async fn a_clients_token_routes_within_its_own_set() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
+/// Issue 40: a session belongs to the token that started it. A client's token cannot
+/// route or chat in another client's session, nor in the operator's (403, nothing
+/// written to it); the operator's token reaches every session.
+#[tokio::test]
+async fn a_clients_session_is_its_own() {
+    use loadout_server::app::{App, Config};
+    use loadout_server::http::{HttpState, app};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let app_state = App::open(&Config::in_data_dir(dir.path().to_path_buf()))
+        .await
+        .expect("open app");
+    let store = app_state.store().clone();
+    for name in ["agent-a", "agent-b"] {
+        store
+            .client_insert(loadout_store::ClientRow {
+                name: name.into(),
+                token_sha256: loadout_store::sha256_hex(&format!("token-of-{name}-0123456789")),
+                domains: vec![],
+                tools: vec![],
+                rate_per_min: None,
+                read_only: false,
+                created_ms: 0,
+            })
+            .await
+            .expect("insert client");
+    }
+    let operator = "operator-token-0123456789";
+    let app = app(HttpState::new(
+        app_state,
+        Some(loadout_server::mcp::BearerToken::new(operator).expect("token")),
+    ));
+    let post = |path: &str, token: &str, session: &str| {
+        Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::from(
+                json!({"message": "what is my parrot called?", "session": session}).to_string(),
+            ))
+            .expect("request")
+    };
+    let (a, b) = ("token-of-agent-a-0123456789", "token-of-agent-b-0123456789");
+    let (status, _) = send_request(&app, post("/api/route", a, "talk-of-a")).await;
+    assert_eq!(status, StatusCode::OK);
+    let turns = store.session_turn("talk-of-a").await.expect("turn");
+    for path in ["/api/route", "/api/chat"] {
+        let (status, bytes) = send_request(&app, post(path, b, "talk-of-a")).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}");
+        let body = String::from_utf8_lossy(&bytes);
+        assert!(body.contains("another client"), "{path}: {body}");
+    }
+    assert_eq!(store.session_turn("talk-of-a").await.expect("turn"), turns);
+    let (status, _) = send_request(&app, post("/api/route", operator, "talk-of-a")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = send_request(&app, post("/api/route", operator, "talk-of-ops")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = send_request(&app, post("/api/route", a, "talk-of-ops")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
 /// One JSON-RPC request to `/mcp` with a bearer token: status, the answer's JSON
 /// (from an SSE `data:` line or a plain body) and the session id it gave.
 /// An initialized MCP session of `token`'s: its id.

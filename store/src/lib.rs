@@ -246,6 +246,20 @@ impl Store {
         dispatch!(self, s => s.session_ensure(id).await)
     }
 
+    /// Opens session `id` to `client` (`None`: the operator, who may use every
+    /// session): creates it, owned by `client`, when it does not exist. `Ok(false)`
+    /// when it belongs to someone else: another client, or the operator.
+    pub async fn session_claim(&self, id: &str, client: Option<&str>) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.session_claim(id, client).await)
+    }
+
+    /// A new session owned by `client` (`None`: the operator's).
+    pub async fn session_create_for(&self, client: Option<&str>) -> Result<String, StoreError> {
+        let id = new_session_id();
+        self.session_claim(&id, client).await?;
+        Ok(id)
+    }
+
     pub async fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
         dispatch!(self, s => s.session_exists(id).await)
     }

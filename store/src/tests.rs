@@ -1687,3 +1687,73 @@ async fn clients_are_added_found_by_token_hash_listed_and_revoked() {
         );
     }
 }
+
+/// Issue 40: a session belongs to who started it, on every backend: its client, or
+/// the operator (who may use every session); another client may not.
+#[tokio::test]
+async fn a_session_is_claimed_by_its_client_and_refused_to_others() {
+    let (_dir, stores) = stores().await;
+    for t in stores {
+        let s = &t.store;
+        assert!(
+            s.session_claim("talk-a", Some("agent-a"))
+                .await
+                .expect("claim"),
+            "{}",
+            t.name
+        );
+        assert!(
+            s.session_exists("talk-a").await.expect("exists"),
+            "{}",
+            t.name
+        );
+        assert!(
+            s.session_claim("talk-a", Some("agent-a"))
+                .await
+                .expect("again"),
+            "{}",
+            t.name
+        );
+        assert!(
+            !s.session_claim("talk-a", Some("agent-b"))
+                .await
+                .expect("other"),
+            "{}",
+            t.name
+        );
+        assert!(
+            s.session_claim("talk-a", None).await.expect("operator"),
+            "{}",
+            t.name
+        );
+        // The operator's own sessions are not a client's.
+        assert!(
+            s.session_claim("talk-o", None).await.expect("operator"),
+            "{}",
+            t.name
+        );
+        assert!(
+            !s.session_claim("talk-o", Some("agent-a"))
+                .await
+                .expect("client"),
+            "{}",
+            t.name
+        );
+        let id = s.session_create_for(Some("agent-b")).await.expect("create");
+        assert!(
+            s.session_claim(&id, Some("agent-b")).await.expect("own"),
+            "{}",
+            t.name
+        );
+        assert!(
+            !s.session_claim(&id, Some("agent-a")).await.expect("other"),
+            "{}",
+            t.name
+        );
+        assert!(
+            s.session_claim("bad id!", None).await.is_err(),
+            "{}",
+            t.name
+        );
+    }
+}

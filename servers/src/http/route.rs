@@ -32,7 +32,8 @@ pub async fn route(
     ApiJson(body): ApiJson<RouteBody>,
 ) -> Result<Response, ApiError> {
     if let Some(session) = &body.session {
-        loadout_store::validate_session_id(session)?;
+        let client = client.as_ref().map(|c| c.0.0.name.as_str());
+        super::sessions::claim(state.app.store(), session, client).await?;
     }
     let settings = state.app.settings.snapshot_recent().await?;
     let _turn = match &body.session {

@@ -14,6 +14,24 @@ pub async fn create(State(state): State<HttpState>) -> Result<(StatusCode, Json<
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
+/// Opens session `id` to `client` (`None`: the operator's token or no token, which
+/// reach every session), creating it for them when new: a client's token cannot
+/// route or chat in another client's session, nor in the operator's.
+pub(super) async fn claim(
+    store: &loadout_store::Store,
+    id: &str,
+    client: Option<&str>,
+) -> Result<(), ApiError> {
+    loadout_store::validate_session_id(id)?;
+    if store.session_claim(id, client).await? {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(format!(
+            "session `{id}` belongs to another client; start a session of your own"
+        )))
+    }
+}
+
 pub async fn show(
     State(state): State<HttpState>,
     ApiPath(id): ApiPath<String>,

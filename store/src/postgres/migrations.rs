@@ -128,10 +128,18 @@ const MIGRATIONS: &[(i64, &str)] = &[
     );
     "#,
     ),
+    (
+        3,
+        r#"
+    -- Issue 40: a session belongs to the client that started it (NULL: the
+    -- operator's); another client's token cannot route or chat in it.
+    ALTER TABLE sessions ADD COLUMN client TEXT;
+    "#,
+    ),
 ];
 
 /// Newest schema version this binary knows; equal to SQLite's.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 pub(super) enum MigrateError {
     Store(StoreError),

@@ -24,6 +24,24 @@ impl PostgresStore {
         .map(drop)
     }
 
+    pub async fn session_claim(&self, id: &str, client: Option<&str>) -> Result<bool, StoreError> {
+        validate_session_id(id)?;
+        self.execute(
+            "INSERT INTO sessions(id, created_ms, client) VALUES ($1, $2, $3) \
+             ON CONFLICT (id) DO NOTHING",
+            &[&id, &now_ms(), &client],
+        )
+        .await?;
+        let owner: Option<String> = match self
+            .query_opt("SELECT client FROM sessions WHERE id = $1", &[&id])
+            .await?
+        {
+            Some(row) => row.try_get(0).map_err(|e| self.error(e))?,
+            None => None,
+        };
+        Ok(client.is_none() || owner.as_deref() == client)
+    }
+
     pub async fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
         Ok(self
             .query_opt("SELECT 1 FROM sessions WHERE id = $1", &[&id])

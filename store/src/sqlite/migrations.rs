@@ -129,10 +129,18 @@ pub(super) const MIGRATIONS: &[(i64, &str)] = &[
     );
     "#,
     ),
+    (
+        3,
+        r#"
+    -- Issue 40: a session belongs to the client that started it (NULL: the
+    -- operator's); another client's token cannot route or chat in it.
+    ALTER TABLE sessions ADD COLUMN client TEXT;
+    "#,
+    ),
 ];
 
 /// Newest schema version of the main file this binary knows.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The decision log's file. A row is one append: each row of a session points to
 /// the session's previous row (`prev_id`) and `session_last` holds each session's

@@ -27,6 +27,22 @@ impl SqliteStore {
         .await
     }
 
+    pub async fn session_claim(&self, id: &str, client: Option<&str>) -> Result<bool, StoreError> {
+        validate_session_id(id)?;
+        let (id, client) = (id.to_owned(), client.map(str::to_owned));
+        self.call(move |c| {
+            c.prepare_cached(
+                "INSERT OR IGNORE INTO sessions(id, created_ms, client) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![id, now_ms(), client])?;
+            let owner: Option<String> = c
+                .prepare_cached("SELECT client FROM sessions WHERE id = ?1")?
+                .query_row([&id], |row| row.get(0))?;
+            Ok(client.is_none() || owner == client)
+        })
+        .await
+    }
+
     pub async fn session_exists(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_owned();
         self.call(move |c| {

@@ -101,15 +101,16 @@ async fn prepare(
     body: ChatBody,
     client: Option<crate::clients::Client>,
 ) -> Result<Turn, ApiError> {
+    let owner = client.as_ref().map(|c| c.0.name.as_str());
     if let Some(session) = &body.session {
-        loadout_store::validate_session_id(session)?;
+        super::sessions::claim(state.app.store(), session, owner).await?;
     }
     let settings = state.app.settings.snapshot().await?;
     let config = LlmConfig::from_settings(&settings).map_err(ApiError::NotConfigured)?;
     let store = state.app.store().clone();
     let session = match body.session {
         Some(session) => session,
-        None => store.session_create().await?,
+        None => store.session_create_for(owner).await?,
     };
     // Held until the turn ends (the model loop included).
     let guard = state.app.routing().lock_session(&session).await;
