@@ -118,14 +118,26 @@ impl Embedder for BuiltinEncoder {
     }
 }
 
-/// The static table distilled from the built-in encoder (see [`static_table`]): from
-/// `dir` when distilled there before, else distilled now, which takes minutes.
+/// The static table distilled from the built-in encoder (see [`static_table`]): the
+/// process's, else from `dir` when distilled there before, else distilled now, which
+/// takes minutes.
 pub fn builtin_static(dir: Option<&Path>) -> Result<Arc<dyn Embedder>, String> {
     #[cfg(feature = "dense")]
     {
+        // One table per process: the routers that ask at once wait for one distilling
+        // (the table is the encoder's alone, so any data dir's copy serves).
+        static TABLE: std::sync::Mutex<Option<Arc<dyn Embedder>>> = std::sync::Mutex::new(None);
+        let mut table = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(table) = table.as_ref() {
+            return Ok(table.clone());
+        }
         let source = shared_builtin()?;
-        static_table::StaticEncoder::load_or_distill(source.as_ref(), dir)
-            .map(|e| Arc::new(e) as Arc<dyn Embedder>)
+        let made: Arc<dyn Embedder> = Arc::new(static_table::StaticEncoder::load_or_distill(
+            source.as_ref(),
+            dir,
+        )?);
+        *table = Some(made.clone());
+        Ok(made)
     }
     #[cfg(not(feature = "dense"))]
     {
@@ -398,7 +410,7 @@ where
 {
     router.set_dense_pending(true);
     std::thread::spawn(move || {
-        let result = prepare(&router, make_embedder, cache_dir.as_deref());
+        let result = prepare(&router, make_embedder, cache_dir.as_deref(), Attach::Main);
         match &result {
             Ok(stats) => tracing::info!(
                 "[router] dense stage ready: {} texts ({} cached, {} embedded) in {:.1} s",
@@ -416,10 +428,50 @@ where
     })
 }
 
+/// Like [`spawn_dense_stage`], for the router's fallback encoder (see
+/// [`Router::attach_dense_fallback`]): the messages its encoder embeds when the
+/// dense stage's own is busy are routed densely with these tool vectors.
+pub fn spawn_dense_fallback<F>(
+    router: Arc<Router>,
+    make_embedder: F,
+    cache_dir: Option<PathBuf>,
+) -> std::thread::JoinHandle<Result<DenseBuildStats, String>>
+where
+    F: FnOnce() -> Result<Arc<dyn Embedder>, String> + Send + 'static,
+{
+    std::thread::spawn(move || {
+        let result = prepare(
+            &router,
+            make_embedder,
+            cache_dir.as_deref(),
+            Attach::Fallback,
+        );
+        match &result {
+            Ok(stats) => tracing::info!(
+                "[router] dense fallback ready: {} texts ({} cached, {} embedded) in {:.1} s",
+                stats.n_texts,
+                stats.n_cached,
+                stats.n_embedded,
+                stats.elapsed.as_secs_f64()
+            ),
+            Err(e) => tracing::warn!("[router] no dense fallback, busy means lexical: {e}"),
+        }
+        result
+    })
+}
+
+/// Which of the router's dense indexes a build attaches.
+#[derive(Clone, Copy)]
+enum Attach {
+    Main,
+    Fallback,
+}
+
 fn prepare<F>(
     router: &Router,
     make_embedder: F,
     cache_dir: Option<&Path>,
+    attach: Attach,
 ) -> Result<DenseBuildStats, String>
 where
     F: FnOnce() -> Result<Arc<dyn Embedder>, String>,
@@ -435,9 +487,11 @@ where
     // Messages are embedded by the encoder installed here, before the router can
     // ask for them.
     install_encoder(embedder).map_err(|e| e.to_string())?;
-    router
-        .attach_dense(index)
-        .map_err(|_| "a dense stage was already attached".to_owned())?;
+    match attach {
+        Attach::Main => router.attach_dense(index),
+        Attach::Fallback => router.attach_dense_fallback(index),
+    }
+    .map_err(|_| "a dense stage was already attached".to_owned())?;
     Ok(stats)
 }
 

@@ -159,7 +159,8 @@ impl StaticEncoder {
         {
             return Ok(table);
         }
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // A core stays free for requests (the threads also run at a lower priority).
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().max(2) - 1);
         let table = StaticEncoder::distill(source, threads, None)?;
         if let Some(path) = &path
             && let Err(e) = table.write(path)

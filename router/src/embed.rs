@@ -45,6 +45,9 @@ pub struct MessageVectors {
     model_id: String,
     pieces: Vec<Vec<f32>>,
     skipped: Option<String>,
+    /// Why these are a fallback encoder's vectors (see
+    /// [`Router::attach_dense_fallback`](super::Router::attach_dense_fallback)).
+    fallback: Option<String>,
 }
 
 impl MessageVectors {
@@ -59,6 +62,20 @@ impl MessageVectors {
             model_id: model_id.into(),
             pieces,
             skipped: None,
+            fallback: None,
+        }
+    }
+
+    /// Vectors of the router's fallback encoder, and why the dense stage's own
+    /// encoder did not embed the message (`encoder busy`): the notes say both.
+    pub fn fallback(
+        model_id: impl Into<String>,
+        pieces: Vec<Vec<f32>>,
+        reason: impl Into<String>,
+    ) -> MessageVectors {
+        MessageVectors {
+            fallback: Some(reason.into()),
+            ..MessageVectors::new(model_id, pieces)
         }
     }
 
@@ -69,6 +86,7 @@ impl MessageVectors {
             model_id: String::new(),
             pieces: Vec::new(),
             skipped: Some(reason.into()),
+            fallback: None,
         }
     }
 
@@ -84,6 +102,11 @@ impl MessageVectors {
     /// Why the encoder did not run for this message, if it did not.
     pub fn skip_reason(&self) -> Option<&str> {
         self.skipped.as_deref()
+    }
+
+    /// Why these vectors are the fallback encoder's, if they are.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
     }
 
     /// Vectors were computed (not skipped).

@@ -59,6 +59,8 @@ struct DenseCosines<'v> {
     tools: Vec<Vec<f32>>,
     domains: Vec<Vec<f32>>,
     queries: &'v [Vec<f32>],
+    /// The encoder the queries (and the tool vectors compared) are of.
+    model_id: &'v str,
 }
 
 /// Keyword hits of a message (see the fields of [`Evidence`] of the same names).
@@ -284,7 +286,7 @@ impl Router {
         let mut tool_learned = Vec::new();
         let mut piece_learned: Vec<Vec<LearnedVote>> = vec![Vec::new(); piece_texts.len()];
         if let Some(index) = learned.filter(|index| !index.is_empty()) {
-            let queries = dense_cosines.as_ref().map(|c| c.queries);
+            let queries = dense_cosines.as_ref().map(|c| (c.queries, c.model_id));
             tool_learned = vec![0.0f32; n_tools];
             piece_learned = self.learned_votes(index, &piece_texts, queries, &mut tool_learned);
         }
@@ -397,6 +399,21 @@ impl Router {
             notes.push(format!("dense skipped: {reason}; lexical only"));
             return None;
         }
+        // Vectors of the fallback encoder are compared with its own tool vectors.
+        let dense = match self.dense_fallback.get() {
+            Some(fallback)
+                if vectors.model_id() == fallback.model_id
+                    && vectors.model_id() != dense.model_id =>
+            {
+                notes.push(format!(
+                    "dense by the fallback encoder {}: {}",
+                    fallback.model_id,
+                    vectors.fallback_reason().unwrap_or("chosen by the caller")
+                ));
+                fallback
+            }
+            _ => dense,
+        };
         match self.dense_scores(dense, vectors, n_pieces) {
             Ok(cosines) => Some(cosines),
             Err(error) => {
@@ -416,12 +433,16 @@ impl Router {
         &self,
         index: &LearnedIndex,
         pieces: &[&str],
-        queries: Option<&[Vec<f32>]>,
+        queries: Option<(&[Vec<f32>], &str)>,
         tool_learned: &mut [f32],
     ) -> Vec<Vec<LearnedVote>> {
         let config = &self.config;
-        let dense_matches = match (queries, self.dense.get()) {
-            (Some(queries), Some(dense)) if index.has_vectors_of(dense.model_id(), dense.dims) => {
+        let dense_matches = match queries {
+            Some((queries, model_id))
+                if queries
+                    .first()
+                    .is_some_and(|q| index.has_vectors_of(model_id, q.len())) =>
+            {
                 index.dense_matches(queries, config.learned_min_cosine)
             }
             _ => vec![Vec::new(); pieces.len()],
@@ -553,6 +574,7 @@ impl Router {
             tools: Vec::with_capacity(n_pieces),
             domains: Vec::with_capacity(n_pieces),
             queries,
+            model_id: vectors.model_id(),
         };
         for query in queries {
             if query.len() != dense.dims {

@@ -273,6 +273,9 @@ pub struct Router {
     domain_index: Bm25Index,
     /// Attached once its vectors are ready (see [`Router::attach_dense`]).
     dense: OnceLock<DenseIndex>,
+    /// Tool vectors of a second, cheaper encoder, for messages its vectors come
+    /// from when the first is busy (see [`Router::attach_dense_fallback`]).
+    dense_fallback: OnceLock<DenseIndex>,
     /// Set while the dense stage is being prepared, so selections can say why they are
     /// lexical-only.
     dense_pending: AtomicBool,
@@ -374,6 +377,7 @@ impl Router {
             tool_index,
             domain_index,
             dense: OnceLock::new(),
+            dense_fallback: OnceLock::new(),
             dense_pending: AtomicBool::new(false),
             dense_texts,
             dense_owners,
@@ -454,6 +458,19 @@ impl Router {
         let result = self.dense.set(dense);
         self.dense_pending.store(false, Ordering::Release);
         result
+    }
+
+    /// Attaches the tool vectors of a fallback encoder, once: a message whose vectors
+    /// are that encoder's (the server's choice when the dense stage's encoder is
+    /// busy) is routed densely with them, and its notes say so. The learned stage's
+    /// dense path stays the first encoder's.
+    pub fn attach_dense_fallback(&self, dense: DenseIndex) -> Result<(), DenseIndex> {
+        self.dense_fallback.set(dense)
+    }
+
+    /// The fallback encoder's tool vectors, when attached.
+    pub fn dense_fallback(&self) -> Option<&DenseIndex> {
+        self.dense_fallback.get()
     }
 
     /// Says that a dense stage is being prepared: until it is attached, selections

@@ -668,6 +668,66 @@ fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
     );
 }
 
+/// A fallback encoder's tool vectors serve the messages whose vectors are its own
+/// (the server's choice when the main encoder is busy): dense, and the notes say so;
+/// vectors of neither encoder still route lexically.
+#[test]
+fn a_fallback_encoders_vectors_route_densely_with_its_own_tool_vectors() {
+    let mut router = router();
+    // The main encoder's space puts the weather elsewhere: only the fallback's
+    // vectors can find it.
+    router.set_dense(Some(DenseIndex::new(
+        "main",
+        weather_rows(&router, [1.0, 0.0]),
+    )));
+    router
+        .attach_dense_fallback(DenseIndex::new("table", weather_rows(&router, [0.0, 1.0])))
+        .expect("attached once");
+    assert!(
+        router
+            .attach_dense_fallback(DenseIndex::new("again", Vec::new()))
+            .is_err()
+    );
+    let settings = all_settings();
+    let session = SessionView::new(1);
+    let message = "what's it like outside";
+    let select = |vectors: &MessageVectors| {
+        router.select(&RouteInput {
+            message,
+            settings: &settings,
+            session: &session,
+            token_budget: None,
+            learned: None,
+            vectors: Some(vectors),
+        })
+    };
+    let pieces: Vec<Vec<f32>> = message_pieces(message)
+        .into_iter()
+        .map(outside_is_weather)
+        .collect();
+    let fallback = select(&MessageVectors::fallback(
+        "table",
+        pieces.clone(),
+        "encoder busy",
+    ));
+    assert_eq!(stage_of(&fallback, "weather"), Stage::Dense);
+    assert!(
+        fallback
+            .notes
+            .iter()
+            .any(|n| n.contains("fallback encoder table: encoder busy")),
+        "{:?}",
+        fallback.notes
+    );
+    let neither = select(&MessageVectors::new("other", pieces));
+    assert!(
+        neither.notes.iter().any(|n| n.contains("lexical only")),
+        "{:?}",
+        neither.notes
+    );
+    assert_ne!(stage_of(&neither, "weather"), Stage::Dense);
+}
+
 /// The router never runs an encoder: the dense stage scores the vectors the caller
 /// computed, the same vectors give the same selection, and without them (skipped,
 /// of another model, or not given) it routes lexically and says why.

@@ -233,6 +233,7 @@ impl App {
         let http = loadout_embed::http::HttpEmbedder::from_settings(&settings);
         let cache_dir = self.store().data_dir().join("vectors");
         let table_dir = cache_dir.clone();
+        let fallback_router = router.clone();
         let build = loadout_embed::spawn_dense_stage(
             router,
             move || match http {
@@ -243,8 +244,21 @@ impl App {
                 // this one too.
                 None => loadout_embed::shared_builtin(),
             },
-            Some(cache_dir),
+            Some(cache_dir.clone()),
         );
+        // `router_dense_fallback = static`: what the encoder is too busy for is routed
+        // with the static table's vectors rather than lexically.
+        let fallback = settings
+            .get("router_dense_fallback")
+            .is_some_and(|v| v == "static");
+        if fallback && !distilled {
+            let dir = cache_dir.clone();
+            loadout_embed::spawn_dense_fallback(
+                fallback_router,
+                move || loadout_embed::builtin_static(Some(&dir)),
+                Some(cache_dir),
+            );
+        }
         Some(build)
     }
 

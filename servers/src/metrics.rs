@@ -30,6 +30,9 @@ pub const LEARNED_ENTRIES: &str = "loadout_learned_entries";
 /// (`encoder_busy`: the encoder's queue would have held them past the bound;
 /// `encoder_failed`).
 pub const DENSE_SKIPPED: &str = "loadout_dense_skipped_total";
+/// Messages the dense stage's encoder was too busy for, routed with the fallback
+/// encoder's vectors instead (`router_dense_fallback = static`).
+pub const DENSE_FALLBACK: &str = "loadout_dense_fallback_total";
 
 /// How often the exporter's upkeep runs.
 const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
@@ -86,6 +89,7 @@ fn build() -> Option<PrometheusHandle> {
     // Present from the first scrape, before any learner has built its index.
     set_learned_entries(0);
     ::metrics::counter!(DENSE_SKIPPED, "reason" => "encoder_busy").absolute(0);
+    ::metrics::counter!(DENSE_FALLBACK).absolute(0);
     let upkeep = handle.clone();
     let spawned = std::thread::Builder::new()
         .name("metrics-upkeep".into())
@@ -125,6 +129,10 @@ fn describe() {
         "1 while an upstream MCP server is connected, 0 while it is not."
     );
     ::metrics::describe_gauge!(LEARNED_ENTRIES, "Entries of the learned routing memory.");
+    ::metrics::describe_counter!(
+        DENSE_FALLBACK,
+        "Messages the dense stage's encoder was too busy for, routed densely with the fallback encoder's vectors (router_dense_fallback = static)."
+    );
     ::metrics::describe_counter!(
         DENSE_SKIPPED,
         "Messages routed lexically although the dense stage was on, by reason: encoder_busy (its queue would have held them past router_dense_wait_ms), encoder_failed."
@@ -191,6 +199,11 @@ pub fn record_miss_repaired(via: &'static str) {
 /// The state of one upstream MCP server.
 pub fn set_upstream_up(server: &str, up: bool) {
     ::metrics::gauge!(UPSTREAM_UP, "server" => server.to_owned()).set(if up { 1.0 } else { 0.0 });
+}
+
+/// A message routed with the fallback encoder's vectors.
+pub fn record_dense_fallback() {
+    ::metrics::counter!(DENSE_FALLBACK).increment(1);
 }
 
 /// A message the dense stage skipped (`encoder_busy`, `encoder_failed`).

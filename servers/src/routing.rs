@@ -516,10 +516,37 @@ pub async fn message_vectors(
         .await;
     match vectors.skip_reason() {
         None => {}
-        Some(loadout_embed::ENCODER_BUSY) => crate::metrics::record_dense_skipped("encoder_busy"),
+        Some(loadout_embed::ENCODER_BUSY) => {
+            if let Some(fallback) = fallback_vectors(router, settings, text).await {
+                crate::metrics::record_dense_fallback();
+                return Some(fallback);
+            }
+            crate::metrics::record_dense_skipped("encoder_busy");
+        }
         Some(_) => crate::metrics::record_dense_skipped("encoder_failed"),
     }
     Some(vectors)
+}
+
+/// The fallback encoder's vectors for `text` (`router_dense_fallback = static`), when
+/// the router has its tool vectors and it is not busy itself.
+async fn fallback_vectors(
+    router: &Router,
+    settings: &BTreeMap<String, String>,
+    text: &str,
+) -> Option<MessageVectors> {
+    let model_id = router.dense_fallback()?.model_id();
+    let encoder = loadout_embed::encoder_for(model_id)?;
+    let vectors = encoder
+        .message_vectors_within(text, dense_wait(settings))
+        .await;
+    vectors.is_dense().then(|| {
+        MessageVectors::fallback(
+            model_id,
+            vectors.pieces().to_vec(),
+            loadout_embed::ENCODER_BUSY,
+        )
+    })
 }
 
 /// Runs slow, blocking `f` so that the runtime worker it is called on is not held
@@ -725,6 +752,101 @@ mod tests {
             "{:?}",
             after.selection.notes
         );
+    }
+
+    /// Sleeps `.0` per text; named `.1`.
+    struct Named(Duration, &'static str);
+
+    impl Embedder for Named {
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+            std::thread::sleep(self.0 * texts.len() as u32);
+            Ok(vec![vec![1.0, 0.0]; texts.len()])
+        }
+        fn model_id(&self) -> &str {
+            self.1
+        }
+        fn max_batch(&self) -> usize {
+            1
+        }
+    }
+
+    /// `router_dense_fallback = static`: with the encoder's queue past the bound, a
+    /// message is routed densely with the fallback encoder's vectors, its notes say
+    /// so and `/metrics` counts it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_the_encoder_is_too_busy_for_is_routed_with_the_fallback() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open_dir(dir.path()).await.expect("store");
+        let registry = Arc::new(loadout_domains::registry().expect("registry"));
+        let router = Router::new(registry, RouterConfig::default());
+        let rows = vec![vec![0.0, 1.0]; router.dense_texts().len()];
+        let slow = Named(Duration::from_millis(80), "slow-with-fallback");
+        let encoder = loadout_embed::install_encoder(Arc::new(slow)).expect("encoder");
+        let table = Named(Duration::ZERO, "fast-fallback-table");
+        loadout_embed::install_encoder(Arc::new(table)).expect("fallback encoder");
+        assert!(
+            router
+                .attach_dense(DenseIndex::new("slow-with-fallback", rows.clone()))
+                .is_ok()
+        );
+        assert!(
+            router
+                .attach_dense_fallback(DenseIndex::new("fast-fallback-table", rows))
+                .is_ok()
+        );
+        let routing = Routing::new(Arc::new(router), store.clone());
+        let settings = Arc::new(BTreeMap::from([(
+            DENSE_WAIT_SETTING.to_owned(),
+            "30".to_owned(),
+        )]));
+        assert!(crate::metrics::render().is_some());
+        let request = |message| TurnRequest {
+            session: None,
+            message,
+            called: &[],
+            token_budget: None,
+        };
+        let first = routing
+            .route(&store, settings.clone(), request("remember my locker code"))
+            .await
+            .expect("routed");
+        assert!(
+            first.selection.notes.is_empty(),
+            "{:?}",
+            first.selection.notes
+        );
+        let backlog: Vec<_> = (0..3 * EncoderOptions::for_embedder(encoder.embedder().as_ref())
+            .workers)
+            .map(|i| {
+                let encoder = encoder.clone();
+                std::thread::spawn(move || encoder.encode(&[&format!("backlog {i}")]))
+            })
+            .collect();
+        while encoder.estimated_wait() <= Some(Duration::from_millis(60)) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let busy = routing
+            .route(&store, settings.clone(), request("remember where I parked"))
+            .await
+            .expect("routed");
+        assert!(
+            busy.selection
+                .notes
+                .iter()
+                .any(|n| n.contains("fallback encoder fast-fallback-table: encoder busy")),
+            "{:?}",
+            busy.selection.notes
+        );
+        let metrics = crate::metrics::render().unwrap_or_default();
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("loadout_dense_fallback_total") && !l.ends_with(" 0")),
+            "{metrics}"
+        );
+        for thread in backlog {
+            assert!(thread.join().expect("thread").is_ok());
+        }
     }
 
     /// A replaced router serves the turns that start after it; a turn in flight keeps

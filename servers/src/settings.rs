@@ -62,6 +62,17 @@ loadout::setting! {
     description: "whether routing uses the dense (semantic) stage: on (the encoder), off, or static (a table distilled from the built-in encoder at first start: microseconds a message, a little less recall)",
 }
 
+// What a message the encoder is too busy for is routed with: `static` distils the
+// table at first start (minutes of one core, once per data dir) to route such
+// messages densely at lexical cost.
+loadout::setting! {
+    key: "router_dense_fallback",
+    kind: SettingKind::Choice(&["lexical", "static"]),
+    trust: Trust::Operator,
+    applies: Applies::Restart,
+    description: "how a message the built-in encoder is too busy for is routed: lexical (the default) or static (with the table distilled from the encoder, built at first start)",
+}
+
 // How long a message may queue for the encoder before it is routed lexically: the
 // operator trades recall under a burst for latency.
 loadout::setting! {
