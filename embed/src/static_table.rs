@@ -106,6 +106,11 @@ impl StaticEncoder {
             })
             .collect();
         let started = Instant::now();
+        tracing::info!(
+            "[router] distilling the static table: {} tokens through the encoder on {threads} \
+             thread(s), once for this data dir (minutes; routing is lexical meanwhile)",
+            work.len()
+        );
         let rows = encode_each(source, &work, threads)?;
         let dims = rows.first().map_or(0, |(_, v)| v.len());
         if dims == 0 || rows.iter().any(|(_, v)| v.len() != dims) {
