@@ -654,55 +654,78 @@ mod tests {
         );
     }
 
-    /// Sleeps `delay` per text.
-    struct Slow(Duration);
+    /// Sleeps `.0` per text; named `.1`.
+    struct Named(Duration, &'static str);
 
-    impl Embedder for Slow {
+    impl Embedder for Named {
         fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
             std::thread::sleep(self.0 * texts.len() as u32);
             Ok(vec![vec![1.0, 0.0]; texts.len()])
         }
         fn model_id(&self) -> &str {
-            "slow-routing"
+            self.1
         }
         fn max_batch(&self) -> usize {
             1
         }
     }
 
-    /// Degrade, don't queue: with the encoder's queue longer than the bound, a
-    /// message is routed lexically at once, its notes say why, `/metrics` counts it;
-    /// once the queue drains the next message is dense again.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_message_is_routed_lexically_when_the_encoder_is_busy() {
+    /// A bound of 30 ms on a message's wait for the encoder.
+    fn short_wait() -> Arc<BTreeMap<String, String>> {
+        Arc::new(BTreeMap::from([(
+            DENSE_WAIT_SETTING.to_owned(),
+            "30".to_owned(),
+        )]))
+    }
+
+    fn request(message: &str) -> TurnRequest<'_> {
+        TurnRequest {
+            session: None,
+            message,
+            called: &[],
+            token_budget: None,
+        }
+    }
+
+    /// Routing over the domains' registry whose dense stage's encoder, `model`, takes
+    /// 80 ms a text; with `fallback`, an instant encoder of that name and its tool
+    /// vectors as the fallback. Its first message has taught the encoder its cost,
+    /// and the process's metrics recorder is installed.
+    async fn routing_with_a_slow_encoder(
+        model: &'static str,
+        fallback: Option<&'static str>,
+    ) -> (
+        tempfile::TempDir,
+        Store,
+        Routing,
+        Arc<loadout_embed::MessageEncoder>,
+    ) {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open_dir(dir.path()).await.expect("store");
         let registry = Arc::new(loadout_domains::registry().expect("registry"));
         let router = Router::new(registry, RouterConfig::default());
         let rows = vec![vec![0.0, 1.0]; router.dense_texts().len()];
-        let encoder = loadout_embed::install_encoder(Arc::new(Slow(Duration::from_millis(80))))
-            .expect("encoder");
+        let slow = Named(Duration::from_millis(80), model);
+        let encoder = loadout_embed::install_encoder(Arc::new(slow)).expect("encoder");
         assert!(
             router
-                .attach_dense(DenseIndex::new("slow-routing", rows))
+                .attach_dense(DenseIndex::new(model, rows.clone()))
                 .is_ok()
         );
+        if let Some(fallback) = fallback {
+            let instant = Named(Duration::ZERO, fallback);
+            loadout_embed::install_encoder(Arc::new(instant)).expect("fallback encoder");
+            assert!(
+                router
+                    .attach_dense_fallback(DenseIndex::new(fallback, rows))
+                    .is_ok()
+            );
+        }
         let routing = Routing::new(Arc::new(router), store.clone());
-        let settings = Arc::new(BTreeMap::from([(
-            DENSE_WAIT_SETTING.to_owned(),
-            "30".to_owned(),
-        )]));
         // The process's recorder, installed before anything is counted.
         assert!(crate::metrics::render().is_some());
-        let request = |message| TurnRequest {
-            session: None,
-            message,
-            called: &[],
-            token_budget: None,
-        };
-        // The first message teaches the encoder its cost.
         let first = routing
-            .route(&store, settings.clone(), request("remember my locker code"))
+            .route(&store, short_wait(), request("remember my locker code"))
             .await
             .expect("routed");
         assert!(
@@ -710,9 +733,16 @@ mod tests {
             "{:?}",
             first.selection.notes
         );
-        // A backlog of several passes of the encoder per worker.
-        let backlog: Vec<_> = (0..3 * EncoderOptions::for_embedder(encoder.embedder().as_ref())
-            .workers)
+        (dir, store, routing, encoder)
+    }
+
+    /// Queues several passes of the encoder per worker and waits until a message
+    /// would wait past the 30 ms bound; the backlog's threads.
+    async fn fill_the_queue(
+        encoder: &Arc<loadout_embed::MessageEncoder>,
+    ) -> Vec<std::thread::JoinHandle<Result<Vec<Vec<f32>>, loadout_embed::EncodeError>>> {
+        let workers = EncoderOptions::for_embedder(encoder.embedder().as_ref()).workers;
+        let backlog = (0..3 * workers)
             .map(|i| {
                 let encoder = encoder.clone();
                 std::thread::spawn(move || encoder.encode(&[&format!("backlog {i}")]))
@@ -721,8 +751,19 @@ mod tests {
         while encoder.estimated_wait() <= Some(Duration::from_millis(60)) {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+        backlog
+    }
+
+    /// Degrade, don't queue: with the encoder's queue longer than the bound, a
+    /// message is routed lexically at once, its notes say why, `/metrics` counts it;
+    /// once the queue drains the next message is dense again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_is_routed_lexically_when_the_encoder_is_busy() {
+        let (_dir, store, routing, encoder) =
+            routing_with_a_slow_encoder("slow-routing", None).await;
+        let backlog = fill_the_queue(&encoder).await;
         let busy = routing
-            .route(&store, settings.clone(), request("remember where I parked"))
+            .route(&store, short_wait(), request("remember where I parked"))
             .await
             .expect("routed");
         assert!(
@@ -744,7 +785,7 @@ mod tests {
             assert!(thread.join().expect("thread").is_ok());
         }
         let after = routing
-            .route(&store, settings, request("remember where I parked"))
+            .route(&store, short_wait(), request("remember where I parked"))
             .await
             .expect("routed");
         assert!(
@@ -754,79 +795,16 @@ mod tests {
         );
     }
 
-    /// Sleeps `.0` per text; named `.1`.
-    struct Named(Duration, &'static str);
-
-    impl Embedder for Named {
-        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
-            std::thread::sleep(self.0 * texts.len() as u32);
-            Ok(vec![vec![1.0, 0.0]; texts.len()])
-        }
-        fn model_id(&self) -> &str {
-            self.1
-        }
-        fn max_batch(&self) -> usize {
-            1
-        }
-    }
-
     /// `router_dense_fallback = static`: with the encoder's queue past the bound, a
     /// message is routed densely with the fallback encoder's vectors, its notes say
     /// so and `/metrics` counts it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_message_the_encoder_is_too_busy_for_is_routed_with_the_fallback() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open_dir(dir.path()).await.expect("store");
-        let registry = Arc::new(loadout_domains::registry().expect("registry"));
-        let router = Router::new(registry, RouterConfig::default());
-        let rows = vec![vec![0.0, 1.0]; router.dense_texts().len()];
-        let slow = Named(Duration::from_millis(80), "slow-with-fallback");
-        let encoder = loadout_embed::install_encoder(Arc::new(slow)).expect("encoder");
-        let table = Named(Duration::ZERO, "fast-fallback-table");
-        loadout_embed::install_encoder(Arc::new(table)).expect("fallback encoder");
-        assert!(
-            router
-                .attach_dense(DenseIndex::new("slow-with-fallback", rows.clone()))
-                .is_ok()
-        );
-        assert!(
-            router
-                .attach_dense_fallback(DenseIndex::new("fast-fallback-table", rows))
-                .is_ok()
-        );
-        let routing = Routing::new(Arc::new(router), store.clone());
-        let settings = Arc::new(BTreeMap::from([(
-            DENSE_WAIT_SETTING.to_owned(),
-            "30".to_owned(),
-        )]));
-        assert!(crate::metrics::render().is_some());
-        let request = |message| TurnRequest {
-            session: None,
-            message,
-            called: &[],
-            token_budget: None,
-        };
-        let first = routing
-            .route(&store, settings.clone(), request("remember my locker code"))
-            .await
-            .expect("routed");
-        assert!(
-            first.selection.notes.is_empty(),
-            "{:?}",
-            first.selection.notes
-        );
-        let backlog: Vec<_> = (0..3 * EncoderOptions::for_embedder(encoder.embedder().as_ref())
-            .workers)
-            .map(|i| {
-                let encoder = encoder.clone();
-                std::thread::spawn(move || encoder.encode(&[&format!("backlog {i}")]))
-            })
-            .collect();
-        while encoder.estimated_wait() <= Some(Duration::from_millis(60)) {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        let (_dir, store, routing, encoder) =
+            routing_with_a_slow_encoder("slow-with-fallback", Some("fast-fallback-table")).await;
+        let backlog = fill_the_queue(&encoder).await;
         let busy = routing
-            .route(&store, settings.clone(), request("remember where I parked"))
+            .route(&store, short_wait(), request("remember where I parked"))
             .await
             .expect("routed");
         assert!(
