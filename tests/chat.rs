@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crate::support::domain_decision;
+use crate::support::{client_row, domain_decision};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -1193,13 +1193,9 @@ async fn a_clients_chat_turn_sees_and_calls_only_its_tools() {
     let client_token = "client-token-of-the-notes-reader";
     store
         .client_insert(loadout_store::ClientRow {
-            name: "notes-reader".into(),
-            token_sha256: loadout_store::sha256_hex(client_token),
             domains: vec!["memory".into()],
-            tools: vec![],
-            rate_per_min: None,
             read_only: true,
-            created_ms: 0,
+            ..client_row("notes-reader", client_token)
         })
         .await
         .expect("insert client");

@@ -170,6 +170,17 @@ fn serving_beyond_loopback_requires_a_bearer_token() {
     assert!(!rest.iter().any(|l| l.contains(&token)), "{rest:?}");
 }
 
+/// Each domain's reason in the selection `loadout route --json` printed.
+fn domain_reasons(output: std::process::Output) -> Vec<String> {
+    let selection: serde_json::Value = serde_json::from_str(&stdout_of(output)).expect("json");
+    selection["domains"]
+        .as_array()
+        .expect("domains")
+        .iter()
+        .filter_map(|d| d["reason"].as_str().map(str::to_owned))
+        .collect()
+}
+
 /// `loadout route` routes with the same stages as `loadout serve`: the dense stage
 /// too (its vectors cached in the data dir), unless `--lexical`.
 #[test]
@@ -185,14 +196,7 @@ fn route_uses_the_dense_stage_unless_asked_not_to() {
             .args(extra)
             .output()
             .expect("run loadout");
-        let selection: serde_json::Value = serde_json::from_str(&stdout_of(output)).expect("json");
-        selection["domains"]
-            .as_array()
-            .expect("domains")
-            .iter()
-            .filter_map(|d| d["reason"].as_str())
-            .collect::<Vec<_>>()
-            .join(" | ")
+        domain_reasons(output).join(" | ")
     };
     let dense = reasons(&[]);
     assert!(dense.contains("dense"), "{dense}");
@@ -234,13 +238,7 @@ fn route_with_router_dense_static_uses_the_distilled_table_of_the_data_dir() {
         .args(["route", "what is my parrot called?", "--json"])
         .output()
         .expect("run loadout");
-    let selection: serde_json::Value = serde_json::from_str(&stdout_of(output)).expect("json");
-    let reasons: Vec<&str> = selection["domains"]
-        .as_array()
-        .expect("domains")
-        .iter()
-        .filter_map(|d| d["reason"].as_str())
-        .collect();
+    let reasons = domain_reasons(output);
     assert!(reasons.iter().any(|r| r.contains("dense")), "{reasons:?}");
     let cache = loadout_embed::VectorCache::open(&vectors, &model_id);
     assert!(!cache.is_empty(), "tool vectors cached under {model_id}");

@@ -5,7 +5,9 @@ use axum::http::{Request, StatusCode};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::support::{domain_decision, http_app, logged_selections, send, send_request};
+use crate::support::{
+    client_row, domain_decision, http_app, logged_selections, send, send_request,
+};
 
 #[tokio::test]
 async fn settings_are_masked_on_read_and_deletable() {
@@ -878,13 +880,9 @@ async fn a_clients_token_routes_within_its_own_set() {
     let client_token = "client-token-of-the-notes-agent";
     store
         .client_insert(loadout_store::ClientRow {
-            name: "notes-agent".into(),
-            token_sha256: loadout_store::sha256_hex(client_token),
             domains: vec!["memory".into()],
-            tools: vec![],
-            rate_per_min: None,
             read_only: true,
-            created_ms: 0,
+            ..client_row("notes-agent", client_token)
         })
         .await
         .expect("insert client");
@@ -963,15 +961,7 @@ async fn a_clients_session_is_its_own() {
     let store = app_state.store().clone();
     for name in ["agent-a", "agent-b"] {
         store
-            .client_insert(loadout_store::ClientRow {
-                name: name.into(),
-                token_sha256: loadout_store::sha256_hex(&format!("token-of-{name}-0123456789")),
-                domains: vec![],
-                tools: vec![],
-                rate_per_min: None,
-                read_only: false,
-                created_ms: 0,
-            })
+            .client_insert(client_row(name, &format!("token-of-{name}-0123456789")))
             .await
             .expect("insert client");
     }
@@ -1101,13 +1091,9 @@ async fn a_clients_token_is_served_the_mcp_view_of_its_domains() {
     ] {
         store
             .client_insert(loadout_store::ClientRow {
-                name: name.into(),
-                token_sha256: loadout_store::sha256_hex(token),
                 domains,
                 tools,
-                rate_per_min: None,
-                read_only: false,
-                created_ms: 0,
+                ..client_row(name, token)
             })
             .await
             .expect("insert client");
@@ -1305,13 +1291,8 @@ async fn a_client_over_its_rate_gets_429_with_retry_after() {
     ] {
         store
             .client_insert(loadout_store::ClientRow {
-                name: name.into(),
-                token_sha256: loadout_store::sha256_hex(token),
-                domains: vec![],
-                tools: vec![],
                 rate_per_min: rate,
-                read_only: false,
-                created_ms: 0,
+                ..client_row(name, token)
             })
             .await
             .expect("insert client");
@@ -1399,13 +1380,10 @@ async fn the_clients_and_their_calls_are_listed_for_the_operator() {
     let token = "client-token-of-the-list-agent";
     store
         .client_insert(loadout_store::ClientRow {
-            name: "list-agent".into(),
-            token_sha256: loadout_store::sha256_hex(token),
-            domains: vec![],
             tools: vec!["calculate".into()],
             rate_per_min: Some(100),
             read_only: true,
-            created_ms: 0,
+            ..client_row("list-agent", token)
         })
         .await
         .expect("insert client");

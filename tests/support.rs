@@ -8,6 +8,20 @@ use loadout_server::http::{HttpState, app};
 use serde_json::Value;
 use tower::ServiceExt;
 
+/// A client `name` with token `token` and no limits; a test sets the limits it needs
+/// with struct update syntax.
+pub fn client_row(name: &str, token: &str) -> loadout_store::ClientRow {
+    loadout_store::ClientRow {
+        name: name.into(),
+        token_sha256: loadout_store::sha256_hex(token),
+        domains: vec![],
+        tools: vec![],
+        rate_per_min: None,
+        read_only: false,
+        created_ms: 0,
+    }
+}
+
 /// An HTTP app on a fresh data dir; keep the `TempDir` alive for the test.
 pub async fn http_app(token: Option<&str>) -> (tempfile::TempDir, axum::Router) {
     let dir = tempfile::tempdir().expect("tempdir");
