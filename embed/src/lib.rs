@@ -409,23 +409,7 @@ where
     F: FnOnce() -> Result<Arc<dyn Embedder>, String> + Send + 'static,
 {
     router.set_dense_pending(true);
-    std::thread::spawn(move || {
-        let result = prepare(&router, make_embedder, cache_dir.as_deref(), Attach::Main);
-        match &result {
-            Ok(stats) => tracing::info!(
-                "[router] dense stage ready: {} texts ({} cached, {} embedded) in {:.1} s",
-                stats.n_texts,
-                stats.n_cached,
-                stats.n_embedded,
-                stats.elapsed.as_secs_f64()
-            ),
-            Err(e) => {
-                router.set_dense_pending(false);
-                tracing::warn!("[router] dense stage off, routing lexical-only: {e}");
-            }
-        }
-        result
-    })
+    spawn_build(router, make_embedder, cache_dir, Attach::Main)
 }
 
 /// Like [`spawn_dense_stage`], for the router's fallback encoder (see
@@ -439,22 +423,43 @@ pub fn spawn_dense_fallback<F>(
 where
     F: FnOnce() -> Result<Arc<dyn Embedder>, String> + Send + 'static,
 {
+    spawn_build(router, make_embedder, cache_dir, Attach::Fallback)
+}
+
+/// The thread of [`spawn_dense_stage`] and [`spawn_dense_fallback`]: builds, attaches
+/// and logs the outcome.
+fn spawn_build<F>(
+    router: Arc<Router>,
+    make_embedder: F,
+    cache_dir: Option<PathBuf>,
+    attach: Attach,
+) -> std::thread::JoinHandle<Result<DenseBuildStats, String>>
+where
+    F: FnOnce() -> Result<Arc<dyn Embedder>, String> + Send + 'static,
+{
     std::thread::spawn(move || {
-        let result = prepare(
-            &router,
-            make_embedder,
-            cache_dir.as_deref(),
-            Attach::Fallback,
-        );
+        let result = prepare(&router, make_embedder, cache_dir.as_deref(), attach);
+        let stage = match attach {
+            Attach::Main => "dense stage",
+            Attach::Fallback => "dense fallback",
+        };
         match &result {
             Ok(stats) => tracing::info!(
-                "[router] dense fallback ready: {} texts ({} cached, {} embedded) in {:.1} s",
+                "[router] {stage} ready: {} texts ({} cached, {} embedded) in {:.1} s",
                 stats.n_texts,
                 stats.n_cached,
                 stats.n_embedded,
                 stats.elapsed.as_secs_f64()
             ),
-            Err(e) => tracing::warn!("[router] no dense fallback, busy means lexical: {e}"),
+            Err(e) => match attach {
+                Attach::Main => {
+                    router.set_dense_pending(false);
+                    tracing::warn!("[router] dense stage off, routing lexical-only: {e}");
+                }
+                Attach::Fallback => {
+                    tracing::warn!("[router] no dense fallback, busy means lexical: {e}")
+                }
+            },
         }
         result
     })

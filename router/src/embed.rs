@@ -66,17 +66,12 @@ impl MessageVectors {
         }
     }
 
-    /// Vectors of the router's fallback encoder, and why the dense stage's own
-    /// encoder did not embed the message (`encoder busy`): the notes say both.
-    pub fn fallback(
-        model_id: impl Into<String>,
-        pieces: Vec<Vec<f32>>,
-        reason: impl Into<String>,
-    ) -> MessageVectors {
-        MessageVectors {
-            fallback: Some(reason.into()),
-            ..MessageVectors::new(model_id, pieces)
-        }
+    /// These vectors, marked as the router's fallback encoder's, and why the dense
+    /// stage's own encoder did not embed the message (`encoder busy`): the notes say
+    /// both.
+    pub fn as_fallback(mut self, reason: impl Into<String>) -> MessageVectors {
+        self.fallback = Some(reason.into());
+        self
     }
 
     /// No vectors, and why (`encoder busy`): the selection's notes say `dense

@@ -705,11 +705,8 @@ fn a_fallback_encoders_vectors_route_densely_with_its_own_tool_vectors() {
         .into_iter()
         .map(outside_is_weather)
         .collect();
-    let fallback = select(&MessageVectors::fallback(
-        "table",
-        pieces.clone(),
-        "encoder busy",
-    ));
+    let fallback =
+        select(&MessageVectors::new("table", pieces.clone()).as_fallback("encoder busy"));
     assert_eq!(stage_of(&fallback, "weather"), Stage::Dense);
     assert!(
         fallback

@@ -540,13 +540,10 @@ async fn fallback_vectors(
     let vectors = encoder
         .message_vectors_within(text, dense_wait(settings))
         .await;
-    vectors.is_dense().then(|| {
-        MessageVectors::fallback(
-            model_id,
-            vectors.pieces().to_vec(),
-            loadout_embed::ENCODER_BUSY,
-        )
-    })
+    // The encoder's vectors name its model, the fallback index's.
+    vectors
+        .is_dense()
+        .then(|| vectors.as_fallback(loadout_embed::ENCODER_BUSY))
 }
 
 /// Runs slow, blocking `f` so that the runtime worker it is called on is not held
