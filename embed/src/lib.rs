@@ -187,9 +187,7 @@ impl VectorCache {
     /// The cache of `model_id` in `dir`; empty when the file is missing, unreadable,
     /// or written for another model.
     pub fn open(dir: &Path, model_id: &str) -> VectorCache {
-        let digest = Sha256::digest(model_id.as_bytes());
-        let key: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        let path = dir.join(format!("vectors-{key}.bin"));
+        let path = model_file(dir, "vectors", model_id);
         let mut cache = VectorCache {
             path,
             model_id: model_id.to_owned(),
@@ -256,13 +254,8 @@ impl VectorCache {
         if !self.dirty {
             return Ok(());
         }
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let mut bytes = Vec::with_capacity(16 + self.rows.len() * (32 + 4 * self.dims));
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&(self.model_id.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(self.model_id.as_bytes());
+        let mut bytes = model_header(MAGIC, &self.model_id);
+        bytes.reserve(8 + self.rows.len() * (32 + 4 * self.dims));
         bytes.extend_from_slice(&(self.dims as u32).to_le_bytes());
         bytes.extend_from_slice(&(self.rows.len() as u32).to_le_bytes());
         let mut hashes: Vec<&[u8; 32]> = self.rows.keys().collect();
@@ -273,18 +266,55 @@ impl VectorCache {
                 bytes.extend_from_slice(&x.to_le_bytes());
             }
         }
-        let tmp = self
-            .path
-            .with_extension(format!("tmp{}", std::process::id()));
-        {
-            let mut file = std::fs::File::create(&tmp)?;
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-        }
-        std::fs::rename(&tmp, &self.path)?;
+        write_atomically(&self.path, &bytes)?;
         self.dirty = false;
         Ok(())
     }
+}
+
+/// A model's file in `dir`: `<prefix>-<first 16 hex of sha256(model id)>.bin`.
+pub(crate) fn model_file(dir: &Path, prefix: &str, model_id: &str) -> PathBuf {
+    let digest = Sha256::digest(model_id.as_bytes());
+    let key: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    dir.join(format!("{prefix}-{key}.bin"))
+}
+
+/// How a model's file begins: `magic`, then the model id's `u32` length and bytes.
+pub(crate) fn model_header(magic: &[u8; 8], model_id: &str) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(12 + model_id.len());
+    bytes.extend_from_slice(magic);
+    bytes.extend_from_slice(&(model_id.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(model_id.as_bytes());
+    bytes
+}
+
+/// What follows [`model_header`] in `bytes`, when they begin with `magic` and
+/// `model_id`'s header.
+pub(crate) fn after_model_header<'b>(
+    bytes: &'b [u8],
+    magic: &[u8; 8],
+    model_id: &str,
+) -> Option<&'b [u8]> {
+    let rest = bytes.strip_prefix(magic.as_slice())?;
+    let (len, rest) = rest.split_first_chunk::<4>()?;
+    let (id, rest) = rest.split_at_checked(u32::from_le_bytes(*len) as usize)?;
+    (id == model_id.as_bytes()).then_some(rest)
+}
+
+/// Writes `bytes` to `path` (its directory made if missing) through a temporary
+/// file of this process and a rename: a crash never leaves a torn file, and two
+/// processes never write one temporary file.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
 }
 
 fn text_hash(text: &str) -> [u8; 32] {
@@ -295,7 +325,7 @@ fn text_hash(text: &str) -> [u8; 32] {
 type Rows = HashMap<[u8; 32], Vec<f32>>;
 
 fn parse(bytes: &[u8], model_id: &str) -> Option<(usize, Rows)> {
-    let mut rest = bytes.strip_prefix(MAGIC.as_slice())?;
+    let mut rest = after_model_header(bytes, MAGIC, model_id)?;
     let mut take = |n: usize| -> Option<&[u8]> {
         let (head, tail) = rest.split_at_checked(n)?;
         rest = tail;
@@ -303,10 +333,6 @@ fn parse(bytes: &[u8], model_id: &str) -> Option<(usize, Rows)> {
     };
     let read_u32 =
         |b: &[u8]| -> Option<usize> { Some(u32::from_le_bytes(b.try_into().ok()?) as usize) };
-    let id_len = read_u32(take(4)?)?;
-    if take(id_len)? != model_id.as_bytes() {
-        return None;
-    }
     let dims = read_u32(take(4)?)?;
     let n_rows = read_u32(take(4)?)?;
     let row_bytes = 32usize.checked_add(dims.checked_mul(4)?)?;

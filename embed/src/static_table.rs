@@ -12,11 +12,9 @@
 //! `u32` dims, then per row an `f32` scale and `dims` `i8`s. Written to a temporary
 //! file and renamed; a file that does not parse is distilled again.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use sha2::{Digest, Sha256};
 use tokenizers::Tokenizer;
 
 use crate::Embedder;
@@ -177,24 +175,15 @@ impl StaticEncoder {
 
     /// Writes the table to `path` (a temporary file, then renamed).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        let mut bytes = Vec::with_capacity(24 + self.model_id.len() + self.values.len() * 2);
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&(self.model_id.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(self.model_id.as_bytes());
+        let mut bytes = crate::model_header(MAGIC, &self.model_id);
+        bytes.reserve(8 + self.scales.len() * 4 + self.values.len());
         bytes.extend_from_slice(&(self.scales.len() as u32).to_le_bytes());
         bytes.extend_from_slice(&(self.dims as u32).to_le_bytes());
         for (scale, row) in self.scales.iter().zip(self.values.chunks_exact(self.dims)) {
             bytes.extend_from_slice(&scale.to_le_bytes());
             bytes.extend(row.iter().map(|v| *v as u8));
         }
-        let tmp = path.with_extension("bin.tmp");
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
+        crate::write_atomically(path, &bytes)
     }
 
     pub fn dims(&self) -> usize {
@@ -306,21 +295,13 @@ fn weighted_rows(vocab: usize, dims: usize, rows: &[(u32, Vec<f32>)]) -> Vec<f32
 
 /// Where the table of `model_id` lives in `dir`.
 pub fn table_path(dir: &Path, model_id: &str) -> PathBuf {
-    let hash = Sha256::digest(model_id.as_bytes());
-    let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
-    dir.join(format!("static-{hex}.bin"))
+    crate::model_file(dir, "static", model_id)
 }
 
 /// The table at `path` if it parses and is `model_id`'s.
 fn read(path: &Path, model_id: &str) -> Option<StaticEncoder> {
     let bytes = std::fs::read(path).ok()?;
-    let rest = bytes.strip_prefix(MAGIC)?;
-    let (len, rest) = rest.split_first_chunk::<4>()?;
-    let len = u32::from_le_bytes(*len) as usize;
-    let (id, rest) = rest.split_at_checked(len)?;
-    if id != model_id.as_bytes() {
-        return None;
-    }
+    let rest = crate::after_model_header(&bytes, MAGIC, model_id)?;
     let (rows, rest) = rest.split_first_chunk::<4>()?;
     let (dims, rest) = rest.split_first_chunk::<4>()?;
     let (rows, dims) = (
