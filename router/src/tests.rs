@@ -623,6 +623,29 @@ fn outside_is_weather(text: &str) -> Vec<f32> {
     }
 }
 
+/// A message only the dense stage can route to the weather.
+const OUTSIDE: &str = "what's it like outside";
+
+/// [`OUTSIDE`]'s vectors, one per piece, pointing at the weather.
+fn outside_pieces() -> Vec<Vec<f32>> {
+    message_pieces(OUTSIDE)
+        .into_iter()
+        .map(outside_is_weather)
+        .collect()
+}
+
+/// [`OUTSIDE`] routed with `vectors`, every setting set, in a new session.
+fn route_outside(router: &Router, vectors: Option<&MessageVectors>) -> Selection {
+    router.select(&RouteInput {
+        message: OUTSIDE,
+        settings: &all_settings(),
+        session: &SessionView::new(1),
+        token_budget: None,
+        learned: None,
+        vectors,
+    })
+}
+
 /// The router's dense rows: [1, 0] for `get_current_weather`'s texts, `rest` for every
 /// other text.
 fn weather_rows(router: &Router, rest: [f32; 2]) -> Vec<Vec<f32>> {
@@ -688,25 +711,11 @@ fn a_fallback_encoders_vectors_route_densely_with_its_own_tool_vectors() {
             .attach_dense_fallback(DenseIndex::new("again", Vec::new()))
             .is_err()
     );
-    let settings = all_settings();
-    let session = SessionView::new(1);
-    let message = "what's it like outside";
-    let select = |vectors: &MessageVectors| {
-        router.select(&RouteInput {
-            message,
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: None,
-            vectors: Some(vectors),
-        })
-    };
-    let pieces: Vec<Vec<f32>> = message_pieces(message)
-        .into_iter()
-        .map(outside_is_weather)
-        .collect();
-    let fallback =
-        select(&MessageVectors::new("table", pieces.clone()).as_fallback("encoder busy"));
+    let pieces = outside_pieces();
+    let fallback = route_outside(
+        &router,
+        Some(&MessageVectors::new("table", pieces.clone()).as_fallback("encoder busy")),
+    );
     assert_eq!(stage_of(&fallback, "weather"), Stage::Dense);
     assert!(
         fallback
@@ -716,7 +725,7 @@ fn a_fallback_encoders_vectors_route_densely_with_its_own_tool_vectors() {
         "{:?}",
         fallback.notes
     );
-    let neither = select(&MessageVectors::new("other", pieces));
+    let neither = route_outside(&router, Some(&MessageVectors::new("other", pieces)));
     assert!(
         neither.notes.iter().any(|n| n.contains("lexical only")),
         "{:?}",
@@ -735,23 +744,9 @@ fn the_dense_stage_scores_the_callers_vectors_and_runs_no_encoder() {
         "test",
         weather_rows(&router, [0.0, 1.0]),
     )));
-    let settings = all_settings();
-    let session = SessionView::new(1);
-    let message = "what's it like outside";
-    let select = |vectors: Option<&MessageVectors>| {
-        router.select(&RouteInput {
-            message,
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: None,
-            vectors,
-        })
-    };
-    let pieces: Vec<Vec<f32>> = message_pieces(message)
-        .into_iter()
-        .map(outside_is_weather)
-        .collect();
+    let message = OUTSIDE;
+    let select = |vectors: Option<&MessageVectors>| route_outside(&router, vectors);
+    let pieces = outside_pieces();
     let vectors = MessageVectors::new("test", pieces.clone());
     let dense = select(Some(&vectors));
     assert_eq!(stage_of(&dense, "weather"), Stage::Dense);
