@@ -1,6 +1,8 @@
 //! Feature rows for the fitted scorer ([`crate::scorer`]): what the evidence and the
 //! session say of each candidate tool, every value on a 0..1 scale.
 
+use std::collections::HashMap;
+
 use crate::evidence::Evidence;
 use crate::scorer::{N_FEATURES, Row, f};
 use crate::{LearnedIndex, Router, SessionView};
@@ -9,9 +11,22 @@ use crate::{LearnedIndex, Router, SessionView};
 #[derive(Debug, Default)]
 pub(crate) struct Candidates {
     pub(crate) tools: Vec<usize>,
+    /// Per candidate tool: the index of its feature row in `rows`. Tools the turn
+    /// points at only through their domain share one row per domain and flags.
+    pub(crate) row_of: Vec<u32>,
     pub(crate) rows: Vec<Row>,
     /// Candidates nothing points at: no row, every feature 0 but their flags.
     pub(crate) rest: Vec<usize>,
+}
+
+impl Candidates {
+    /// Each candidate tool with its feature row.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, &Row)> + '_ {
+        self.tools
+            .iter()
+            .zip(&self.row_of)
+            .map(|(&t, &r)| (t, &self.rows[r as usize]))
+    }
 }
 
 impl Router {
@@ -64,19 +79,15 @@ impl Router {
             .collect();
         let domains = self.domain_features(evidence, session, candidate_domain);
         let per_tool = self.tool_features(evidence, session, learned, candidate_domain, &tools);
-        let mut message_words: Vec<String> = Vec::new();
-        crate::lexical::for_each_term(&message.to_lowercase(), |term| {
-            message_words.push(term.to_owned())
-        });
+        let named = self.tools_naming_their_action(message);
 
-        let mut rows = Vec::new();
-        let mut kept = Vec::new();
-        let mut rest = Vec::new();
+        let mut out = Candidates::default();
+        // Per domain and (destructive, read-first) flags: the row its tools share
+        // when the turn points at them only through the domain.
+        let mut shared_row: Vec<[Option<u32>; 4]> = vec![[None; 4]; self.names.domains.len()];
         for &t in &tools {
             let d = self.names.tool_domains[t];
-            let names_action = self.tool_actions[t]
-                .as_ref()
-                .is_some_and(|action| action.named_in(&message_words));
+            let names_action = named.binary_search(&t).is_ok();
             // A tool nothing points at, in a domain nothing points at, differs from
             // its like only by its flags: the caller prices those as a group.
             let touched = domains.evidence[d] > 0.0
@@ -84,48 +95,96 @@ impl Router {
                 || per_tool.points_at(t, evidence)
                 || names_action;
             if !touched {
-                rest.push(t);
+                out.rest.push(t);
                 continue;
             }
-            let mut x = [0.0f32; N_FEATURES];
-            x[f::TOOL_BM25] = per_tool.bm25[t];
-            x[f::TOOL_BM25_REL] = per_tool.bm25_rel[t];
-            x[f::TOOL_BM25_RANK] = per_tool.bm25_rank[t];
-            x[f::DOMAIN_BM25_REL] = domains.bm25_rel[d];
-            x[f::DOMAIN_BM25_RANK] = domains.bm25_rank[d];
-            x[f::TOOL_KEYWORD] = f32::from(evidence.tool_keyword_hits[t].min(1));
-            x[f::DOMAIN_KEYWORD] = f32::from(evidence.domain_keyword_hits[d].min(2)) / 2.0;
-            x[f::KEYWORD_IN_DOMAIN] = f32::from(evidence.keyword_hits_in_domain[d] > 0);
-            x[f::DOMAIN_LAST_TURN] = domains.last_turn[d];
-            x[f::DOMAIN_STICKY] = domains.sticky[d];
-            x[f::TOOL_CALLED_RECENTLY] = f32::from(per_tool.called_recently[t]);
-            x[f::CARRIED] = f32::from(per_tool.carried[t]);
-            x[f::NEXT_STEP] = per_tool.next_step[t];
-            x[f::PREREQUISITE] = per_tool.prerequisite[t];
-            x[f::CO_USAGE] = per_tool.co_usage[t];
-            x[f::LEARNED_TOOL] = learned_score(evidence, t);
-            x[f::LEARNED_DOMAIN] = domains.learned[d];
-            // A small domain the turn points at: its tools travel together. Without
-            // the evidence, a catalog of one-tool domains would lift every tool.
-            x[f::SMALL_DOMAIN_EVIDENCE] =
-                domains.evidence[d] / self.tools_by_domain[d].len().max(1) as f32;
-            x[f::DESTRUCTIVE] = f32::from(self.destructive[t]);
-            x[f::READ_FIRST] = f32::from(self.tool_prior[t] > 0.0);
-            x[f::NAMES_ACTION] = f32::from(names_action);
-            x[f::TOOL_DENSE] = per_tool.dense[t];
-            x[f::TOOL_DENSE_REL] = per_tool.dense_rel[t];
-            x[f::TOOL_DENSE_RANK] = per_tool.dense_rank[t];
-            x[f::DOMAIN_DENSE_REL] = domains.dense_rel[d];
-            x[f::DOMAIN_DENSE_RANK] = domains.dense_rank[d];
-            x[f::LEARNED_TOOL_RANK] = per_tool.learned_rank[t];
-            rows.push(x);
-            kept.push(t);
+            let row = if names_action || per_tool.has_any(t, evidence) {
+                out.rows
+                    .push(self.row(t, names_action, evidence, &domains, &per_tool));
+                out.rows.len() - 1
+            } else {
+                let flags =
+                    usize::from(self.destructive[t]) * 2 + usize::from(self.tool_prior[t] > 0.0);
+                let r = *shared_row[d][flags].get_or_insert_with(|| {
+                    out.rows
+                        .push(self.row(t, false, evidence, &domains, &per_tool));
+                    (out.rows.len() - 1) as u32
+                });
+                debug_assert_eq!(
+                    out.rows[r as usize],
+                    self.row(t, false, evidence, &domains, &per_tool)
+                );
+                r as usize
+            };
+            out.tools.push(t);
+            out.row_of.push(row as u32);
         }
-        Candidates {
-            tools: kept,
-            rows,
-            rest,
-        }
+        out
+    }
+
+    /// Tool `t`'s feature row.
+    fn row(
+        &self,
+        t: usize,
+        names_action: bool,
+        evidence: &Evidence,
+        domains: &DomainFeatures,
+        per_tool: &ToolFeatures,
+    ) -> Row {
+        let d = self.names.tool_domains[t];
+        let mut x = [0.0f32; N_FEATURES];
+        x[f::TOOL_BM25] = per_tool.bm25[t];
+        x[f::TOOL_BM25_REL] = per_tool.bm25_rel[t];
+        x[f::TOOL_BM25_RANK] = per_tool.bm25_rank[t];
+        x[f::DOMAIN_BM25_REL] = domains.bm25_rel[d];
+        x[f::DOMAIN_BM25_RANK] = domains.bm25_rank[d];
+        x[f::TOOL_KEYWORD] = f32::from(evidence.tool_keyword_hits[t].min(1));
+        x[f::DOMAIN_KEYWORD] = f32::from(evidence.domain_keyword_hits[d].min(2)) / 2.0;
+        x[f::KEYWORD_IN_DOMAIN] = f32::from(evidence.keyword_hits_in_domain[d] > 0);
+        x[f::DOMAIN_LAST_TURN] = domains.last_turn[d];
+        x[f::DOMAIN_STICKY] = domains.sticky[d];
+        x[f::TOOL_CALLED_RECENTLY] = f32::from(per_tool.called_recently[t]);
+        x[f::CARRIED] = f32::from(per_tool.carried[t]);
+        x[f::NEXT_STEP] = per_tool.next_step[t];
+        x[f::PREREQUISITE] = per_tool.prerequisite[t];
+        x[f::CO_USAGE] = per_tool.co_usage[t];
+        x[f::LEARNED_TOOL] = learned_score(evidence, t);
+        x[f::LEARNED_DOMAIN] = domains.learned[d];
+        // A small domain the turn points at: its tools travel together. Without
+        // the evidence, a catalog of one-tool domains would lift every tool.
+        x[f::SMALL_DOMAIN_EVIDENCE] =
+            domains.evidence[d] / self.tools_by_domain[d].len().max(1) as f32;
+        x[f::DESTRUCTIVE] = f32::from(self.destructive[t]);
+        x[f::READ_FIRST] = f32::from(self.tool_prior[t] > 0.0);
+        x[f::NAMES_ACTION] = f32::from(names_action);
+        x[f::TOOL_DENSE] = per_tool.dense[t];
+        x[f::TOOL_DENSE_REL] = per_tool.dense_rel[t];
+        x[f::TOOL_DENSE_RANK] = per_tool.dense_rank[t];
+        x[f::DOMAIN_DENSE_REL] = domains.dense_rel[d];
+        x[f::DOMAIN_DENSE_RANK] = domains.dense_rank[d];
+        x[f::LEARNED_TOOL_RANK] = per_tool.learned_rank[t];
+        x
+    }
+
+    /// The tools whose action the message names (see [`Action::named_in`]), sorted:
+    /// looked up by the message's words, not tested tool by tool.
+    pub(crate) fn tools_naming_their_action(&self, message: &str) -> Vec<usize> {
+        let mut words: Vec<String> = Vec::new();
+        crate::lexical::for_each_term(&message.to_lowercase(), |term| words.push(term.to_owned()));
+        let mut named: Vec<usize> = words
+            .iter()
+            .filter_map(|w| self.tools_by_verb.get(w))
+            .flatten()
+            .copied()
+            .filter(|&t| {
+                self.tool_actions[t]
+                    .as_ref()
+                    .is_some_and(|action| action.named_in(&words))
+            })
+            .collect();
+        named.sort_unstable();
+        named.dedup();
+        named
     }
 
     /// Per domain: what the evidence and the session say of it, over the candidate
@@ -352,13 +411,22 @@ impl ToolFeatures {
             || self.called_recently[t]
             || self.carried[t]
     }
+
+    /// Any feature of the tool's own is set: its row differs from its domain's.
+    fn has_any(&self, t: usize, evidence: &Evidence) -> bool {
+        self.points_at(t, evidence)
+            || self.bm25_rank[t] > 0.0
+            || self.dense[t] != 0.0
+            || self.dense_rank[t] > 0.0
+            || self.learned_rank[t] > 0.0
+    }
 }
 
 /// The words of a tool's name that say its action: the verb (the first word after
 /// the domain's) and the objects (the others), stemmed.
 #[derive(Debug, Clone)]
 pub(crate) struct Action {
-    verb: String,
+    pub(crate) verb: String,
     objects: Vec<String>,
 }
 
@@ -382,6 +450,17 @@ impl Action {
         let has = |word: &str| message_words.iter().any(|w| w == word);
         has(&self.verb) && (self.objects.is_empty() || self.objects.iter().any(|o| has(o)))
     }
+}
+
+/// Per verb of a tool name's action: the tools it is the verb of.
+pub(crate) fn tools_by_verb(actions: &[Option<Action>]) -> HashMap<String, Vec<usize>> {
+    let mut by_verb: HashMap<String, Vec<usize>> = HashMap::new();
+    for (t, action) in actions.iter().enumerate() {
+        if let Some(action) = action {
+            by_verb.entry(action.verb.clone()).or_default().push(t);
+        }
+    }
+    by_verb
 }
 
 /// Per item: 1 / its rank among the items scoring above 0 (0 for the others).

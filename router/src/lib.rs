@@ -44,7 +44,7 @@ mod session;
 mod stages;
 pub mod tokens;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -307,6 +307,8 @@ pub struct Router {
     consumers: Vec<Vec<usize>>,
     /// Per tool: the words of its name that say its action (verb, objects).
     tool_actions: Vec<Option<features::Action>>,
+    /// The tools whose action's verb is each stemmed word.
+    tools_by_verb: HashMap<String, Vec<usize>>,
     /// The fitted scorer's models, lexical and dense.
     scorer: Scorers,
     weights: scorer::Weights,
@@ -360,6 +362,10 @@ impl Router {
                 registry.tool_idx(name)
             });
         let consumers = build::consumers(&prerequisites);
+        let tool_actions: Vec<Option<features::Action>> = tools
+            .iter()
+            .map(|t| features::Action::of(&t.name, &t.domain))
+            .collect();
         let (dense_texts, dense_owners) = build::dense_texts(domains, tools);
         let weights = scorer::Weights::shipped();
         let names = Names {
@@ -396,10 +402,8 @@ impl Router {
             tool_prior: build::read_priors(tools),
             prerequisites,
             consumers,
-            tool_actions: tools
-                .iter()
-                .map(|t| features::Action::of(&t.name, &t.domain))
-                .collect(),
+            tools_by_verb: features::tools_by_verb(&tool_actions),
+            tool_actions,
             scorer: Scorers::new(&weights),
             weights,
             registry,
@@ -434,7 +438,7 @@ impl Router {
             input.learned,
             false,
         );
-        candidates.tools.into_iter().zip(candidates.rows).collect()
+        candidates.iter().map(|(t, row)| (t, *row)).collect()
     }
 
     /// A tool's name by router index.
@@ -590,9 +594,7 @@ impl Router {
         };
         use scorer::f;
         let mut scored: Vec<(f32, usize)> = candidates
-            .tools
             .iter()
-            .zip(&candidates.rows)
             .filter(|(_, x)| {
                 x[f::TOOL_BM25] > 0.0
                     || x[f::TOOL_KEYWORD] > 0.0
@@ -600,7 +602,7 @@ impl Router {
                     || x[f::TOOL_DENSE] > 0.0
                     || x[f::LEARNED_TOOL] > 0.0
             })
-            .map(|(&t, x)| (model.logit(x), t))
+            .map(|(t, x)| (model.logit(x), t))
             .collect();
         scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         scored

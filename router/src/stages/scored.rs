@@ -32,8 +32,13 @@ impl Pass<'_> {
             false,
         );
         let model = self.model().clone();
-        for (&t, row) in candidates.tools.iter().zip(&candidates.rows) {
-            let p = model.probability(row);
+        let row_probability: Vec<f32> = candidates
+            .rows
+            .iter()
+            .map(|row| model.probability(row))
+            .collect();
+        for (&t, &r) in candidates.tools.iter().zip(&candidates.row_of) {
+            let p = row_probability[r as usize];
             self.probability[t] = p;
             let d = router.names.tool_domains[t];
             self.domain_scores[d] = self.domain_scores[d].max(p);
@@ -101,12 +106,7 @@ impl Pass<'_> {
         let rule = self.model().rule;
         let budget = self.budget;
         let mut tokens = self.sent_tokens();
-        let mut order: Vec<usize> = self.candidates.tools.clone();
-        order.sort_unstable_by(|&a, &b| {
-            self.probability[b]
-                .total_cmp(&self.probability[a])
-                .then(a.cmp(&b))
-        });
+        let order = by_probability(&self.candidates.tools, &self.probability);
         let Some(&best) = order.first() else {
             return;
         };
@@ -211,7 +211,8 @@ impl Pass<'_> {
             };
             let t = self.candidates.tools[i];
             let p = self.probability[t];
-            let why = model.explain(&self.candidates.rows[i], p);
+            let row = &self.candidates.rows[self.candidates.row_of[i] as usize];
+            let why = model.explain(row, p);
             let tool = &router.names.tools[t];
             if sent_in_domain[d] {
                 let stage = match verdict.stage {
@@ -235,6 +236,52 @@ impl Pass<'_> {
                 };
                 self.verdicts[d] = DomainVerdict::out(verdict.stage, p, Cow::Owned(reason));
             }
+        }
+    }
+}
+
+/// The tools most probable first, ties by index. Sorted as integer keys: on a
+/// catalog of thousands this sort was a fifth of the selection.
+fn by_probability(tools: &[usize], probability: &[f32]) -> Vec<usize> {
+    let mut keys: Vec<u64> = tools
+        .iter()
+        .map(|&t| (u64::from(descending(probability[t])) << 32) | t as u64)
+        .collect();
+    keys.sort_unstable();
+    keys.into_iter()
+        .map(|k| (k & u64::from(u32::MAX)) as usize)
+        .collect()
+}
+
+/// A key whose ascending order is `f32::total_cmp`'s descending order.
+fn descending(p: f32) -> u32 {
+    let bits = p.to_bits();
+    let ascending = if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    };
+    !ascending
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The integer keys order tools as `total_cmp` does, most probable first,
+        /// ties by index: the order the selection sent tools in before the keys.
+        #[test]
+        fn by_probability_is_total_cmp_descending(
+            probability in proptest::collection::vec(
+                prop_oneof![Just(0.0f32), Just(-0.0f32), Just(0.5f32), -1.0f32..1.0, any::<f32>()],
+                0..60,
+            )
+        ) {
+            let tools: Vec<usize> = (0..probability.len()).rev().collect();
+            let mut expected = tools.clone();
+            expected.sort_by(|&a, &b| probability[b].total_cmp(&probability[a]).then(a.cmp(&b)));
+            prop_assert_eq!(super::by_probability(&tools, &probability), expected);
         }
     }
 }
