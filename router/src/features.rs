@@ -81,7 +81,11 @@ impl Router {
         let per_tool = self.tool_features(evidence, session, learned, candidate_domain, &tools);
         let named = self.tools_naming_their_action(message);
 
-        let mut out = Candidates::default();
+        let mut out = Candidates {
+            tools: Vec::with_capacity(tools.len()),
+            row_of: Vec::with_capacity(tools.len()),
+            ..Candidates::default()
+        };
         // Per domain and (destructive, read-first) flags: the row its tools share
         // when the turn points at them only through the domain.
         let mut shared_row: Vec<[Option<u32>; 4]> = vec![[None; 4]; self.names.domains.len()];
@@ -133,9 +137,9 @@ impl Router {
     ) -> Row {
         let d = self.names.tool_domains[t];
         let mut x = [0.0f32; N_FEATURES];
-        x[f::TOOL_BM25] = per_tool.bm25[t];
-        x[f::TOOL_BM25_REL] = per_tool.bm25_rel[t];
-        x[f::TOOL_BM25_RANK] = per_tool.bm25_rank[t];
+        x[f::TOOL_BM25] = per_tool.bm25(t);
+        x[f::TOOL_BM25_REL] = relative_to(per_tool.bm25(t), per_tool.bm25_best);
+        x[f::TOOL_BM25_RANK] = at(per_tool.bm25_rank, t);
         x[f::DOMAIN_BM25_REL] = domains.bm25_rel[d];
         x[f::DOMAIN_BM25_RANK] = domains.bm25_rank[d];
         x[f::TOOL_KEYWORD] = f32::from(evidence.tool_keyword_hits[t].min(1));
@@ -157,12 +161,12 @@ impl Router {
         x[f::DESTRUCTIVE] = f32::from(self.destructive[t]);
         x[f::READ_FIRST] = f32::from(self.tool_prior[t] > 0.0);
         x[f::NAMES_ACTION] = f32::from(names_action);
-        x[f::TOOL_DENSE] = per_tool.dense[t];
-        x[f::TOOL_DENSE_REL] = per_tool.dense_rel[t];
-        x[f::TOOL_DENSE_RANK] = per_tool.dense_rank[t];
+        x[f::TOOL_DENSE] = per_tool.dense(t);
+        x[f::TOOL_DENSE_REL] = relative_to(per_tool.dense(t), per_tool.dense_best);
+        x[f::TOOL_DENSE_RANK] = at(per_tool.dense_rank, t);
         x[f::DOMAIN_DENSE_REL] = domains.dense_rel[d];
         x[f::DOMAIN_DENSE_RANK] = domains.dense_rank[d];
-        x[f::LEARNED_TOOL_RANK] = per_tool.learned_rank[t];
+        x[f::LEARNED_TOOL_RANK] = at(&per_tool.learned_rank, t);
         x
     }
 
@@ -272,95 +276,100 @@ impl Router {
 
     /// Per tool: its evidence over the candidates `tools`, and what it inherits from
     /// the tools the turn points at (prerequisites, co-usage) and from the session.
-    fn tool_features(
+    fn tool_features<'e>(
         &self,
-        evidence: &Evidence,
+        evidence: &'e Evidence,
         session: &SessionView,
         learned: Option<&LearnedIndex>,
         candidate_domain: &[bool],
         tools: &[usize],
-    ) -> ToolFeatures {
+    ) -> ToolFeatures<'e> {
         let n_tools = self.names.tools.len();
-        let only_candidates = |scores: &[f32]| -> Vec<f32> {
-            let mut out = vec![0.0f32; n_tools];
+        // Evidence of the candidates only: the best of them scales the relative
+        // features, and learned votes rank among them.
+        let best = |scores: &[f32]| -> f32 {
             if scores.is_empty() {
-                return out;
+                return 0.0;
             }
-            for &t in tools {
-                out[t] = scores[t];
-            }
-            out
+            tools.iter().map(|&t| scores[t]).fold(0.0f32, f32::max)
         };
-        let bm25 = only_candidates(&evidence.tool_bm25);
-        let dense = only_candidates(&evidence.tool_dense);
-        // Relative to the best candidate only: ranking every candidate (all of them
-        // have a cosine on the dense path) would sort the catalog per message.
-        let bm25_rel = relative(&bm25);
-        let dense_rel = relative(&dense);
-        let bm25_rank = only_candidates(&evidence.tool_bm25_rank);
-        let dense_rank = only_candidates(&evidence.tool_dense_rank);
-        let learned_rank = inverse_ranks(&only_candidates(&evidence.tool_learned));
+        let learned_rank = if evidence.tool_learned.is_empty() {
+            Vec::new()
+        } else {
+            let mut learned = vec![0.0f32; n_tools];
+            for &t in tools {
+                learned[t] = evidence.tool_learned[t];
+            }
+            inverse_ranks(&learned)
+        };
+        let mut features = ToolFeatures {
+            tool_bm25: &evidence.tool_bm25,
+            tool_dense: &evidence.tool_dense,
+            bm25_best: best(&evidence.tool_bm25),
+            dense_best: best(&evidence.tool_dense),
+            bm25_rank: &evidence.tool_bm25_rank,
+            dense_rank: &evidence.tool_dense_rank,
+            learned_rank,
+            prerequisite: vec![0.0f32; n_tools],
+            co_usage: vec![0.0f32; n_tools],
+            next_step: vec![0.0f32; n_tools],
+            called_recently: vec![false; n_tools],
+            carried: vec![false; n_tools],
+        };
 
         // How directly the message points at a tool: what its prerequisites and
         // companions inherit.
         let strength = |t: usize| -> f32 {
-            bm25_rank[t]
-                .max(dense_rank[t])
+            at(&evidence.tool_bm25_rank, t)
+                .max(at(&evidence.tool_dense_rank, t))
                 .max(f32::from(evidence.tool_keyword_hits[t].min(1)))
                 .max(learned_score(evidence, t))
         };
-        let mut prerequisite = vec![0.0f32; n_tools];
-        let mut co_usage = vec![0.0f32; n_tools];
         for &u in tools {
             let s = strength(u);
             if s <= 0.0 {
                 continue;
             }
             for &p in &self.prerequisites[u] {
-                prerequisite[p] = prerequisite[p].max(s);
+                features.prerequisite[p] = features.prerequisite[p].max(s);
             }
             if let Some(index) = learned {
                 for &(v, share) in index.co_used(u) {
-                    let slot = &mut co_usage[v as usize];
+                    let slot = &mut features.co_usage[v as usize];
                     *slot = slot.max(s * share);
                 }
             }
         }
-        let mut next_step = vec![0.0f32; n_tools];
-        let mut called_recently = vec![false; n_tools];
         for (_, name) in &session.recent_calls {
             if let Some(u) = self.registry.tool_idx(name) {
-                called_recently[u] = true;
+                features.called_recently[u] = true;
                 for &c in &self.consumers[u] {
-                    next_step[c] = 1.0;
+                    features.next_step[c] = 1.0;
                 }
             }
         }
         let message_has_keyword = (0..self.names.domains.len())
             .any(|d| candidate_domain[d] && evidence.keyword_hits_in_domain[d] > 0);
-        let mut carried = vec![false; n_tools];
         if !message_has_keyword {
             for name in &session.carried_tools {
                 if let Some(t) = self.registry.tool_idx(name) {
-                    carried[t] = true;
+                    features.carried[t] = true;
                 }
             }
         }
-        ToolFeatures {
-            bm25,
-            bm25_rel,
-            bm25_rank,
-            dense,
-            dense_rel,
-            dense_rank,
-            learned_rank,
-            prerequisite,
-            co_usage,
-            next_step,
-            called_recently,
-            carried,
-        }
+        features
     }
+}
+
+/// `scores[t]`, 0 where the evidence has no such scores (no dense stage, no
+/// learned index).
+fn at(scores: &[f32], t: usize) -> f32 {
+    scores.get(t).copied().unwrap_or(0.0)
+}
+
+/// A score over the best (0 when nothing scored).
+fn relative_to(score: f32, best: f32) -> f32 {
+    if best > 0.0 { score / best } else { 0.0 }
 }
 
 /// A tool's learned score (0 without a learned index).
@@ -381,15 +390,17 @@ struct DomainFeatures {
     evidence: Vec<f32>,
 }
 
-/// Per tool, the values of the tool features (see `scorer::f`); 0 for a tool that is
-/// no candidate.
-struct ToolFeatures {
-    bm25: Vec<f32>,
-    bm25_rel: Vec<f32>,
-    bm25_rank: Vec<f32>,
-    dense: Vec<f32>,
-    dense_rel: Vec<f32>,
-    dense_rank: Vec<f32>,
+/// Per candidate tool, the values of the tool features (see `scorer::f`): the
+/// evidence's own scores, read in place, and what the session adds.
+struct ToolFeatures<'e> {
+    tool_bm25: &'e [f32],
+    tool_dense: &'e [f32],
+    /// The best BM25 share and cosine among the candidates.
+    bm25_best: f32,
+    dense_best: f32,
+    bm25_rank: &'e [f32],
+    dense_rank: &'e [f32],
+    /// Empty without a learned index.
     learned_rank: Vec<f32>,
     prerequisite: Vec<f32>,
     co_usage: Vec<f32>,
@@ -398,11 +409,19 @@ struct ToolFeatures {
     carried: Vec<bool>,
 }
 
-impl ToolFeatures {
+impl ToolFeatures<'_> {
+    fn bm25(&self, t: usize) -> f32 {
+        at(self.tool_bm25, t)
+    }
+
+    fn dense(&self, t: usize) -> f32 {
+        at(self.tool_dense, t)
+    }
+
     /// Anything of the tool's own points at it.
     fn points_at(&self, t: usize, evidence: &Evidence) -> bool {
-        self.bm25[t] > 0.0
-            || self.dense[t] > 0.0
+        self.bm25(t) > 0.0
+            || self.dense(t) > 0.0
             || evidence.tool_keyword_hits[t] > 0
             || learned_score(evidence, t) > 0.0
             || self.prerequisite[t] > 0.0
@@ -415,10 +434,10 @@ impl ToolFeatures {
     /// Any feature of the tool's own is set: its row differs from its domain's.
     fn has_any(&self, t: usize, evidence: &Evidence) -> bool {
         self.points_at(t, evidence)
-            || self.bm25_rank[t] > 0.0
-            || self.dense[t] != 0.0
-            || self.dense_rank[t] > 0.0
-            || self.learned_rank[t] > 0.0
+            || at(self.bm25_rank, t) > 0.0
+            || self.dense(t) != 0.0
+            || at(self.dense_rank, t) > 0.0
+            || at(&self.learned_rank, t) > 0.0
     }
 }
 

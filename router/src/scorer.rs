@@ -228,15 +228,35 @@ impl Compiled {
             .map(|(i, (w, x))| (w * x, i))
             .collect();
         parts.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        use std::fmt::Write as _;
         let mut reason = String::with_capacity(96);
-        let _ = write!(reason, "p {probability:.2}");
+        reason.push_str("p ");
+        push_two_decimals(&mut reason, probability);
         for (n, &(_, i)) in parts.iter().take(3).enumerate() {
             reason.push_str(if n == 0 { ": " } else { ", " });
-            let _ = write!(reason, "{} {:.2}", FEATURES[i], row[i]);
+            reason.push_str(FEATURES[i]);
+            reason.push(' ');
+            push_two_decimals(&mut reason, row[i]);
         }
         reason
     }
+}
+
+/// Writes `x` as `format!("{x:.2}")` does (its exact value rounded half to even),
+/// without the general float formatting: a selection explains every domain, and on
+/// a catalog of thousands of tools that formatting was a tenth of its time.
+fn push_two_decimals(out: &mut String, x: f32) {
+    use std::fmt::Write as _;
+    // Exact: 24 bits of significand times 100 fit in an f64's 53.
+    let hundredths = (f64::from(x) * 100.0).round_ties_even();
+    if !hundredths.is_finite() || hundredths.abs() >= 1e15 {
+        let _ = write!(out, "{x:.2}");
+        return;
+    }
+    if x.is_sign_negative() {
+        out.push('-');
+    }
+    let n = hundredths.abs() as u64;
+    let _ = write!(out, "{}.{:02}", n / 100, n % 100);
 }
 
 pub(crate) fn sigmoid(x: f32) -> f32 {
@@ -421,6 +441,24 @@ fn solve<const N: usize>(a: [[f64; N]; N], b: [f64; N]) -> Option<[f64; N]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Reasons read as they did with `{:.2}`, ties and signs included.
+        #[test]
+        fn two_decimals_are_what_the_formatter_writes(
+            x in prop_oneof![
+                any::<f32>(),
+                -2.0f32..2.0,
+                (-400i32..400).prop_map(|k| k as f32 / 200.0 + 0.005),
+                Just(-0.0f32), Just(0.125f32), Just(0.375f32), Just(1e20f32), Just(f32::NAN),
+            ]
+        ) {
+            let mut ours = String::new();
+            push_two_decimals(&mut ours, x);
+            prop_assert_eq!(ours, format!("{x:.2}"));
+        }
+    }
 
     #[test]
     fn the_shipped_weights_parse_and_name_known_features() {

@@ -146,7 +146,8 @@ impl Pass<'_> {
             }
         }
 
-        let mut held_back = Vec::new();
+        let mut held_back = Vec::with_capacity(order.len());
+        self.ranked_out.reserve(order.len());
         for &t in &order {
             if self.sent.has(t) {
                 continue;
