@@ -51,6 +51,9 @@ pub(crate) struct Evidence {
     /// message like this one named); empty without a learned index.
     pub(crate) tool_learned: Vec<f32>,
     pub(crate) notes: Vec<String>,
+    /// The message's terms as the lexical stages see them (lowercased, stemmed):
+    /// what names a tool's action.
+    pub(crate) words: Vec<String>,
 }
 
 /// Per piece of the message: cosines per tool and per domain text, and the piece's
@@ -276,7 +279,10 @@ impl Router {
         let active: Vec<bool> = (0..n_domains)
             .map(|d| settings.is_none_or(|settings| self.is_active(d, settings)))
             .collect();
-        let keywords = self.keyword_evidence(&message.to_lowercase());
+        let lowered = message.to_lowercase();
+        let keywords = self.keyword_evidence(&lowered);
+        let mut words = Vec::new();
+        lexical::for_each_term(&lowered, |term| words.push(term.to_owned()));
 
         // The message, then each of its requests when it chains several.
         let piece_texts = embed::message_pieces(message);
@@ -336,6 +342,7 @@ impl Router {
             dense_on,
             tool_learned,
             notes,
+            words,
         }
     }
 

@@ -51,7 +51,6 @@ impl Router {
     /// (`search_tools` finds them, a selection always sends them).
     pub(crate) fn candidates(
         &self,
-        message: &str,
         evidence: &Evidence,
         session: &SessionView,
         learned: Option<&LearnedIndex>,
@@ -63,12 +62,11 @@ impl Router {
                     || (with_core && evidence.active[d] && self.domain_is_core[d])
             })
             .collect();
-        self.rows_for(message, evidence, session, learned, &candidate_domain)
+        self.rows_for(evidence, session, learned, &candidate_domain)
     }
 
     fn rows_for(
         &self,
-        message: &str,
         evidence: &Evidence,
         session: &SessionView,
         learned: Option<&LearnedIndex>,
@@ -79,7 +77,7 @@ impl Router {
             .collect();
         let domains = self.domain_features(evidence, session, candidate_domain);
         let per_tool = self.tool_features(evidence, session, learned, candidate_domain, &tools);
-        let named = self.tools_naming_their_action(message);
+        let named = self.tools_naming_their_action(&evidence.words);
 
         let mut out = Candidates {
             tools: Vec::with_capacity(tools.len()),
@@ -170,11 +168,9 @@ impl Router {
         x
     }
 
-    /// The tools whose action the message names (see [`Action::named_in`]), sorted:
-    /// looked up by the message's words, not tested tool by tool.
-    pub(crate) fn tools_naming_their_action(&self, message: &str) -> Vec<usize> {
-        let mut words: Vec<String> = Vec::new();
-        crate::lexical::for_each_term(&message.to_lowercase(), |term| words.push(term.to_owned()));
+    /// The tools whose action the message's `words` name (see [`Action::named_in`]),
+    /// sorted: looked up by the words, not tested tool by tool.
+    pub(crate) fn tools_naming_their_action(&self, words: &[String]) -> Vec<usize> {
         let mut named: Vec<usize> = words
             .iter()
             .filter_map(|w| self.tools_by_verb.get(w))
@@ -183,7 +179,7 @@ impl Router {
             .filter(|&t| {
                 self.tool_actions[t]
                     .as_ref()
-                    .is_some_and(|action| action.named_in(&words))
+                    .is_some_and(|action| action.named_in(words))
             })
             .collect();
         named.sort_unstable();

@@ -431,13 +431,7 @@ impl Router {
             input.learned,
             input.vectors,
         );
-        let candidates = self.candidates(
-            input.message,
-            &evidence,
-            input.session,
-            input.learned,
-            false,
-        );
+        let candidates = self.candidates(&evidence, input.session, input.learned, false);
         candidates.iter().map(|(t, row)| (t, *row)).collect()
     }
 
@@ -586,7 +580,7 @@ impl Router {
     ) -> Vec<Hint> {
         let evidence = self.gather_evidence(query, active, learned, vectors);
         let session = SessionView::default();
-        let candidates = self.candidates(query, &evidence, &session, learned, true);
+        let candidates = self.candidates(&evidence, &session, learned, true);
         let model = if evidence.dense_on {
             &self.scorer.dense
         } else {

@@ -70,10 +70,7 @@ impl Pass<'_> {
         if !router.config.destructive_needs_evidence {
             return;
         }
-        let mut message_words: Vec<String> = Vec::new();
-        crate::lexical::for_each_term(&self.input.message.to_lowercase(), |term| {
-            message_words.push(term.to_owned())
-        });
+        let message_words = &self.evidence.words;
         let asks_to_destroy = message_words
             .iter()
             .any(|w| DESTRUCTIVE_STEMS.contains(&w.as_str()));
@@ -117,7 +114,7 @@ impl Pass<'_> {
                 || self.evidence.tool_keyword_hits[t] > 0
                 || router.tool_actions[t]
                     .as_ref()
-                    .is_some_and(|action| action.named_in(&message_words))
+                    .is_some_and(|action| action.named_in(message_words))
                 || (asks_to_destroy && about_its_domain)
                 || (on_message_evidence && self.is_top_match_of_its_domain(t))
                 || self.is_learned_for_its_domain(t)

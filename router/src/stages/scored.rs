@@ -25,7 +25,6 @@ impl Pass<'_> {
         }
         let router = self.router;
         let candidates = router.candidates(
-            self.input.message,
             &self.evidence,
             self.input.session,
             self.input.learned,
