@@ -165,6 +165,7 @@ impl Router {
         x[f::DOMAIN_DENSE_REL] = domains.dense_rel[d];
         x[f::DOMAIN_DENSE_RANK] = domains.dense_rank[d];
         x[f::LEARNED_TOOL_RANK] = at(&per_tool.learned_rank, t);
+        x[f::FOLLOWS] = per_tool.follows[t];
         x
     }
 
@@ -308,6 +309,7 @@ impl Router {
             learned_rank,
             prerequisite: vec![0.0f32; n_tools],
             co_usage: vec![0.0f32; n_tools],
+            follows: vec![0.0f32; n_tools],
             next_step: vec![0.0f32; n_tools],
             called_recently: vec![false; n_tools],
             carried: vec![false; n_tools],
@@ -333,6 +335,22 @@ impl Router {
                 for &(v, share) in index.co_used(u) {
                     let slot = &mut features.co_usage[v as usize];
                     *slot = slot.max(s * share);
+                }
+            }
+        }
+        // What past sessions called after the tools of the last turn that called any.
+        let last_calls = session.recent_calls.iter().map(|(turn, _)| *turn).max();
+        if let Some(index) = learned {
+            for (turn, name) in &session.recent_calls {
+                let Some(u) = self.registry.tool_idx(name) else {
+                    continue;
+                };
+                if Some(*turn) != last_calls {
+                    continue;
+                }
+                for &(v, share) in index.followed_by(u) {
+                    let slot = &mut features.follows[v as usize];
+                    *slot = slot.max(share);
                 }
             }
         }
@@ -400,6 +418,8 @@ struct ToolFeatures<'e> {
     learned_rank: Vec<f32>,
     prerequisite: Vec<f32>,
     co_usage: Vec<f32>,
+    /// The most of the last turn's calls' past sessions whose next turn called it.
+    follows: Vec<f32>,
     next_step: Vec<f32>,
     called_recently: Vec<bool>,
     carried: Vec<bool>,
@@ -422,6 +442,7 @@ impl ToolFeatures<'_> {
             || learned_score(evidence, t) > 0.0
             || self.prerequisite[t] > 0.0
             || self.co_usage[t] > 0.0
+            || self.follows[t] > 0.0
             || self.next_step[t] > 0.0
             || self.called_recently[t]
             || self.carried[t]

@@ -336,18 +336,17 @@ fn choose_rule<T>(
 /// messages (the whole message's, the first piece).
 pub fn learned_index(
     router: &Router,
-    turns: &[(String, Vec<String>)],
+    turns: &[LearnedEntry],
     vectors: Option<&HashMap<String, MessageVectors>>,
 ) -> LearnedIndex {
     let model_id = router.dense().map(|dense| dense.model_id().to_owned());
     let entries: Vec<LearnedEntry> = turns
         .iter()
-        .map(|(message, tools)| LearnedEntry {
-            message: message.clone(),
-            tools: tools.clone(),
+        .map(|turn| LearnedEntry {
             vector: vectors
-                .and_then(|v| v.get(message))
+                .and_then(|v| v.get(&turn.message))
                 .and_then(|v| v.pieces().first().cloned()),
+            ..turn.clone()
         })
         .collect();
     LearnedIndex::new(router, model_id.as_deref(), &entries)

@@ -20,6 +20,24 @@ pub struct LearnedEntry {
     /// The message's vector from the encoder [`LearnedIndex::new`] names; `None`
     /// leaves the entry to the lexical path.
     pub vector: Option<Vec<f32>>,
+    /// The session (conversation) that taught it. A session's entries come in the
+    /// order it taught them: the tools of one are what the one before was followed by.
+    pub session: Option<String>,
+}
+
+/// Per tool `u`: each `(u, v)` pair's count over the entries that name `u`, by `v`.
+fn shares(
+    pairs: std::collections::HashMap<(u32, u32), u32>,
+    tool_entries: &[u32],
+) -> Vec<Vec<(u32, f32)>> {
+    let mut by_tool = vec![Vec::new(); tool_entries.len()];
+    let mut sorted: Vec<((u32, u32), u32)> = pairs.into_iter().collect();
+    sorted.sort_unstable();
+    for ((u, v), count) in sorted {
+        let total = tool_entries[u as usize].max(1);
+        by_tool[u as usize].push((v, count as f32 / total as f32));
+    }
+    by_tool
 }
 
 /// Past messages indexed for one router: tool names resolved to its tools.
@@ -45,6 +63,9 @@ pub struct LearnedIndex {
     /// Per tool `u`: the tools `v` called in the same turn as it, with the share of
     /// `u`'s entries that also name `v` (co-usage: `get_user_token` with `post`).
     co_used: Vec<Vec<(u32, f32)>>,
+    /// Per tool `u`: the tools `v` of the next entry of the same session, with the
+    /// share of `u`'s entries followed by `v` (log in, then post).
+    followed_by: Vec<Vec<(u32, f32)>>,
 }
 
 impl std::fmt::Debug for LearnedIndex {
@@ -74,7 +95,11 @@ impl LearnedIndex {
             bm25: Bm25Index::new(&[]),
             tool_entries: vec![0; registry.all_tools().len()],
             co_used: vec![Vec::new(); registry.all_tools().len()],
+            followed_by: vec![Vec::new(); registry.all_tools().len()],
         };
+        let mut follows: Vec<(u32, u32)> = Vec::new();
+        let mut last_of_session: std::collections::HashMap<&str, u32> =
+            std::collections::HashMap::new();
         let mut kept: Vec<&LearnedEntry> = Vec::with_capacity(entries.len());
         for entry in entries {
             let mut tools: Vec<u32> = entry
@@ -89,6 +114,13 @@ impl LearnedIndex {
                 continue;
             }
             let entry_idx = index.entry_tools.len() as u32;
+            if let Some(previous) = entry
+                .session
+                .as_deref()
+                .and_then(|session| last_of_session.insert(session, entry_idx))
+            {
+                follows.push((previous, entry_idx));
+            }
             for &t in &tools {
                 index.tool_entries[t as usize] += 1;
             }
@@ -117,6 +149,7 @@ impl LearnedIndex {
             .collect();
         index.bm25 = Bm25Index::new(&documents);
         index.count_co_usage();
+        index.count_follows(&follows);
         index
     }
 
@@ -131,12 +164,27 @@ impl LearnedIndex {
                 }
             }
         }
-        let mut sorted: Vec<((u32, u32), u32)> = pairs.into_iter().collect();
-        sorted.sort_unstable();
-        for ((u, v), count) in sorted {
-            let total = self.tool_entries[u as usize].max(1);
-            self.co_used[u as usize].push((v, count as f32 / total as f32));
+        self.co_used = shares(pairs, &self.tool_entries);
+    }
+
+    /// Fills `followed_by` from pairs of consecutive entries of a session.
+    fn count_follows(&mut self, follows: &[(u32, u32)]) {
+        let mut pairs: std::collections::HashMap<(u32, u32), u32> =
+            std::collections::HashMap::new();
+        for &(before, after) in follows {
+            for &u in self.entry_tools[before as usize].iter() {
+                for &v in self.entry_tools[after as usize].iter().filter(|&&v| v != u) {
+                    *pairs.entry((u, v)).or_insert(0) += 1;
+                }
+            }
         }
+        self.followed_by = shares(pairs, &self.tool_entries);
+    }
+
+    /// The tools the next turn of a session called after one that called tool `u`
+    /// (router index), with the share of `u`'s past turns followed by each.
+    pub(crate) fn followed_by(&self, u: usize) -> &[(u32, f32)] {
+        self.followed_by.get(u).map_or(&[], Vec::as_slice)
     }
 
     /// The tools called in the same turn as tool `u` (router index), with the share

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use loadout::Registry;
 
 use crate::{
-    LearnedIndex, MessageVectors, RouteInput, Router, Selection, SessionView, Stage, ToolDecision,
+    LearnedEntry, LearnedIndex, MessageVectors, RouteInput, Router, Selection, SessionView, Stage,
+    ToolDecision,
 };
 
 /// One conversation to replay.
@@ -81,14 +82,20 @@ pub fn every_setting(registry: &Registry) -> BTreeMap<String, String> {
 }
 
 /// What the turns of `cases` teach the learned stage: each turn's message with the
-/// tools it called (`called`, else `needed`), for turns that called any.
-pub fn learned_turns(cases: &[Case]) -> Vec<(String, Vec<String>)> {
+/// tools it called (`called`, else `needed`), for turns that called any, in order,
+/// each conversation its own session.
+pub fn learned_turns(cases: &[Case]) -> Vec<LearnedEntry> {
     cases
         .iter()
-        .flat_map(|case| &case.turns)
-        .filter_map(|turn| {
+        .flat_map(|case| case.turns.iter().map(move |turn| (case, turn)))
+        .filter_map(|(case, turn)| {
             let called = turn.called.as_ref().unwrap_or(&turn.needed);
-            (!called.is_empty()).then(|| (turn.user.clone(), called.clone()))
+            (!called.is_empty()).then(|| LearnedEntry {
+                message: turn.user.clone(),
+                tools: called.clone(),
+                vector: None,
+                session: Some(case.id.clone()),
+            })
         })
         .collect()
 }

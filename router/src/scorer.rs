@@ -42,9 +42,10 @@ pub const FEATURES: [&str; N_FEATURES] = [
     "domain_dense_rel",
     "domain_dense_rank",
     "learned_tool_rank",
+    "follows",
 ];
 
-pub const N_FEATURES: usize = 27;
+pub const N_FEATURES: usize = 28;
 
 /// One feature row.
 pub type Row = [f32; N_FEATURES];
@@ -78,6 +79,7 @@ pub mod f {
     pub const DOMAIN_DENSE_REL: usize = 24;
     pub const DOMAIN_DENSE_RANK: usize = 25;
     pub const LEARNED_TOOL_RANK: usize = 26;
+    pub const FOLLOWS: usize = 27;
 }
 
 /// The fitted weights of both paths, as `router/weights.json` holds them.
@@ -301,11 +303,12 @@ pub fn fit(rows: &[Row], labels: &[bool], l2: f64) -> (f32, Row) {
 }
 
 /// The features whose weight may not be negative (see [`fit`]).
-const MONOTONE: [usize; 4] = [
+const MONOTONE: [usize; 5] = [
     f::LEARNED_TOOL,
     f::LEARNED_DOMAIN,
     f::LEARNED_TOOL_RANK,
     f::CO_USAGE,
+    f::FOLLOWS,
 ];
 
 /// [`fit`] with the `fixed` features' weights held at 0.

@@ -1732,6 +1732,7 @@ fn learned(router: &Router, entries: &[(&str, &[&str])]) -> LearnedIndex {
             message: (*message).to_owned(),
             tools: tools.iter().map(|t| (*t).to_owned()).collect(),
             vector: None,
+            session: None,
         })
         .collect();
     LearnedIndex::new(router, None, &entries)
@@ -2019,6 +2020,73 @@ fn the_scorer_sends_likely_tools_with_their_probability_and_features() {
         "{}",
         decision.reason
     );
+}
+
+#[test]
+fn what_past_sessions_called_next_is_a_feature_of_the_next_turn() {
+    let Some(router) = shared_catalog_scorer() else {
+        return;
+    };
+    // Past sessions: after the turn that looked a film up, the next one added it.
+    let entry = |message: &str, tool: &str, session: Option<&str>| LearnedEntry {
+        message: message.to_owned(),
+        tools: vec![tool.to_owned()],
+        vector: None,
+        session: session.map(str::to_owned),
+    };
+    let taught = |session: Option<&str>| {
+        LearnedIndex::new(
+            &router,
+            None,
+            &[
+                entry(
+                    "look up past lives",
+                    "arr_lookup_movie",
+                    session.map(|_| "a"),
+                ),
+                entry(
+                    "the 2023 one, grab it",
+                    "arr_add_movie",
+                    session.map(|_| "a"),
+                ),
+                entry(
+                    "find the movie dune",
+                    "arr_lookup_movie",
+                    session.map(|_| "b"),
+                ),
+                entry(
+                    "the newer one please",
+                    "arr_add_movie",
+                    session.map(|_| "b"),
+                ),
+            ],
+        )
+    };
+    let follows = |index: &LearnedIndex| {
+        let mut view = SessionView::new(2);
+        view.recent_calls = vec![(1, "arr_lookup_movie".to_owned())];
+        let settings = crate::replay::every_setting(router.registry());
+        let add = router
+            .registry()
+            .tool_idx("arr_add_movie")
+            .expect("in the catalog");
+        router
+            .feature_rows(&RouteInput {
+                message: "yes, that one",
+                settings: &settings,
+                session: &view,
+                token_budget: None,
+                learned: Some(index),
+                vectors: None,
+            })
+            .into_iter()
+            .find(|(t, _)| *t == add)
+            .map_or(0.0, |(_, row)| row[crate::scorer::f::FOLLOWS])
+    };
+    // Both turns that called the lookup were followed by the add.
+    assert_eq!(follows(&taught(Some("session"))), 1.0);
+    // Entries of no session follow nothing.
+    assert_eq!(follows(&taught(None)), 0.0);
 }
 
 #[test]

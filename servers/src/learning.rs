@@ -393,6 +393,7 @@ async fn refresh(inner: &Inner) {
             message: r.message,
             tools: r.tools,
             vector: r.vector,
+            session: r.session,
         })
         .collect();
     let for_router = router.clone();

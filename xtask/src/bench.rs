@@ -373,7 +373,7 @@ fn bench_learned(
         let router = Router::new(registry.clone(), RouterConfig::default());
         let cache = tempfile_dir("loadout-bench-learned")?;
         attach_embedder(&router, &embedder, Some(&cache))?;
-        let distinct: Vec<String> = turns.iter().map(|(m, _)| m.clone()).collect();
+        let distinct: Vec<String> = turns.iter().map(|turn| turn.message.clone()).collect();
         let encoder = router
             .dense()
             .and_then(|dense| loadout_embed::encoder_for(dense.model_id()));
@@ -400,16 +400,17 @@ fn bench_learned(
         let entries: Vec<loadout_router::LearnedEntry> = (0..ENTRIES)
             .map(|i| {
                 let j = i % turns.len();
-                let (message, tools) = &turns[j];
+                let turn = &turns[j];
                 let vector = vectors.as_ref().map(|v| {
                     v[j].iter()
                         .map(|x| x + (rng.below(1000) as f32 / 1000.0 - 0.5) * 0.02)
                         .collect()
                 });
                 loadout_router::LearnedEntry {
-                    message: format!("{message} v{i}"),
-                    tools: tools.clone(),
+                    message: format!("{} v{i}", turn.message),
+                    tools: turn.tools.clone(),
                     vector,
+                    session: turn.session.clone(),
                 }
             })
             .collect();

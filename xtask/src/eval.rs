@@ -669,10 +669,10 @@ fn learned_report(
 /// (cached beside the tool vectors, under `learned/`).
 fn learned_index(
     router: &Router,
-    turns: &[(String, Vec<String>)],
+    turns: &[LearnedEntry],
     args: &Args,
 ) -> anyhow::Result<LearnedIndex> {
-    let messages: Vec<String> = turns.iter().map(|(message, _)| message.clone()).collect();
+    let messages: Vec<String> = turns.iter().map(|turn| turn.message.clone()).collect();
     let (vectors, model_id) = match router.dense() {
         Some(dense) => {
             let encoder = loadout_embed::encoder_for(dense.model_id())
@@ -699,10 +699,9 @@ fn learned_index(
     let entries: Vec<LearnedEntry> = turns
         .iter()
         .zip(vectors)
-        .map(|((message, tools), vector)| LearnedEntry {
-            message: message.clone(),
-            tools: tools.clone(),
+        .map(|(turn, vector)| LearnedEntry {
             vector,
+            ..turn.clone()
         })
         .collect();
     Ok(LearnedIndex::new(router, model_id.as_deref(), &entries))

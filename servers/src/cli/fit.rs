@@ -5,7 +5,8 @@
 //! The training data is what the deployment learned from use: the stored sessions
 //! (each turn needed the tools its model called, as `loadout replay` reads them) and
 //! the learned entries no stored session holds (imports, examples, sessions since
-//! purged), each as a one-turn conversation. The file is written only when the
+//! purged), a session's entries as one conversation in the order it taught them and
+//! an entry of no session as a one-turn conversation. The file is written only when the
 //! fitted weights route the held-out folds at least as well as the weights in force
 //! (recall first, then fewer tools); `--dry-run` only prints, `--reset` goes back to
 //! the shipped weights. Running servers take the file at their next reload (SIGHUP).
@@ -216,8 +217,9 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
     Ok((weights, better))
 }
 
-/// The learned entries of sessions `cases` does not hold, each a one-turn
-/// conversation with today's settings.
+/// The learned entries of sessions `cases` does not hold, with today's settings:
+/// a session's entries one conversation, in the order it taught them (what the
+/// `follows` feature learns from); an entry of no session a conversation of its own.
 async fn learned_cases(app: &App, cases: &[Case]) -> anyhow::Result<Vec<Case>> {
     let stored: BTreeSet<&str> = cases.iter().map(|case| case.id.as_str()).collect();
     let settings = app.settings.snapshot().await?;
@@ -229,39 +231,57 @@ async fn learned_cases(app: &App, cases: &[Case]) -> anyhow::Result<Vec<Case>> {
         .flat_map(|d| d.settings_keys.iter().cloned())
         .collect();
     let rows = app.store().learned_rows(None, None).await?;
-    Ok(rows
-        .into_iter()
-        .filter(|row| row.session.as_deref().is_none_or(|s| !stored.contains(s)))
-        .filter_map(|row| {
-            let called: Vec<String> = row
-                .tools
-                .into_iter()
-                .filter(|t| app.registry.tool(t).is_some())
-                .collect();
-            // Core tools are always sent: only optional ones are needed, as in
-            // `loadout replay`.
-            let needed: Vec<String> = called
-                .iter()
-                .filter(|name| {
-                    app.registry
-                        .tool(name)
-                        .and_then(|tool| app.registry.domain(&tool.domain))
-                        .is_some_and(|d| !d.always_on)
-                })
-                .cloned()
-                .collect();
-            (!called.is_empty()).then(|| Case {
-                id: format!("learned-{}", row.id),
-                configured: Configured::Keys(configured.clone()),
-                turns: vec![CaseTurn {
-                    user: row.message,
-                    needed,
-                    called: Some(called),
-                }],
-                why: None,
+    let mut learned: Vec<Case> = Vec::new();
+    let mut case_of_session: std::collections::HashMap<String, usize> =
+        std::collections::HashMap::new();
+    for row in rows {
+        if row.session.as_deref().is_some_and(|s| stored.contains(s)) {
+            continue;
+        }
+        let called: Vec<String> = row
+            .tools
+            .into_iter()
+            .filter(|t| app.registry.tool(t).is_some())
+            .collect();
+        if called.is_empty() {
+            continue;
+        }
+        // Core tools are always sent: only optional ones are needed, as in
+        // `loadout replay`.
+        let needed: Vec<String> = called
+            .iter()
+            .filter(|name| {
+                app.registry
+                    .tool(name)
+                    .and_then(|tool| app.registry.domain(&tool.domain))
+                    .is_some_and(|d| !d.always_on)
             })
-        })
-        .collect())
+            .cloned()
+            .collect();
+        let turn = CaseTurn {
+            user: row.message,
+            needed,
+            called: Some(called),
+        };
+        let existing = row
+            .session
+            .as_ref()
+            .and_then(|session| case_of_session.get(session).copied());
+        if let Some(i) = existing {
+            learned[i].turns.push(turn);
+            continue;
+        }
+        if let Some(session) = row.session {
+            case_of_session.insert(session, learned.len());
+        }
+        learned.push(Case {
+            id: format!("learned-{}", row.id),
+            configured: Configured::Keys(configured.clone()),
+            turns: vec![turn],
+            why: None,
+        });
+    }
+    Ok(learned)
 }
 
 /// Writes `text` to a file beside `path`, then renames it over `path`: a reader

@@ -126,8 +126,10 @@ pub async fn learn(app: &App, args: LearnArgs) -> anyhow::Result<ExitCode> {
     };
     let store = app.store();
     let (mut added, mut merged, mut unknown) = (0usize, 0usize, std::collections::BTreeSet::new());
-    for (message, tools) in learned_turns(&cases) {
-        let (known, missing): (Vec<String>, Vec<String>) = tools
+    for turn in learned_turns(&cases) {
+        let message = turn.message;
+        let (known, missing): (Vec<String>, Vec<String>) = turn
+            .tools
             .into_iter()
             .filter(|t| !loadout::meta::ALL.contains(&t.as_str()))
             .partition(|t| registry.tool(t).is_some());
