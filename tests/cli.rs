@@ -1202,6 +1202,61 @@ fn clients_are_added_with_a_token_shown_once_listed_and_revoked() {
     assert!(!run(&["clients", "revoke", "notes-agent"]).status.success());
 }
 
+/// Issue 37: `loadout fit` replays a session's learned entries as one conversation
+/// in the order the session taught them (what the `follows` feature learns from), and
+/// an entry of no session as a conversation of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn fit_replays_a_sessions_learned_entries_as_one_conversation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = loadout_store::Store::open_dir(dir.path())
+        .await
+        .expect("store");
+    let things = ["ledgers", "invoices", "receipts", "budgets", "payrolls"];
+    let mut at_ms = 1_700_000_000_000;
+    for s in 0..20 {
+        let thing = things[s % things.len()];
+        for (session, message, tool) in [
+            (
+                Some(format!("s{s}")),
+                format!("which tables hold the {thing} of week {s}"),
+                "list_tables",
+            ),
+            (
+                Some(format!("s{s}")),
+                format!("remember that week {s} {thing} are done"),
+                "remember",
+            ),
+            (
+                None,
+                format!("note down the {thing} owner of week {s}"),
+                "remember",
+            ),
+        ] {
+            at_ms += 1;
+            let write = loadout_store::LearnedWrite {
+                at_ms,
+                session,
+                source: "chat".to_owned(),
+                message,
+                tools: vec![tool.to_owned()],
+                model: None,
+                vector: None,
+            };
+            store.learned_insert(write, 1000).await.expect("learn");
+        }
+    }
+    drop(store);
+    let out = loadout(dir.path())
+        .args(["fit", "--lexical", "--folds", "2", "--dry-run"])
+        .output()
+        .expect("run loadout");
+    let stdout = stdout_of(out);
+    assert!(
+        stdout.contains("60 learned entries (40 conversations) of no stored session"),
+        "{stdout}"
+    );
+}
+
 /// Issue 37: `loadout fit` fits the scorer on what the deployment learned (folds by
 /// conversation), says how the held-out folds route before and after, and writes
 /// `weights.json` in the data dir; every command then routes with it. Too little

@@ -146,10 +146,12 @@ async fn training_cases(app: &App, args: &Args) -> anyhow::Result<(Vec<Case>, St
     let mut cases = super::replay::stored_cases(app, None, args.sessions, args.since_days).await?;
     let sessions = cases.len();
     let learned = learned_cases(app, &cases).await?;
-    let n_learned = learned.len();
+    let n_entries: usize = learned.iter().map(|case| case.turns.len()).sum();
+    let n_conversations = learned.len();
     cases.extend(learned);
     let source = format!(
-        "{sessions} sessions of the last {} days and {n_learned} learned entries of no stored session",
+        "{sessions} sessions of the last {} days and {n_entries} learned entries \
+         ({n_conversations} conversations) of no stored session",
         args.since_days
     );
     Ok((cases, source))
