@@ -105,7 +105,8 @@ impl Pass<'_> {
         let rule = self.model().rule;
         let budget = self.budget;
         let mut tokens = self.sent_tokens();
-        let order = by_probability(&self.candidates.tools, &self.probability);
+        let order =
+            crate::evidence::best_first(self.candidates.tools.iter().copied(), &self.probability);
         let Some(&best) = order.first() else {
             return;
         };
@@ -236,52 +237,6 @@ impl Pass<'_> {
                 };
                 self.verdicts[d] = DomainVerdict::out(verdict.stage, p, Cow::Owned(reason));
             }
-        }
-    }
-}
-
-/// The tools most probable first, ties by index. Sorted as integer keys: on a
-/// catalog of thousands this sort was a fifth of the selection.
-fn by_probability(tools: &[usize], probability: &[f32]) -> Vec<usize> {
-    let mut keys: Vec<u64> = tools
-        .iter()
-        .map(|&t| (u64::from(descending(probability[t])) << 32) | t as u64)
-        .collect();
-    keys.sort_unstable();
-    keys.into_iter()
-        .map(|k| (k & u64::from(u32::MAX)) as usize)
-        .collect()
-}
-
-/// A key whose ascending order is `f32::total_cmp`'s descending order.
-fn descending(p: f32) -> u32 {
-    let bits = p.to_bits();
-    let ascending = if bits >> 31 == 1 {
-        !bits
-    } else {
-        bits | 1 << 31
-    };
-    !ascending
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    proptest! {
-        /// The integer keys order tools as `total_cmp` does, most probable first,
-        /// ties by index: the order the selection sent tools in before the keys.
-        #[test]
-        fn by_probability_is_total_cmp_descending(
-            probability in proptest::collection::vec(
-                prop_oneof![Just(0.0f32), Just(-0.0f32), Just(0.5f32), -1.0f32..1.0, any::<f32>()],
-                0..60,
-            )
-        ) {
-            let tools: Vec<usize> = (0..probability.len()).rev().collect();
-            let mut expected = tools.clone();
-            expected.sort_by(|&a, &b| probability[b].total_cmp(&probability[a]).then(a.cmp(&b)));
-            prop_assert_eq!(super::by_probability(&tools, &probability), expected);
         }
     }
 }
