@@ -150,7 +150,7 @@ impl Router {
         x[f::NEXT_STEP] = per_tool.next_step[t];
         x[f::PREREQUISITE] = per_tool.prerequisite[t];
         x[f::CO_USAGE] = per_tool.co_usage[t];
-        x[f::LEARNED_TOOL] = learned_score(evidence, t);
+        x[f::LEARNED_TOOL] = at(&evidence.tool_learned, t);
         x[f::LEARNED_DOMAIN] = domains.learned[d];
         // A small domain the turn points at: its tools travel together. Without
         // the evidence, a catalog of one-tool domains would lift every tool.
@@ -321,7 +321,7 @@ impl Router {
             at(&evidence.tool_bm25_rank, t)
                 .max(at(&evidence.tool_dense_rank, t))
                 .max(f32::from(evidence.tool_keyword_hits[t].min(1)))
-                .max(learned_score(evidence, t))
+                .max(at(&evidence.tool_learned, t))
         };
         for &u in tools {
             let s = strength(u);
@@ -386,11 +386,6 @@ fn relative_to(score: f32, best: f32) -> f32 {
     if best > 0.0 { score / best } else { 0.0 }
 }
 
-/// A tool's learned score (0 without a learned index).
-fn learned_score(evidence: &Evidence, t: usize) -> f32 {
-    evidence.tool_learned.get(t).copied().unwrap_or(0.0)
-}
-
 /// Per domain, the values of the domain features (see `scorer::f`).
 struct DomainFeatures {
     bm25_rel: Vec<f32>,
@@ -439,7 +434,7 @@ impl ToolFeatures<'_> {
         self.bm25(t) > 0.0
             || self.dense(t) > 0.0
             || evidence.tool_keyword_hits[t] > 0
-            || learned_score(evidence, t) > 0.0
+            || at(&evidence.tool_learned, t) > 0.0
             || self.prerequisite[t] > 0.0
             || self.co_usage[t] > 0.0
             || self.follows[t] > 0.0
@@ -510,8 +505,5 @@ fn inverse_ranks(scores: &[f32]) -> Vec<f32> {
 /// Each score over the best (0 when nothing scored).
 fn relative(scores: &[f32]) -> Vec<f32> {
     let best = scores.iter().copied().fold(0.0f32, f32::max);
-    scores
-        .iter()
-        .map(|&s| if best > 0.0 { s / best } else { 0.0 })
-        .collect()
+    scores.iter().map(|&s| relative_to(s, best)).collect()
 }
