@@ -771,13 +771,7 @@ mod tests {
             "{:?}",
             busy.selection.notes
         );
-        let metrics = crate::metrics::render().unwrap_or_default();
-        assert!(
-            metrics.lines().any(|l| l
-                .starts_with("loadout_dense_skipped_total{reason=\"encoder_busy\"}")
-                && !l.ends_with(" 0")),
-            "{metrics}"
-        );
+        counted("loadout_dense_skipped_total{reason=\"encoder_busy\"}");
         for thread in backlog {
             assert!(thread.join().expect("thread").is_ok());
         }
@@ -789,6 +783,17 @@ mod tests {
             after.selection.notes.is_empty(),
             "{:?}",
             after.selection.notes
+        );
+    }
+
+    /// Asserts that `/metrics` has a nonzero line starting with `series`.
+    fn counted(series: &str) {
+        let metrics = crate::metrics::render().unwrap_or_default();
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with(series) && !l.ends_with(" 0")),
+            "{series} not counted: {metrics}"
         );
     }
 
@@ -812,13 +817,7 @@ mod tests {
             "{:?}",
             busy.selection.notes
         );
-        let metrics = crate::metrics::render().unwrap_or_default();
-        assert!(
-            metrics
-                .lines()
-                .any(|l| l.starts_with("loadout_dense_fallback_total") && !l.ends_with(" 0")),
-            "{metrics}"
-        );
+        counted("loadout_dense_fallback_total");
         for thread in backlog {
             assert!(thread.join().expect("thread").is_ok());
         }
