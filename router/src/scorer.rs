@@ -258,21 +258,7 @@ fn push_two_decimals(out: &mut String, x: f32) {
         out.push('-');
     }
     let n = hundredths.abs() as u64;
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    let mut whole = n / 100;
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (whole % 10) as u8;
-        whole /= 10;
-        if whole == 0 {
-            break;
-        }
-    }
-    out.extend(digits[start..].iter().map(|&b| char::from(b)));
-    out.push('.');
-    out.push(char::from(b'0' + (n % 100 / 10) as u8));
-    out.push(char::from(b'0' + (n % 10) as u8));
+    let _ = write!(out, "{}.{:02}", n / 100, n % 100);
 }
 
 pub(crate) fn sigmoid(x: f32) -> f32 {
