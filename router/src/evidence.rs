@@ -19,6 +19,10 @@ pub(crate) struct Evidence {
     /// Per domain: hits of its own keywords and of its tools'.
     pub(crate) keyword_hits_in_domain: Vec<u16>,
     pub(crate) tool_keyword_hits: Vec<u16>,
+    /// The tools with a keyword hit, and the tools with a BM25 share: where the
+    /// scorer's rows start, rather than a test of every tool.
+    pub(crate) keyword_tools: Vec<usize>,
+    pub(crate) bm25_tools: Vec<usize>,
     /// Every keyword hit as (domain, keyword pattern id), in message order: what a
     /// keyword verdict names as its reason.
     pub(crate) keyword_matches: Vec<(usize, u32)>,
@@ -71,6 +75,7 @@ struct KeywordEvidence {
     domain_keyword_hits: Vec<u16>,
     keyword_hits_in_domain: Vec<u16>,
     tool_keyword_hits: Vec<u16>,
+    keyword_tools: Vec<usize>,
     keyword_matches: Vec<(usize, u32)>,
 }
 
@@ -92,6 +97,8 @@ struct Similarity {
     /// holds.
     touched: Vec<u32>,
     piece_tool_bm25: Vec<f32>,
+    /// The tools the pieces touched, each once it scored.
+    bm25_tools: Vec<usize>,
 }
 
 impl Similarity {
@@ -116,6 +123,7 @@ impl Similarity {
             lowered_piece: String::new(),
             touched: Vec::new(),
             piece_tool_bm25: vec![0.0f32; n_tools],
+            bm25_tools: Vec::new(),
         }
     }
 
@@ -194,6 +202,9 @@ impl Similarity {
         for &t in &self.touched {
             let t = t as usize;
             let score = self.piece_tool_bm25[t];
+            if self.tool_bm25[t] == 0.0 {
+                self.bm25_tools.push(t);
+            }
             self.tool_bm25[t] = self.tool_bm25[t].max(score);
             let slot = &mut domain_bm25[router.names.tool_domains[t]];
             *slot = slot.max(score);
@@ -311,8 +322,10 @@ impl Router {
             tool_dense_rank,
             domain_similarity,
             pieces,
+            mut bm25_tools,
             ..
         } = similarity;
+        bm25_tools.retain(|&t| tool_bm25[t] > 0.0);
         if !dense_on {
             tool_similarity = tool_bm25.clone();
         }
@@ -330,6 +343,8 @@ impl Router {
             domain_keyword_hits: keywords.domain_keyword_hits,
             keyword_hits_in_domain: keywords.keyword_hits_in_domain,
             tool_keyword_hits: keywords.tool_keyword_hits,
+            keyword_tools: keywords.keyword_tools,
+            bm25_tools,
             keyword_matches: keywords.keyword_matches,
             tool_similarity,
             tool_bm25,
@@ -354,6 +369,7 @@ impl Router {
             domain_keyword_hits: vec![0u16; n_domains],
             keyword_hits_in_domain: vec![0u16; n_domains],
             tool_keyword_hits: vec![0u16; n_tools],
+            keyword_tools: Vec::new(),
             keyword_matches: Vec::new(),
         };
         self.keywords.for_each_match(lowered, |owner, pattern| {
@@ -370,6 +386,7 @@ impl Router {
                         return;
                     };
                     *hits = hits.saturating_add(1);
+                    found.keyword_tools.push(t);
                     self.names.tool_domains[t]
                 }
             };

@@ -15,8 +15,9 @@ pub(crate) struct Candidates {
     /// points at only through their domain share one row per domain and flags.
     pub(crate) row_of: Vec<u32>,
     pub(crate) rows: Vec<Row>,
-    /// Candidates nothing points at: no row, every feature 0 but their flags.
-    pub(crate) rest: Vec<usize>,
+    /// How many candidates nothing points at, by their flags (see
+    /// [`Router::flags`]): no row, every feature 0 but their flags.
+    pub(crate) rest_by_flags: [usize; 4],
 }
 
 impl Candidates {
@@ -72,56 +73,83 @@ impl Router {
         learned: Option<&LearnedIndex>,
         candidate_domain: &[bool],
     ) -> Candidates {
-        let tools: Vec<usize> = (0..self.names.tools.len())
-            .filter(|&t| candidate_domain[self.names.tool_domains[t]])
-            .collect();
+        let is_candidate = |t: usize| candidate_domain[self.names.tool_domains[t]];
         let domains = self.domain_features(evidence, session, candidate_domain);
-        let per_tool = self.tool_features(evidence, session, learned, candidate_domain, &tools);
-        let named = self.tools_naming_their_action(&evidence.words);
-
+        let per_tool = self.tool_features(evidence, session, learned, candidate_domain);
+        let named: Vec<usize> = self
+            .tools_naming_their_action(&evidence.words)
+            .into_iter()
+            .filter(|&t| is_candidate(t))
+            .collect();
+        // The tools something of their own points at, found from the evidence's
+        // lists rather than tested one by one: a row each.
+        let n_tools = self.names.tools.len();
+        let mut own = vec![false; n_tools];
+        for &t in &per_tool.listed {
+            own[t] = is_candidate(t) && per_tool.points_at(t, evidence);
+        }
+        for &t in &named {
+            own[t] = true;
+        }
+        // The other tools of a domain the turn points at differ from each other only
+        // by their flags: they share one row per domain and flags. The tools of the
+        // other domains have no row: the caller prices them by their flags.
+        let touched_domain: Vec<bool> = (0..self.names.domains.len())
+            .map(|d| domains.evidence[d] > 0.0 || domains.last_turn[d] > 0.0)
+            .collect();
+        // Room for every row and tool up front: on a catalog of thousands, growing
+        // the rows a step at a time copied them over and over.
+        let n_own = own.iter().filter(|&&o| o).count();
+        let shared_domains =
+            (0..touched_domain.len()).filter(|&d| touched_domain[d] && candidate_domain[d]);
+        let n_shared: usize = shared_domains
+            .clone()
+            .map(|d| self.tools_by_domain[d].len())
+            .sum();
+        let n_shared_rows = (4 * shared_domains.count()).min(n_shared);
         let mut out = Candidates {
-            tools: Vec::with_capacity(tools.len()),
-            row_of: Vec::with_capacity(tools.len()),
-            ..Candidates::default()
+            tools: Vec::with_capacity(n_own + n_shared),
+            row_of: Vec::with_capacity(n_own + n_shared),
+            rows: Vec::with_capacity(n_own + n_shared_rows),
+            rest_by_flags: [0; 4],
         };
-        // Per domain and (destructive, read-first) flags: the row its tools share
-        // when the turn points at them only through the domain.
         let mut shared_row: Vec<[Option<u32>; 4]> = vec![[None; 4]; self.names.domains.len()];
-        for &t in &tools {
+        for t in 0..n_tools {
             let d = self.names.tool_domains[t];
-            let names_action = named.binary_search(&t).is_ok();
-            // A tool nothing points at, in a domain nothing points at, differs from
-            // its like only by its flags: the caller prices those as a group.
-            let touched = domains.evidence[d] > 0.0
-                || domains.last_turn[d] > 0.0
-                || per_tool.points_at(t, evidence)
-                || names_action;
-            if !touched {
-                out.rest.push(t);
+            if !candidate_domain[d] {
                 continue;
             }
-            let row = if names_action || per_tool.has_any(t, evidence) {
+            let row = if own[t] {
+                let names_action = named.binary_search(&t).is_ok();
                 out.rows
                     .push(self.row(t, names_action, evidence, &domains, &per_tool));
                 out.rows.len() - 1
-            } else {
-                let flags =
-                    usize::from(self.destructive[t]) * 2 + usize::from(self.tool_prior[t] > 0.0);
-                let r = *shared_row[d][flags].get_or_insert_with(|| {
+            } else if touched_domain[d] {
+                let r = *shared_row[d][self.flags(t)].get_or_insert_with(|| {
                     out.rows
                         .push(self.row(t, false, evidence, &domains, &per_tool));
                     (out.rows.len() - 1) as u32
                 });
+                debug_assert!(!per_tool.points_at(t, evidence));
                 debug_assert_eq!(
                     out.rows[r as usize],
                     self.row(t, false, evidence, &domains, &per_tool)
                 );
                 r as usize
+            } else {
+                debug_assert!(!per_tool.points_at(t, evidence));
+                out.rest_by_flags[self.flags(t)] += 1;
+                continue;
             };
             out.tools.push(t);
             out.row_of.push(row as u32);
         }
         out
+    }
+
+    /// A tool's flags as an index 0..4: destructive, then read-first.
+    pub(crate) fn flags(&self, t: usize) -> usize {
+        usize::from(self.destructive[t]) * 2 + usize::from(self.tool_prior[t] > 0.0)
     }
 
     /// Tool `t`'s feature row.
@@ -279,22 +307,39 @@ impl Router {
         session: &SessionView,
         learned: Option<&LearnedIndex>,
         candidate_domain: &[bool],
-        tools: &[usize],
     ) -> ToolFeatures<'e> {
         let n_tools = self.names.tools.len();
+        // The candidates with a score of their own: the dense stage scores every
+        // tool, the others a few.
+        let mut listed: Vec<usize> = if evidence.dense_on {
+            (0..n_tools)
+                .filter(|&t| candidate_domain[self.names.tool_domains[t]])
+                .collect()
+        } else {
+            let learned =
+                (0..evidence.tool_learned.len()).filter(|&t| evidence.tool_learned[t] > 0.0);
+            evidence
+                .bm25_tools
+                .iter()
+                .chain(&evidence.keyword_tools)
+                .copied()
+                .chain(learned)
+                .collect()
+        };
+        listed.retain(|&t| candidate_domain[self.names.tool_domains[t]]);
         // Evidence of the candidates only: the best of them scales the relative
         // features, and learned votes rank among them.
         let best = |scores: &[f32]| -> f32 {
             if scores.is_empty() {
                 return 0.0;
             }
-            tools.iter().map(|&t| scores[t]).fold(0.0f32, f32::max)
+            listed.iter().map(|&t| scores[t]).fold(0.0f32, f32::max)
         };
         let learned_rank = if evidence.tool_learned.is_empty() {
             Vec::new()
         } else {
             let mut learned = vec![0.0f32; n_tools];
-            for &t in tools {
+            for &t in &listed {
                 learned[t] = evidence.tool_learned[t];
             }
             inverse_ranks(&learned)
@@ -313,7 +358,9 @@ impl Router {
             next_step: vec![0.0f32; n_tools],
             called_recently: vec![false; n_tools],
             carried: vec![false; n_tools],
+            listed: Vec::new(),
         };
+        let mut inherited: Vec<usize> = Vec::new();
 
         // How directly the message points at a tool: what its prerequisites and
         // companions inherit.
@@ -323,18 +370,20 @@ impl Router {
                 .max(f32::from(evidence.tool_keyword_hits[t].min(1)))
                 .max(at(&evidence.tool_learned, t))
         };
-        for &u in tools {
+        for &u in &listed {
             let s = strength(u);
             if s <= 0.0 {
                 continue;
             }
             for &p in &self.prerequisites[u] {
                 features.prerequisite[p] = features.prerequisite[p].max(s);
+                inherited.push(p);
             }
             if let Some(index) = learned {
                 for &(v, share) in index.co_used(u) {
                     let slot = &mut features.co_usage[v as usize];
                     *slot = slot.max(s * share);
+                    inherited.push(v as usize);
                 }
             }
         }
@@ -351,14 +400,17 @@ impl Router {
                 for &(v, share) in index.followed_by(u) {
                     let slot = &mut features.follows[v as usize];
                     *slot = slot.max(share);
+                    inherited.push(v as usize);
                 }
             }
         }
         for (_, name) in &session.recent_calls {
             if let Some(u) = self.registry.tool_idx(name) {
                 features.called_recently[u] = true;
+                inherited.push(u);
                 for &c in &self.consumers[u] {
                     features.next_step[c] = 1.0;
+                    inherited.push(c);
                 }
             }
         }
@@ -368,9 +420,12 @@ impl Router {
             for name in &session.carried_tools {
                 if let Some(t) = self.registry.tool_idx(name) {
                     features.carried[t] = true;
+                    inherited.push(t);
                 }
             }
         }
+        listed.extend(inherited);
+        features.listed = listed;
         features
     }
 }
@@ -418,6 +473,9 @@ struct ToolFeatures<'e> {
     next_step: Vec<f32>,
     called_recently: Vec<bool>,
     carried: Vec<bool>,
+    /// Every tool any of these may point at (unsorted, repeats): a superset of the
+    /// tools they do point at.
+    listed: Vec<usize>,
 }
 
 impl ToolFeatures<'_> {
@@ -441,15 +499,6 @@ impl ToolFeatures<'_> {
             || self.next_step[t] > 0.0
             || self.called_recently[t]
             || self.carried[t]
-    }
-
-    /// Any feature of the tool's own is set: its row differs from its domain's.
-    fn has_any(&self, t: usize, evidence: &Evidence) -> bool {
-        self.points_at(t, evidence)
-            || at(self.bm25_rank, t) > 0.0
-            || self.dense(t) != 0.0
-            || at(self.dense_rank, t) > 0.0
-            || at(&self.learned_rank, t) > 0.0
     }
 }
 

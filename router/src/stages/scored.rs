@@ -53,11 +53,10 @@ impl Pass<'_> {
             }
         }
         self.rest_mass = candidates
-            .rest
+            .rest_by_flags
             .iter()
-            .map(|&t| {
-                flags[usize::from(router.destructive[t])][usize::from(router.tool_prior[t] > 0.0)]
-            })
+            .enumerate()
+            .map(|(f, &count)| count as f32 * flags[f / 2][f % 2])
             .sum();
         self.candidates = candidates;
         // A follow-up with no keyword of its own ("yes, do it") sees what the last
