@@ -633,14 +633,17 @@ const RANKED: usize = 50;
 /// Raises `best[i]` to 1 / the rank of item `i` among `items` by descending `scores`
 /// (above 0), for the first [`RANKED`].
 fn best_ranks(items: impl Iterator<Item = usize>, scores: &[f32], best: &mut [f32]) {
-    let mut order: Vec<usize> = items.filter(|&i| scores[i] > 0.0).collect();
-    let by_score = |a: &usize, b: &usize| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b));
-    if order.len() > RANKED {
-        order.select_nth_unstable_by(RANKED - 1, by_score);
-        order.truncate(RANKED);
+    let mut keys: Vec<u64> = items
+        .filter(|&i| scores[i] > 0.0)
+        .map(|i| key(scores[i], i))
+        .collect();
+    if keys.len() > RANKED {
+        keys.select_nth_unstable(RANKED - 1);
+        keys.truncate(RANKED);
     }
-    order.sort_unstable_by(by_score);
-    for (r, &i) in order.iter().enumerate() {
+    keys.sort_unstable();
+    for (r, &k) in keys.iter().enumerate() {
+        let i = index_of(k);
         best[i] = best[i].max(1.0 / (r + 1) as f32);
     }
 }
@@ -673,13 +676,19 @@ pub(crate) fn ranks(scores: &[f32]) -> Vec<usize> {
 /// keys: a comparator that looks both scores up was a fifth of a selection over
 /// thousands of tools.
 pub(crate) fn best_first(items: impl Iterator<Item = usize>, scores: &[f32]) -> Vec<usize> {
-    let mut keys: Vec<u64> = items
-        .map(|i| (u64::from(descending(scores[i])) << 32) | i as u64)
-        .collect();
+    let mut keys: Vec<u64> = items.map(|i| key(scores[i], i)).collect();
     keys.sort_unstable();
-    keys.into_iter()
-        .map(|k| (k & u64::from(u32::MAX)) as usize)
-        .collect()
+    keys.into_iter().map(index_of).collect()
+}
+
+/// Item `i` with its score as a key whose ascending order is best first, ties by
+/// index.
+fn key(score: f32, i: usize) -> u64 {
+    (u64::from(descending(score)) << 32) | i as u64
+}
+
+fn index_of(key: u64) -> usize {
+    (key & u64::from(u32::MAX)) as usize
 }
 
 /// A key whose ascending order is `f32::total_cmp`'s descending order.
