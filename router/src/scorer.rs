@@ -218,28 +218,27 @@ impl Compiled {
                 .sum::<f32>()
     }
 
-    /// The features that raised this row's logit most, with their values: a sent
-    /// tool's reason.
-    pub(crate) fn explain(&self, row: &Row, probability: f32) -> String {
-        let mut parts: Vec<(f32, usize)> = self
-            .weights
-            .iter()
-            .zip(row)
-            .enumerate()
-            .filter(|(_, (w, x))| **x != 0.0 && **w * **x > 0.0)
-            .map(|(i, (w, x))| (w * x, i))
-            .collect();
+    /// Writes the features that raised this row's logit most, with their values,
+    /// after its probability: a sent tool's reason.
+    pub(crate) fn explain_into(&self, reason: &mut String, row: &Row, probability: f32) {
+        let mut parts = [(0.0f32, 0usize); N_FEATURES];
+        let mut n = 0;
+        for (i, (w, x)) in self.weights.iter().zip(row).enumerate() {
+            if *x != 0.0 && w * x > 0.0 {
+                parts[n] = (w * x, i);
+                n += 1;
+            }
+        }
+        let parts = &mut parts[..n];
         parts.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut reason = String::with_capacity(96);
         reason.push_str("p ");
-        push_two_decimals(&mut reason, probability);
+        push_two_decimals(reason, probability);
         for (n, &(_, i)) in parts.iter().take(3).enumerate() {
             reason.push_str(if n == 0 { ": " } else { ", " });
             reason.push_str(FEATURES[i]);
             reason.push(' ');
-            push_two_decimals(&mut reason, row[i]);
+            push_two_decimals(reason, row[i]);
         }
-        reason
     }
 }
 

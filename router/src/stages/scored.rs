@@ -212,29 +212,37 @@ impl Pass<'_> {
             let t = self.candidates.tools[i];
             let p = self.probability[t];
             let row = &self.candidates.rows[self.candidates.row_of[i] as usize];
-            let why = model.explain(row, p);
-            let tool = &router.names.tools[t];
-            if sent_in_domain[d] {
+            let tool = router.names.tools[t].as_str();
+            let sent = sent_in_domain[d];
+            // A stage that held or pointed at the domain keeps its own words first
+            // ("keyword \"table\"").
+            let (stage, own_words) = if sent {
                 let stage = match verdict.stage {
                     Stage::Keyword | Stage::Sticky | Stage::Loaded | Stage::Carried => {
                         verdict.stage
                     }
                     _ => Stage::Scored,
                 };
-                // A stage that held the domain keeps its own words first ("keyword
-                // \"table\"").
-                let reason = if stage == Stage::Scored {
-                    format!("{tool} {why}")
-                } else {
-                    format!("{}; {tool} {why}", verdict.reason)
-                };
+                (stage, stage != Stage::Scored)
+            } else {
+                (verdict.stage, verdict.stage != Stage::NotMatched)
+            };
+            let mut reason = String::with_capacity(160);
+            if own_words {
+                reason.push_str(&verdict.reason);
+                reason.push_str("; ");
+            }
+            if !sent {
+                reason.push_str("likeliest ");
+            }
+            reason.push_str(tool);
+            reason.push(' ');
+            model.explain_into(&mut reason, row, p);
+            if sent {
                 self.verdicts[d] = DomainVerdict::ranked(stage, p, Cow::Owned(reason));
             } else {
-                let reason = match verdict.stage {
-                    Stage::NotMatched => format!("likeliest {tool} {why}: below the rule"),
-                    _ => format!("{}; likeliest {tool} {why}: below the rule", verdict.reason),
-                };
-                self.verdicts[d] = DomainVerdict::out(verdict.stage, p, Cow::Owned(reason));
+                reason.push_str(": below the rule");
+                self.verdicts[d] = DomainVerdict::out(stage, p, Cow::Owned(reason));
             }
         }
     }
