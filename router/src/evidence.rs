@@ -90,8 +90,6 @@ struct Similarity {
     domain_similarity: Vec<f32>,
     pieces: Vec<PieceScores>,
     terms: Vec<u32>,
-    words: String,
-    lowered_piece: String,
     /// The tools that share a term with the piece: BM25 touches only those, so that
     /// lexical routing costs what the message matches rather than what the registry
     /// holds.
@@ -119,27 +117,20 @@ impl Similarity {
             domain_similarity: vec![0.0f32; n_domains],
             pieces: Vec::new(),
             terms: Vec::new(),
-            words: String::new(),
-            lowered_piece: String::new(),
             touched: Vec::new(),
             piece_tool_bm25: vec![0.0f32; n_tools],
             bm25_tools: Vec::new(),
         }
     }
 
-    /// The piece's BM25 share of every tool (into `piece_tool_bm25`, over `touched`)
-    /// and of every domain (returned).
-    fn bm25_shares(&mut self, router: &Router, piece: &str, n_domains: usize) -> Vec<f32> {
-        self.lowered_piece.clear();
-        self.lowered_piece.push_str(&piece.to_lowercase());
+    /// The BM25 share of every tool (into `piece_tool_bm25`, over `touched`) and of
+    /// every domain (returned) for a piece's terms (`words`, one a line).
+    fn bm25_shares(&mut self, router: &Router, words: &str, n_domains: usize) -> Vec<f32> {
         for &t in &self.touched {
             self.piece_tool_bm25[t as usize] = 0.0;
         }
         self.touched.clear();
-        lexical::query_words(&self.lowered_piece, &mut self.words);
-        router
-            .tool_index
-            .query_word_terms(&self.words, &mut self.terms);
+        router.tool_index.query_word_terms(words, &mut self.terms);
         let tool_query_mass: f32 = self
             .terms
             .iter()
@@ -156,9 +147,7 @@ impl Similarity {
             }
         }
         let mut domain_bm25 = vec![0.0f32; n_domains];
-        router
-            .domain_index
-            .query_word_terms(&self.words, &mut self.terms);
+        router.domain_index.query_word_terms(words, &mut self.terms);
         let domain_query_mass: f32 = self
             .terms
             .iter()
@@ -175,13 +164,13 @@ impl Similarity {
         domain_bm25
     }
 
-    /// Takes one piece's BM25 shares, and its cosines (per tool, per domain text)
-    /// when the dense stage ran.
+    /// Takes one piece's BM25 shares (of its terms, `words`), and its cosines (per
+    /// tool, per domain text) when the dense stage ran.
     fn add_piece(
         &mut self,
         router: &Router,
         active: &[bool],
-        piece: &str,
+        words: &str,
         cosines: Option<(&Vec<f32>, &Vec<f32>)>,
         learned: Vec<LearnedVote>,
     ) {
@@ -190,7 +179,7 @@ impl Similarity {
             let d = router.names.tool_domains[t];
             active[d] && !router.domain_is_core[d]
         };
-        let mut domain_bm25 = self.bm25_shares(router, piece, n_domains);
+        let mut domain_bm25 = self.bm25_shares(router, words, n_domains);
         best_ranks(
             self.touched
                 .iter()
@@ -309,10 +298,17 @@ impl Router {
         }
 
         let mut similarity = Similarity::new(n_tools, n_domains, dense_on);
+        let mut piece_words = String::new();
         for (p, piece) in piece_texts.iter().enumerate() {
             let cosines = dense_cosines.as_ref().map(|c| (&c.tools[p], &c.domains[p]));
             let learned = std::mem::take(&mut piece_learned[p]);
-            similarity.add_piece(self, &active, piece, cosines, learned);
+            // The whole message's terms are `words`; a request's are its own.
+            if p == 0 {
+                piece_words = words.join("\n");
+            } else {
+                lexical::query_words(&piece.to_lowercase(), &mut piece_words);
+            }
+            similarity.add_piece(self, &active, &piece_words, cosines, learned);
         }
         let Similarity {
             tool_bm25,

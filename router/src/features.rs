@@ -81,8 +81,9 @@ impl Router {
             .into_iter()
             .filter(|&t| is_candidate(t))
             .collect();
-        // The tools something of their own points at, found from the evidence's
-        // lists rather than tested one by one: a row each.
+        // The tools something of their own points at: a row each. Only the tools
+        // the evidence and the session list are tested (debug builds check that no
+        // other tool would pass).
         let n_tools = self.names.tools.len();
         let mut own = vec![false; n_tools];
         for &t in &per_tool.listed {
@@ -312,9 +313,7 @@ impl Router {
         // The candidates with a score of their own: the dense stage scores every
         // tool, the others a few.
         let mut listed: Vec<usize> = if evidence.dense_on {
-            (0..n_tools)
-                .filter(|&t| candidate_domain[self.names.tool_domains[t]])
-                .collect()
+            (0..n_tools).collect()
         } else {
             let learned =
                 (0..evidence.tool_learned.len()).filter(|&t| evidence.tool_learned[t] > 0.0);
