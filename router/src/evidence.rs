@@ -679,11 +679,11 @@ pub(crate) fn best_first(items: impl Iterator<Item = usize>, scores: &[f32]) -> 
 
 /// Item `i` with its score as a key whose ascending order is best first, ties by
 /// index.
-fn key(score: f32, i: usize) -> u64 {
+pub(crate) fn key(score: f32, i: usize) -> u64 {
     (u64::from(descending(score)) << 32) | i as u64
 }
 
-fn index_of(key: u64) -> usize {
+pub(crate) fn index_of(key: u64) -> usize {
     (key & u64::from(u32::MAX)) as usize
 }
 
