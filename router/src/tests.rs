@@ -2128,3 +2128,37 @@ fn search_ranks_with_the_scorer() {
         "{hits:?}"
     );
 }
+
+#[test]
+fn a_domain_whose_only_tool_the_destructive_rule_held_back_says_so() {
+    let toolkit = json!({"domain": "accounts", "description": "User accounts.", "keywords": ["account"],
+        "tools": [{"name": "delete_account", "description": "Delete a user account for good.",
+                   "input_schema": {"type": "object", "properties": {"token": {"type": "string"}}},
+                   "annotations": {"destructiveHint": true}}]});
+    let parsed = toolkit::parse(&toolkit.to_string(), "accounts.json")
+        .unwrap_or_else(|e| panic!("accounts catalog: {e}"));
+    let registry = Registry::builder()
+        .toolkit(parsed)
+        .build()
+        .unwrap_or_else(|e| panic!("accounts registry: {e}"));
+    let router = Router::new(Arc::new(registry), RouterConfig::default());
+    let selection = router.select(&RouteInput {
+        message: "my account name is foo",
+        settings: &BTreeMap::new(),
+        session: &SessionView::new(1),
+        token_budget: None,
+        learned: None,
+        vectors: None,
+    });
+    assert!(!selection.contains("delete_account"));
+    let accounts = selection
+        .domain("accounts")
+        .map(|d| (d.included, d.stage, d.reason.to_string()));
+    let Some((included, stage, reason)) = accounts else {
+        panic!("no decision for accounts: {selection:?}");
+    };
+    assert!(!included);
+    assert_eq!(stage, Stage::NoDirectEvidence, "{reason}");
+    assert!(!reason.contains("trimmed"), "{reason}");
+    assert!(reason.contains("direct evidence"), "{reason}");
+}

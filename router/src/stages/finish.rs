@@ -108,13 +108,26 @@ impl Pass<'_> {
         }
     }
 
-    /// Each domain's verdict, told by what is actually sent: a domain the budget left
-    /// without a tool says so.
+    /// Each domain's verdict, told by what is actually sent: a domain left without a
+    /// tool says why, the destructive rule or the budget.
     fn domain_decisions(&mut self) -> Vec<DomainDecision> {
         let names = &self.router.names;
         let mut n_sent_by_domain = vec![0usize; self.verdicts.len()];
         for (t, _) in self.sent.iter() {
             n_sent_by_domain[names.tool_domains[t]] += 1;
+        }
+        // Per domain: a tool held back by the destructive rule; one held back by
+        // anything else.
+        let mut held_back = vec![(false, false); self.verdicts.len()];
+        for (t, (stage, included)) in self.tool_outcomes.iter() {
+            if !included {
+                let slot = &mut held_back[names.tool_domains[t]];
+                if stage == Stage::NoDirectEvidence {
+                    slot.0 = true;
+                } else {
+                    slot.1 = true;
+                }
+            }
         }
         let budget = self.budget;
         std::mem::take(&mut self.verdicts)
@@ -123,10 +136,21 @@ impl Pass<'_> {
             .map(|(d, verdict)| {
                 let included = n_sent_by_domain[d] > 0;
                 let (stage, reason) = if verdict.included() && !included {
-                    (
-                        Stage::BudgetTrimmed,
-                        format!("{}; trimmed to fit {budget} tokens", verdict.reason).into(),
-                    )
+                    if held_back[d] == (true, false) {
+                        (
+                            Stage::NoDirectEvidence,
+                            format!(
+                                "{}; destructive, held back without direct evidence",
+                                verdict.reason
+                            )
+                            .into(),
+                        )
+                    } else {
+                        (
+                            Stage::BudgetTrimmed,
+                            format!("{}; trimmed to fit {budget} tokens", verdict.reason).into(),
+                        )
+                    }
                 } else {
                     (verdict.stage, verdict.reason)
                 };
