@@ -2162,3 +2162,41 @@ fn a_domain_whose_only_tool_the_destructive_rule_held_back_says_so() {
     assert!(!reason.contains("trimmed"), "{reason}");
     assert!(reason.contains("direct evidence"), "{reason}");
 }
+
+#[test]
+fn a_domain_whose_only_tool_lost_a_collision_says_so() {
+    let toolkits = [
+        json!({"domain": "ledger", "description": "The household ledger.", "keywords": ["ledger"],
+               "tools": [{"name": "ledger_lookup", "description": "Look up an entry in the ledger.",
+                          "input_schema": {"type": "object", "properties": {}},
+                          "conflicts": ["notes_lookup"]}]}),
+        json!({"domain": "notes", "description": "Notes the user keeps.", "keywords": ["notebook"],
+               "tools": [tool("notes_lookup", "Look up an entry in my notes.")]}),
+    ];
+    let mut builder = Registry::builder();
+    for (i, value) in toolkits.into_iter().enumerate() {
+        let parsed = toolkit::parse(&value.to_string(), &format!("collide{i}.json"))
+            .unwrap_or_else(|e| panic!("catalog {i}: {e}"));
+        builder = builder.toolkit(parsed);
+    }
+    let registry = builder.build().unwrap_or_else(|e| panic!("registry: {e}"));
+    let router = Router::new(Arc::new(registry), RouterConfig::default());
+    let selection = router.select(&RouteInput {
+        message: "look up the ledger entry in my notes",
+        settings: &BTreeMap::new(),
+        session: &SessionView::new(1),
+        token_budget: None,
+        learned: None,
+        vectors: None,
+    });
+    let lost: Vec<_> = selection
+        .domains
+        .iter()
+        .filter(|d| !d.included && d.stage != Stage::NotMatched)
+        .map(|d| (d.domain.to_string(), d.stage, d.reason.to_string()))
+        .collect();
+    assert_eq!(lost.len(), 1, "{lost:?} {}", selection.summary_line());
+    let (_, stage, reason) = &lost[0];
+    assert_eq!(*stage, Stage::Collision, "{reason}");
+    assert!(reason.contains("conflicts"), "{reason}");
+}

@@ -109,24 +109,25 @@ impl Pass<'_> {
     }
 
     /// Each domain's verdict, told by what is actually sent: a domain left without a
-    /// tool says why, the destructive rule or the budget.
+    /// tool says why (the destructive rule, a collision or the budget).
     fn domain_decisions(&mut self) -> Vec<DomainDecision> {
         let names = &self.router.names;
         let mut n_sent_by_domain = vec![0usize; self.verdicts.len()];
         for (t, _) in self.sent.iter() {
             n_sent_by_domain[names.tool_domains[t]] += 1;
         }
-        // Per domain: a tool held back by the destructive rule; one held back by
-        // anything else.
-        let mut held_back = vec![(false, false); self.verdicts.len()];
+        // Per domain, the stage that held its tools back: `Some(Some(stage))` when one
+        // did, `Some(None)` when several did (then the budget is named, as it trims
+        // last), `None` when none did.
+        let mut held_back: Vec<Option<Option<Stage>>> = vec![None; self.verdicts.len()];
         for (t, (stage, included)) in self.tool_outcomes.iter() {
             if !included {
                 let slot = &mut held_back[names.tool_domains[t]];
-                if stage == Stage::NoDirectEvidence {
-                    slot.0 = true;
-                } else {
-                    slot.1 = true;
-                }
+                *slot = match *slot {
+                    None => Some(Some(stage)),
+                    Some(Some(held)) if held == stage => Some(Some(held)),
+                    Some(_) => Some(None),
+                };
             }
         }
         let budget = self.budget;
@@ -136,21 +137,21 @@ impl Pass<'_> {
             .map(|(d, verdict)| {
                 let included = n_sent_by_domain[d] > 0;
                 let (stage, reason) = if verdict.included() && !included {
-                    if held_back[d] == (true, false) {
-                        (
+                    let (stage, why) = match held_back[d] {
+                        Some(Some(Stage::NoDirectEvidence)) => (
                             Stage::NoDirectEvidence,
-                            format!(
-                                "{}; destructive, held back without direct evidence",
-                                verdict.reason
-                            )
-                            .into(),
-                        )
-                    } else {
-                        (
+                            "destructive, held back without direct evidence".to_owned(),
+                        ),
+                        Some(Some(Stage::Collision)) => (
+                            Stage::Collision,
+                            "held back: conflicts with a tool sent".to_owned(),
+                        ),
+                        _ => (
                             Stage::BudgetTrimmed,
-                            format!("{}; trimmed to fit {budget} tokens", verdict.reason).into(),
-                        )
-                    }
+                            format!("trimmed to fit {budget} tokens"),
+                        ),
+                    };
+                    (stage, format!("{}; {why}", verdict.reason).into())
                 } else {
                     (verdict.stage, verdict.reason)
                 };
