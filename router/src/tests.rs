@@ -2200,3 +2200,40 @@ fn a_domain_whose_only_tool_lost_a_collision_says_so() {
     assert_eq!(*stage, Stage::Collision, "{reason}");
     assert!(reason.contains("conflicts"), "{reason}");
 }
+
+#[test]
+fn a_destructive_tool_asked_for_last_turn_reaches_the_answer_to_the_models_question() {
+    let toolkit = json!({"domain": "accounts", "description": "User accounts.", "keywords": ["account"],
+        "tools": [{"name": "delete_account", "description": "Delete a user account for good.",
+                   "input_schema": {"type": "object", "properties": {"token": {"type": "string"}}},
+                   "annotations": {"destructiveHint": true}}]});
+    let parsed = toolkit::parse(&toolkit.to_string(), "accounts.json")
+        .unwrap_or_else(|e| panic!("accounts catalog: {e}"));
+    let registry = Registry::builder()
+        .toolkit(parsed)
+        .build()
+        .unwrap_or_else(|e| panic!("accounts registry: {e}"));
+    let router = Router::new(Arc::new(registry), RouterConfig::default());
+    let select = |message: &str, session: &SessionView| {
+        router.select(&RouteInput {
+            message,
+            settings: &BTreeMap::new(),
+            session,
+            token_budget: None,
+            learned: None,
+            vectors: None,
+        })
+    };
+    let mut session = SessionView::new(1);
+    let asked = select("delete my account", &session);
+    assert!(asked.contains("delete_account"), "{}", asked.summary_line());
+    session.begin_turn(2, Some(&asked));
+    let answer = select("my account name is foo", &session);
+    assert!(
+        answer.contains("delete_account"),
+        "{}",
+        answer.summary_line()
+    );
+    // Without the ask, the same message has no direct evidence for it.
+    assert!(!select("my account name is foo", &SessionView::new(2)).contains("delete_account"));
+}

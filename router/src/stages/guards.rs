@@ -63,7 +63,8 @@ impl Pass<'_> {
     /// keywords; its verb and object; a destructive verb while its domain is what the
     /// message or the conversation is about; the best match of its domain's tools), a
     /// workflow step, an explicit load or pin, or the last turn sent it on such
-    /// evidence (carry-over: "delete the 2023 backups" → "are you sure?" → "yes").
+    /// evidence (carry-over: "delete the 2023 backups" → "are you sure?" → "yes", or
+    /// "delete my account" → "my username is foo").
     /// Backfill, fallback or a match of its domain alone never send one.
     pub(crate) fn destructive_guard(&mut self) {
         let router = self.router;
@@ -74,6 +75,16 @@ impl Pass<'_> {
         let asks_to_destroy = message_words
             .iter()
             .any(|w| DESTRUCTIVE_STEMS.contains(&w.as_str()));
+        // The last turn's likeliest tools: asked for then, and this turn may be the
+        // answer to the model's question ("delete my account" → "my username is
+        // foo"), keywords of its own or not.
+        let carried: Vec<usize> = self
+            .input
+            .session
+            .carried_tools
+            .iter()
+            .filter_map(|name| router.registry.tool_idx(name))
+            .collect();
         for t in self.sent.sorted() {
             let Some((stage, _)) = self.sent.get(t) else {
                 continue;
@@ -118,6 +129,7 @@ impl Pass<'_> {
                 || (asks_to_destroy && about_its_domain)
                 || (on_message_evidence && self.is_top_match_of_its_domain(t))
                 || self.is_learned_for_its_domain(t)
+                || carried.contains(&t)
             {
                 continue;
             }
