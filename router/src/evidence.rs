@@ -660,7 +660,9 @@ impl std::fmt::Display for Rank {
 /// 1-based rank of each item by descending score among items scoring above 0; 0 for
 /// the others.
 pub(crate) fn ranks(scores: &[f32]) -> Vec<usize> {
-    let order = best_first((0..scores.len()).filter(|&i| scores[i] > 0.0), scores);
+    let mut order: Vec<usize> = (0..scores.len()).filter(|&i| scores[i] > 0.0).collect();
+    let n = order.len();
+    best_first(&mut order, n, |i| scores[i]);
     let mut rank = vec![0; scores.len()];
     for (r, &i) in order.iter().enumerate() {
         rank[i] = r + 1;
@@ -668,22 +670,34 @@ pub(crate) fn ranks(scores: &[f32]) -> Vec<usize> {
     rank
 }
 
-/// `items` by descending score (`f32::total_cmp`), ties by index. Sorted as integer
-/// keys: a comparator that looks both scores up was a fifth of a selection over
-/// thousands of tools.
-pub(crate) fn best_first(items: impl Iterator<Item = usize>, scores: &[f32]) -> Vec<usize> {
-    let mut keys: Vec<u64> = items.map(|i| key(scores[i], i)).collect();
-    keys.sort_unstable();
-    keys.into_iter().map(index_of).collect()
+/// Puts `tools` best first (score descending by `f32::total_cmp`, then index),
+/// scoring each tool once. Only the first `keep` are put in order; the rest follow
+/// them in no order (callers hint those, ordered again with the other hints). Sorted
+/// as integer keys: a comparator that looks both scores up was a fifth of a
+/// selection over thousands of tools.
+pub(crate) fn best_first(tools: &mut [usize], keep: usize, score: impl Fn(usize) -> f32) {
+    if keep == 0 || tools.is_empty() {
+        return;
+    }
+    let mut keys: Vec<u64> = tools.iter().map(|&t| key(score(t), t)).collect();
+    if keep < keys.len() {
+        keys.select_nth_unstable(keep - 1);
+        keys[..keep].sort_unstable();
+    } else {
+        keys.sort_unstable();
+    }
+    for (slot, k) in tools.iter_mut().zip(keys) {
+        *slot = index_of(k);
+    }
 }
 
 /// Item `i` with its score as a key whose ascending order is best first, ties by
 /// index.
-pub(crate) fn key(score: f32, i: usize) -> u64 {
+fn key(score: f32, i: usize) -> u64 {
     (u64::from(descending(score)) << 32) | i as u64
 }
 
-pub(crate) fn index_of(key: u64) -> usize {
+fn index_of(key: u64) -> usize {
     (key & u64::from(u32::MAX)) as usize
 }
 
@@ -719,19 +733,22 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// The integer keys order items as `total_cmp` does, best first, ties by
-        /// index: the order the comparator sort gave before them.
+        /// The first `keep` are the best by `total_cmp`, ties by index, in that order:
+        /// what the comparator sort gave before the integer keys.
         #[test]
-        fn best_first_is_total_cmp_descending(
+        fn best_first_keeps_the_best_in_total_cmp_order(
             scores in proptest::collection::vec(
                 prop_oneof![Just(0.0f32), Just(-0.0f32), Just(0.5f32), -1.0f32..1.0, any::<f32>()],
                 0..60,
-            )
+            ),
+            keep in 1usize..70,
         ) {
-            let items: Vec<usize> = (0..scores.len()).rev().collect();
-            let mut expected = items.clone();
+            let mut tools: Vec<usize> = (0..scores.len()).rev().collect();
+            let mut expected = tools.clone();
             expected.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-            prop_assert_eq!(super::best_first(items.into_iter(), &scores), expected);
+            super::best_first(&mut tools, keep, |t| scores[t]);
+            let kept = keep.min(scores.len());
+            prop_assert_eq!(&tools[..kept], &expected[..kept]);
         }
     }
 }

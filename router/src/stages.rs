@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use crate::evidence::{Evidence, LearnedVote, Rank, index_of, key, ranks, rrf};
+use crate::evidence::{Evidence, LearnedVote, Rank, best_first, ranks, rrf};
 use crate::features::Candidates;
 use crate::selection::{
     DomainDecision, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
@@ -365,48 +365,4 @@ fn is_protected(stage: Stage) -> bool {
 /// is merely still loaded.
 fn is_collision_protected(stage: Stage) -> bool {
     matches!(stage, Stage::AlwaysOn | Stage::Pinned | Stage::Loaded)
-}
-
-/// Puts `tools` best first (score descending, then index), scoring each tool once.
-/// Only the first `keep` are put in order; the rest follow them in no order (callers
-/// hint those, ordered again with the other hints).
-pub(crate) fn best_first(tools: &mut [usize], keep: usize, score: impl Fn(usize) -> f32) {
-    if keep == 0 || tools.is_empty() {
-        return;
-    }
-    let mut keys: Vec<u64> = tools.iter().map(|&t| key(score(t), t)).collect();
-    if keep < keys.len() {
-        keys.select_nth_unstable(keep - 1);
-        keys[..keep].sort_unstable();
-    } else {
-        keys.sort_unstable();
-    }
-    for (slot, k) in tools.iter_mut().zip(keys) {
-        *slot = index_of(k);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    proptest! {
-        /// The first `keep` are the best by `total_cmp`, ties by index, in that order:
-        /// what the comparator sort gave before the integer keys.
-        #[test]
-        fn best_first_keeps_the_best_in_total_cmp_order(
-            scores in proptest::collection::vec(
-                prop_oneof![Just(0.0f32), Just(-0.0f32), Just(0.5f32), -1.0f32..1.0, any::<f32>()],
-                1..60,
-            ),
-            keep in 1usize..70,
-        ) {
-            let mut tools: Vec<usize> = (0..scores.len()).rev().collect();
-            let mut expected = tools.clone();
-            expected.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-            super::best_first(&mut tools, keep, |t| scores[t]);
-            let kept = keep.min(scores.len());
-            prop_assert_eq!(&tools[..kept], &expected[..kept]);
-        }
-    }
 }

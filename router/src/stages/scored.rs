@@ -104,8 +104,9 @@ impl Pass<'_> {
         let rule = self.model().rule;
         let budget = self.budget;
         let mut tokens = self.sent_tokens();
-        let order =
-            crate::evidence::best_first(self.candidates.tools.iter().copied(), &self.probability);
+        let mut order = self.candidates.tools.clone();
+        let n = order.len();
+        crate::evidence::best_first(&mut order, n, |t| self.probability[t]);
         let Some(&best) = order.first() else {
             return;
         };
