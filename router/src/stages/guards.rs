@@ -75,9 +75,9 @@ impl Pass<'_> {
         let asks_to_destroy = message_words
             .iter()
             .any(|w| DESTRUCTIVE_STEMS.contains(&w.as_str()));
-        // The last turn's likeliest tools: asked for then, and this turn may be the
-        // answer to the model's question ("delete my account" → "my username is
-        // foo"), keywords of its own or not.
+        // The last turn's likeliest tools (what carry-over sends): asked for then, and
+        // this turn may be the answer to the model's question ("delete my account" →
+        // "my username is foo"), keywords of its own or not.
         let carried: Vec<usize> = self
             .input
             .session
@@ -119,7 +119,6 @@ impl Pass<'_> {
                         | Stage::Pinned
                         | Stage::NextStep
                         | Stage::Prerequisite
-                        | Stage::Carried
                         | Stage::AlwaysOn
                 )
                 || self.evidence.tool_keyword_hits[t] > 0
