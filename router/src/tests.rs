@@ -2129,8 +2129,8 @@ fn search_ranks_with_the_scorer() {
     );
 }
 
-#[test]
-fn a_domain_whose_only_tool_the_destructive_rule_held_back_says_so() {
+/// One domain whose one tool is destructive, with the fitted scorer.
+fn accounts_router() -> Router {
     let toolkit = json!({"domain": "accounts", "description": "User accounts.", "keywords": ["account"],
         "tools": [{"name": "delete_account", "description": "Delete a user account for good.",
                    "input_schema": {"type": "object", "properties": {"token": {"type": "string"}}},
@@ -2141,7 +2141,12 @@ fn a_domain_whose_only_tool_the_destructive_rule_held_back_says_so() {
         .toolkit(parsed)
         .build()
         .unwrap_or_else(|e| panic!("accounts registry: {e}"));
-    let router = Router::new(Arc::new(registry), RouterConfig::default());
+    Router::new(Arc::new(registry), RouterConfig::default())
+}
+
+#[test]
+fn a_domain_whose_only_tool_the_destructive_rule_held_back_says_so() {
+    let router = accounts_router();
     let selection = router.select(&RouteInput {
         message: "my account name is foo",
         settings: &BTreeMap::new(),
@@ -2203,17 +2208,7 @@ fn a_domain_whose_only_tool_lost_a_collision_says_so() {
 
 #[test]
 fn a_destructive_tool_asked_for_last_turn_reaches_the_answer_to_the_models_question() {
-    let toolkit = json!({"domain": "accounts", "description": "User accounts.", "keywords": ["account"],
-        "tools": [{"name": "delete_account", "description": "Delete a user account for good.",
-                   "input_schema": {"type": "object", "properties": {"token": {"type": "string"}}},
-                   "annotations": {"destructiveHint": true}}]});
-    let parsed = toolkit::parse(&toolkit.to_string(), "accounts.json")
-        .unwrap_or_else(|e| panic!("accounts catalog: {e}"));
-    let registry = Registry::builder()
-        .toolkit(parsed)
-        .build()
-        .unwrap_or_else(|e| panic!("accounts registry: {e}"));
-    let router = Router::new(Arc::new(registry), RouterConfig::default());
+    let router = accounts_router();
     let select = |message: &str, session: &SessionView| {
         router.select(&RouteInput {
             message,
