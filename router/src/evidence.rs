@@ -629,10 +629,22 @@ const RANKED: usize = 50;
 /// Raises `best[i]` to 1 / the rank of item `i` among `items` by descending `scores`
 /// (above 0), for the first [`RANKED`].
 fn best_ranks(items: impl Iterator<Item = usize>, scores: &[f32], best: &mut [f32]) {
-    let mut keys: Vec<u64> = items
-        .filter(|&i| scores[i] > 0.0)
-        .map(|i| key(scores[i], i))
-        .collect();
+    // The best so far, cut back to `RANKED` whenever they fill the buffer: a long
+    // message touches most of a large catalog, and only fifty ranks count.
+    let mut keys: Vec<u64> = Vec::with_capacity(2 * RANKED);
+    let mut cutoff = u64::MAX;
+    for i in items.filter(|&i| scores[i] > 0.0) {
+        let k = key(scores[i], i);
+        if k > cutoff {
+            continue;
+        }
+        keys.push(k);
+        if keys.len() == 2 * RANKED {
+            keys.select_nth_unstable(RANKED - 1);
+            keys.truncate(RANKED);
+            cutoff = keys[RANKED - 1];
+        }
+    }
     if keys.len() > RANKED {
         keys.select_nth_unstable(RANKED - 1);
         keys.truncate(RANKED);
@@ -688,6 +700,54 @@ pub(crate) fn best_first(tools: &mut [usize], keep: usize, score: impl Fn(usize)
     }
     for (slot, k) in tools.iter_mut().zip(keys) {
         *slot = index_of(k);
+    }
+}
+
+/// Items best first (as [`best_first`] orders them), put in order only as far as they
+/// are read: the send order reads a few dozen of a large catalog's thousands of
+/// candidates before nothing more can be sent.
+pub(crate) struct BestFirst {
+    keys: Vec<u64>,
+    /// `keys[..sorted]` are in order, and every key after them is larger.
+    sorted: usize,
+    next: usize,
+}
+
+impl BestFirst {
+    pub(crate) fn new(items: &[usize], score: impl Fn(usize) -> f32) -> BestFirst {
+        BestFirst {
+            keys: items.iter().map(|&i| key(score(i), i)).collect(),
+            sorted: 0,
+            next: 0,
+        }
+    }
+
+    /// The items not read yet, in no order; reading them ends the order.
+    pub(crate) fn rest(&mut self) -> impl Iterator<Item = usize> + '_ {
+        let from = std::mem::replace(&mut self.next, self.keys.len());
+        self.keys[from..].iter().map(|&k| index_of(k))
+    }
+}
+
+impl Iterator for BestFirst {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        if self.next == self.keys.len() {
+            return None;
+        }
+        if self.next == self.sorted {
+            // Each chunk doubles: a full read costs what one sort does.
+            let chunk = (self.keys.len() - self.sorted).min(self.sorted.max(32));
+            let unsorted = &mut self.keys[self.sorted..];
+            if chunk < unsorted.len() {
+                unsorted.select_nth_unstable(chunk - 1);
+            }
+            unsorted[..chunk].sort_unstable();
+            self.sorted += chunk;
+        }
+        self.next += 1;
+        Some(index_of(self.keys[self.next - 1]))
     }
 }
 
@@ -749,6 +809,50 @@ mod tests {
             super::best_first(&mut tools, keep, |t| scores[t]);
             let kept = keep.min(scores.len());
             prop_assert_eq!(&tools[..kept], &expected[..kept]);
+        }
+
+        /// Each item's best rank is 1 / its place among the items scoring above 0,
+        /// for the first fifty: what a full sort gives.
+        #[test]
+        fn best_ranks_are_the_full_sorts_first_fifty(
+            scores in proptest::collection::vec(
+                prop_oneof![Just(0.0f32), Just(0.5f32), 0.0f32..1.0],
+                0..400,
+            ),
+        ) {
+            let mut expected = vec![0.0f32; scores.len()];
+            let mut order: Vec<usize> = (0..scores.len()).filter(|&i| scores[i] > 0.0).collect();
+            order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+            for (r, &i) in order.iter().take(super::RANKED).enumerate() {
+                expected[i] = 1.0 / (r + 1) as f32;
+            }
+            let mut best = vec![0.0f32; scores.len()];
+            super::best_ranks((0..scores.len()).rev(), &scores, &mut best);
+            prop_assert_eq!(best, expected);
+        }
+
+        /// Read to any depth, the lazy order is the full order, and the rest is what
+        /// was not read.
+        #[test]
+        fn best_first_read_lazily_is_the_full_order(
+            scores in proptest::collection::vec(
+                prop_oneof![Just(0.0f32), Just(0.5f32), -1.0f32..1.0, any::<f32>()],
+                0..200,
+            ),
+            read in 0usize..220,
+        ) {
+            let tools: Vec<usize> = (0..scores.len()).rev().collect();
+            let mut expected = tools.clone();
+            expected.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+            let mut order = super::BestFirst::new(&tools, |t| scores[t]);
+            let first: Vec<usize> = order.by_ref().take(read).collect();
+            let kept = read.min(scores.len());
+            prop_assert_eq!(&first[..], &expected[..kept]);
+            let mut rest: Vec<usize> = order.rest().collect();
+            rest.sort_unstable();
+            let mut unread = expected[kept..].to_vec();
+            unread.sort_unstable();
+            prop_assert_eq!(rest, unread);
         }
     }
 }

@@ -287,6 +287,8 @@ pub struct Router {
     tools_by_domain: Vec<Vec<usize>>,
     domain_is_core: Vec<bool>,
     tool_tokens: Vec<usize>,
+    /// The cheapest tool's tokens: a selection with less room left takes no more.
+    min_tool_tokens: usize,
     /// Per domain: the tokens of all its tools.
     domain_tokens: Vec<usize>,
     hint_tokens: Vec<usize>,
@@ -389,6 +391,7 @@ impl Router {
             dense_owners,
             tools_by_domain,
             domain_is_core: domains.iter().map(|d| d.always_on).collect(),
+            min_tool_tokens: costs.tools.iter().copied().min().unwrap_or(0),
             tool_tokens: costs.tools,
             domain_tokens: costs.domains,
             hint_tokens: costs.hints,

@@ -257,7 +257,24 @@ fn push_two_decimals(out: &mut String, x: f32) {
         out.push('-');
     }
     let n = hundredths.abs() as u64;
-    let _ = write!(out, "{}.{:02}", n / 100, n % 100);
+    // The digits by hand: `write!` costs more than the rest of a reason.
+    let mut digits = [0u8; 24];
+    let mut start = digits.len();
+    let mut rest = n;
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        // Two decimals, the point, then at least one integer digit.
+        let written = digits.len() - start;
+        if written == 2 {
+            start -= 1;
+            digits[start] = b'.';
+        } else if written > 3 && rest == 0 {
+            break;
+        }
+    }
+    out.extend(digits[start..].iter().map(|&b| char::from(b)));
 }
 
 pub(crate) fn sigmoid(x: f32) -> f32 {

@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use super::{DomainVerdict, Pass, Send};
+use crate::evidence::BestFirst;
 use crate::scorer::Compiled;
 use crate::selection::Stage;
 
@@ -104,14 +105,19 @@ impl Pass<'_> {
         let rule = self.model().rule;
         let budget = self.budget;
         let mut tokens = self.sent_tokens();
-        let mut order = self.candidates.tools.clone();
-        let n = order.len();
-        crate::evidence::best_first(&mut order, n, |t| self.probability[t]);
-        let Some(&best) = order.first() else {
+        let probability = &self.probability;
+        let mut order = BestFirst::new(&self.candidates.tools, |t| probability[t]);
+        let Some(first) = order.next() else {
             return;
         };
-        let best = self.probability[best];
-        let mass: f32 = order.iter().map(|&t| self.probability[t]).sum::<f32>() + self.rest_mass;
+        let best = probability[first];
+        let mass: f32 = self
+            .candidates
+            .tools
+            .iter()
+            .map(|&t| probability[t])
+            .sum::<f32>()
+            + self.rest_mass;
 
         let small = (rule.whole_domain_share * budget as f32) as usize;
         let mut domains: Vec<usize> = (0..self.verdicts.len())
@@ -146,9 +152,10 @@ impl Pass<'_> {
             }
         }
 
-        let mut held_back = Vec::with_capacity(order.len());
-        self.ranked_out.reserve(order.len());
-        for &t in &order {
+        // Best first while the rule holds: the first tool it stops is held back, and
+        // so is every tool after it (less likely, with no less covered).
+        let mut held_back = None;
+        for t in std::iter::once(first).chain(order.by_ref()) {
             if self.sent.has(t) {
                 continue;
             }
@@ -157,8 +164,23 @@ impl Pass<'_> {
                 || p < rule.min_probability
                 || covered >= rule.coverage * mass
             {
-                held_back.push(t);
-                continue;
+                held_back = Some(t);
+                break;
+            }
+            if tokens + router.min_tool_tokens > budget {
+                // No tool fits any more: every tool left is held back, and those the
+                // rule would have sent were trimmed. None needs an order.
+                let floor = (rule.min_ratio * best).max(rule.min_probability);
+                for t in std::iter::once(t).chain(order.rest()) {
+                    if self.sent.has(t) {
+                        continue;
+                    }
+                    self.ranked_out.push(t);
+                    if self.probability[t] >= floor {
+                        self.tool_outcomes.set(t, (Stage::BudgetTrimmed, false));
+                    }
+                }
+                break;
             }
             let cost = router.tool_tokens[t];
             if tokens + cost > budget {
@@ -170,15 +192,28 @@ impl Pass<'_> {
             covered += p;
             self.sent.set(t, (Stage::Scored, p));
         }
-        for t in held_back {
+        // The held back fill the room under `fill_tokens`, best first, until none fits.
+        let fill = rule.fill_tokens.min(budget);
+        for t in held_back.into_iter().chain(order.by_ref()) {
+            if self.sent.has(t) {
+                continue;
+            }
+            if tokens + router.min_tool_tokens > fill {
+                self.ranked_out.push(t);
+                break;
+            }
             let cost = router.tool_tokens[t];
-            if tokens + cost <= rule.fill_tokens.min(budget) {
+            if tokens + cost <= fill {
                 tokens += cost;
                 self.sent.set(t, (Stage::Scored, self.probability[t]));
             } else {
                 self.ranked_out.push(t);
             }
         }
+        // The rest are hinted (in the hints' own order).
+        let sent = &self.sent;
+        self.ranked_out
+            .extend(order.rest().filter(|&t| !sent.has(t)));
         self.settle_verdicts();
     }
 
