@@ -276,9 +276,10 @@ impl Router {
     ) -> Evidence {
         let n_domains = self.registry.domains().len();
         let n_tools = self.registry.all_tools().len();
-        let active: Vec<bool> = (0..n_domains)
-            .map(|d| settings.is_none_or(|settings| self.is_active(d, settings)))
-            .collect();
+        let active = match settings {
+            Some(settings) => self.active_domains(settings),
+            None => vec![true; n_domains],
+        };
         let lowered = message.to_lowercase();
         let keywords = self.keyword_evidence(&lowered);
         let mut words = Vec::new();

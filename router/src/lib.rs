@@ -311,6 +311,10 @@ pub struct Router {
     tool_actions: Vec<Option<features::Action>>,
     /// The tools whose action's verb is each stemmed word.
     tools_by_verb: HashMap<String, Vec<usize>>,
+    /// Every settings key some domain needs, sorted, and per domain the indexes of
+    /// its keys in that list (see [`Router::active_domains`]).
+    setting_keys: Vec<String>,
+    domain_setting_keys: Vec<Vec<usize>>,
     /// The fitted scorer's models, lexical and dense.
     scorer: Scorers,
     weights: scorer::Weights,
@@ -369,6 +373,21 @@ impl Router {
             .map(|t| features::Action::of(&t.name, &t.domain))
             .collect();
         let (dense_texts, dense_owners) = build::dense_texts(domains, tools);
+        let mut setting_keys: Vec<String> = domains
+            .iter()
+            .flat_map(|d| d.settings_keys.iter().cloned())
+            .collect();
+        setting_keys.sort_unstable();
+        setting_keys.dedup();
+        let domain_setting_keys = domains
+            .iter()
+            .map(|d| {
+                d.settings_keys
+                    .iter()
+                    .filter_map(|key| setting_keys.binary_search(key).ok())
+                    .collect()
+            })
+            .collect();
         let weights = scorer::Weights::shipped();
         let names = Names {
             tools: tools.iter().map(|t| Name::from(t.name.as_str())).collect(),
@@ -407,6 +426,8 @@ impl Router {
             consumers,
             tools_by_verb: features::tools_by_verb(&tool_actions),
             tool_actions,
+            setting_keys,
+            domain_setting_keys,
             scorer: Scorers::new(&weights),
             weights,
             registry,
@@ -525,24 +546,26 @@ impl Router {
         self.all_tools_tokens
     }
 
-    fn is_active(&self, domain_idx: usize, settings: &BTreeMap<String, String>) -> bool {
-        if self
-            .domain_is_core
-            .get(domain_idx)
-            .copied()
-            .unwrap_or(false)
-        {
-            return true;
-        }
-        self.registry
-            .domains()
-            .get(domain_idx)
-            .is_some_and(|domain| {
-                domain
-                    .settings_keys
-                    .iter()
-                    .all(|key| settings.get(key).is_some_and(|v| !v.trim().is_empty()))
+    /// Per domain, whether it is active under `settings`: core always is, another
+    /// domain once each of its keys has a value. One walk of the two sorted key
+    /// lists rather than a look-up per key of every domain.
+    fn active_domains(&self, settings: &BTreeMap<String, String>) -> Vec<bool> {
+        let mut given = settings.iter().peekable();
+        let is_set: Vec<bool> = self
+            .setting_keys
+            .iter()
+            .map(|key| {
+                while given.next_if(|(k, _)| *k < key).is_some() {}
+                given
+                    .next_if(|(k, _)| *k == key)
+                    .is_some_and(|(_, value)| !value.trim().is_empty())
             })
+            .collect();
+        self.domain_setting_keys
+            .iter()
+            .zip(&self.domain_is_core)
+            .map(|(keys, &core)| core || keys.iter().all(|&k| is_set[k]))
+            .collect()
     }
 
     /// The tools that take what `tool` finds (its next steps): routed after a call
