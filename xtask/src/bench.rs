@@ -170,12 +170,25 @@ fn bench_one(
             vectors: None,
         })
     };
-    let router_times = time_per_message(messages, rounds, |m| {
-        black_box(route(m));
-    });
-    let naive_times = time_per_message(messages, rounds, |m| {
-        black_box(naive_route(&keywords_by_domain, m));
-    });
+    // Round by round in turn, so that a machine slowing down mid-run slows both; the
+    // spread is that of the rounds' ratios.
+    let mut router_times = Vec::with_capacity(messages.len() * rounds);
+    let mut naive_times = Vec::with_capacity(messages.len() * rounds);
+    let mut round_speedups = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let ours = time_per_message(messages, 1, |m| {
+            black_box(route(m));
+        });
+        let naive = time_per_message(messages, 1, |m| {
+            black_box(naive_route(&keywords_by_domain, m));
+        });
+        round_speedups.push(
+            percentile(&naive, 0.5).as_secs_f64() / percentile(&ours, 0.5).as_secs_f64().max(1e-12),
+        );
+        router_times.extend(ours);
+        naive_times.extend(naive);
+    }
+    round_speedups.sort_unstable_by(f64::total_cmp);
     let keyword_times = time_per_message(messages, rounds, |m| {
         black_box(router.keyword_domains(m));
     });
@@ -219,8 +232,11 @@ fn bench_one(
         speedup(keyword_p50),
     );
     println!(
-        "{:<34} router built in {:.1} ms; decision-log row (reasons written) p50 {} p95 {}",
+        "{:<34} speedup over {} rounds {:.2}x to {:.2}x; router built in {:.1} ms; decision-log row (reasons written) p50 {} p95 {}",
         "",
+        round_speedups.len(),
+        round_speedups.first().copied().unwrap_or(0.0),
+        round_speedups.last().copied().unwrap_or(0.0),
         build_time.as_secs_f64() * 1e3,
         micros(percentile(&row_times, 0.5)),
         micros(percentile(&row_times, 0.95)),
