@@ -464,7 +464,7 @@ impl Router {
                     .first()
                     .is_some_and(|q| index.has_vectors_of(model_id, q.len())) =>
             {
-                index.dense_matches(queries, config.learned_min_cosine)
+                index.dense_matches(queries, config.learned_min_cosine, config.learned_neighbors)
             }
             _ => vec![Vec::new(); pieces.len()],
         };
@@ -473,7 +473,11 @@ impl Router {
         let mut tools: Vec<(u32, f32, f32, u32)> = Vec::new();
         for (p, piece) in pieces.iter().enumerate() {
             let mut neighbours: Vec<(u32, f32)> = dense_matches[p].clone();
-            neighbours.extend(index.lexical_matches(piece, config.learned_min_bm25));
+            neighbours.extend(index.lexical_matches(
+                piece,
+                config.learned_min_bm25,
+                config.learned_neighbors,
+            ));
             // One similarity per past message: the better of its two paths.
             neighbours.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
             neighbours.dedup_by_key(|n| n.0);

@@ -256,6 +256,7 @@ impl LearnedIndex {
         &self,
         queries: &[Vec<f32>],
         min_cosine: f32,
+        keep: usize,
     ) -> Vec<Vec<(u32, f32)>> {
         let dims = self.dims;
         let quantized_queries: Vec<(Vec<i8>, f32)> = queries
@@ -276,13 +277,21 @@ impl LearnedIndex {
                 }
             }
         }
+        for piece_matches in &mut matches {
+            keep_nearest(piece_matches, keep);
+        }
         matches
     }
 
     /// The entries whose messages share words with `piece`, with their BM25 share
     /// (0..1: the score over what a past message of average length holding each of
     /// the piece's terms once would score), at least `min_share`.
-    pub(crate) fn lexical_matches(&self, piece: &str, min_share: f32) -> Vec<(u32, f32)> {
+    pub(crate) fn lexical_matches(
+        &self,
+        piece: &str,
+        min_share: f32,
+        keep: usize,
+    ) -> Vec<(u32, f32)> {
         let mut words = String::new();
         query_words(&piece.to_lowercase(), &mut words);
         let mut terms = Vec::new();
@@ -297,13 +306,28 @@ impl LearnedIndex {
             .score_into_touched(&terms, &mut scores, &mut touched);
         touched.sort_unstable();
         touched.dedup();
-        touched
+        let mut matches: Vec<(u32, f32)> = touched
             .into_iter()
             .filter_map(|e| {
                 let share = (scores[e as usize] / mass).min(1.0);
                 (share >= min_share).then_some((e, share))
             })
-            .collect()
+            .collect();
+        keep_nearest(&mut matches, keep);
+        matches
+    }
+}
+
+/// Keeps the `keep` most similar of `matches` (similarity descending, then entry), in
+/// no order. The nearest of the dense and the lexical matches together are among each
+/// path's own nearest, so a path need not hand over every past message it matched.
+fn keep_nearest(matches: &mut Vec<(u32, f32)>, keep: usize) {
+    if matches.len() > keep {
+        if keep > 0 {
+            matches
+                .select_nth_unstable_by(keep - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        }
+        matches.truncate(keep);
     }
 }
 
@@ -345,6 +369,26 @@ fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// What is kept is the full sort's first `keep`, whatever order they come in.
+        #[test]
+        fn keep_nearest_keeps_the_sorts_first(
+            similarities in proptest::collection::vec(prop_oneof![Just(0.5f32), 0.0f32..1.0], 0..60),
+            keep in 0usize..20,
+        ) {
+            let mut matches: Vec<(u32, f32)> =
+                similarities.iter().enumerate().map(|(e, &s)| (e as u32, s)).rev().collect();
+            let mut expected = matches.clone();
+            expected.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            expected.truncate(keep);
+            super::keep_nearest(&mut matches, keep);
+            matches.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            prop_assert_eq!(matches, expected);
+        }
+    }
+
     /// The lanes give the plain sum for every length and the extreme values.
     #[test]
     fn dot_i8_is_the_plain_dot_product() {

@@ -516,12 +516,27 @@ fn compare(
 }
 
 /// The figures without and with what `--history` or `--folds` taught, and every turn
-/// learning broke.
+/// learning broke or fixed.
 fn print_learned(without: &Report, with: &Report, line: &str) {
     println!("{line}");
     println!("without history  {}", without.summary_line());
     println!("with history     {}", with.summary_line());
-    for miss in Comparison::new(without, with).now_missed {
+    let comparison = Comparison::new(without, with);
+    println!(
+        "learning broke {} turns and fixed {}",
+        comparison.now_missed.len(),
+        comparison.now_hit.len()
+    );
+    for miss in &comparison.now_hit {
+        println!(
+            "LEARNING FIXED {} turn {}: {:?} (now sends {})",
+            miss.case_id,
+            miss.turn,
+            miss.message,
+            miss.missing.join(", ")
+        );
+    }
+    for miss in comparison.now_missed {
         println!(
             "LEARNING BROKE {} turn {}: {:?}\n  missing: {}\n  {}",
             miss.case_id,
