@@ -127,7 +127,8 @@ pub struct RouterConfig {
     /// with it is at least this (dense path) ...
     pub learned_min_cosine: f32,
     /// ... or when it explains at least this share of the message's BM25 weight
-    /// (lexical path).
+    /// (lexical path). Both 0 by default: the nearest past messages vote however
+    /// near they are, and the fitted weights say what their similarity is worth.
     pub learned_min_bm25: f32,
     /// The most similar past messages that vote, per request.
     pub learned_neighbors: usize,
@@ -181,8 +182,8 @@ impl Default for RouterConfig {
             backfill_tools: 25,
             backfill_tool_cap: 6,
             fallback_tool_cap: 4,
-            learned_min_cosine: 0.45,
-            learned_min_bm25: 0.3,
+            learned_min_cosine: 0.0,
+            learned_min_bm25: 0.0,
             learned_neighbors: 10,
             learned_min_score: 0.15,
             learned_top_k: 3,
