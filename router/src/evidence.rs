@@ -481,7 +481,7 @@ impl Router {
             // One similarity per past message: the better of its two paths.
             neighbours.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
             neighbours.dedup_by_key(|n| n.0);
-            neighbours.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            neighbours.sort_unstable_by(crate::learned::nearer);
             neighbours.truncate(config.learned_neighbors);
             // A pseudo-neighbour at similarity 1 that votes for no tool: one past
             // message alone is weak evidence, ten that agree are strong.

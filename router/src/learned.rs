@@ -324,11 +324,15 @@ impl LearnedIndex {
 fn keep_nearest(matches: &mut Vec<(u32, f32)>, keep: usize) {
     if matches.len() > keep {
         if keep > 0 {
-            matches
-                .select_nth_unstable_by(keep - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            matches.select_nth_unstable_by(keep - 1, nearer);
         }
         matches.truncate(keep);
     }
+}
+
+/// The order of past messages as neighbours: more similar first, then the earlier entry.
+pub(crate) fn nearer(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
 /// `vector` L2-normalised and scaled to `i8`, with the value of one unit; `None` when
@@ -381,10 +385,10 @@ mod tests {
             let mut matches: Vec<(u32, f32)> =
                 similarities.iter().enumerate().map(|(e, &s)| (e as u32, s)).rev().collect();
             let mut expected = matches.clone();
-            expected.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            expected.sort_by(super::nearer);
             expected.truncate(keep);
             super::keep_nearest(&mut matches, keep);
-            matches.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            matches.sort_by(super::nearer);
             prop_assert_eq!(matches, expected);
         }
     }

@@ -154,23 +154,20 @@ impl Pass<'_> {
 
         // Best first while the rule holds: the first tool it stops is held back, and
         // so is every tool after it (less likely, with no less covered).
+        let floor = (rule.min_ratio * best).max(rule.min_probability);
         let mut held_back = None;
         for t in std::iter::once(first).chain(order.by_ref()) {
             if self.sent.has(t) {
                 continue;
             }
             let p = self.probability[t];
-            if p < rule.min_ratio * best
-                || p < rule.min_probability
-                || covered >= rule.coverage * mass
-            {
+            if p < floor || covered >= rule.coverage * mass {
                 held_back = Some(t);
                 break;
             }
             if tokens + router.min_tool_tokens > budget {
                 // No tool fits any more: every tool left is held back, and those the
                 // rule would have sent were trimmed. None needs an order.
-                let floor = (rule.min_ratio * best).max(rule.min_probability);
                 for t in std::iter::once(t).chain(order.rest()) {
                     if self.sent.has(t) {
                         continue;
