@@ -316,13 +316,18 @@ impl<'a> Comparison<'a> {
 
     /// The turns that flipped, each with its message (and, for a new miss, why).
     pub fn lines(&self) -> Vec<String> {
+        self.labelled_lines("NOW MISSED", "NOW HIT")
+    }
+
+    /// [`Comparison::lines`] with the labels of the new misses and the new hits.
+    pub fn labelled_lines(&self, missed: &str, hit: &str) -> Vec<String> {
         let mut lines = Vec::new();
         for miss in &self.now_missed {
-            miss.write_lines("NOW MISSED", &mut lines);
+            miss.write_lines(missed, &mut lines);
         }
         for miss in &self.now_hit {
             lines.push(format!(
-                "NOW HIT {} turn {}: {:?} (sends {})",
+                "{hit} {} turn {}: {:?} (sends {})",
                 miss.case_id,
                 miss.turn,
                 miss.message,

@@ -527,27 +527,8 @@ fn print_learned(without: &Report, with: &Report, line: &str) {
         comparison.now_missed.len(),
         comparison.now_hit.len()
     );
-    for miss in &comparison.now_hit {
-        println!(
-            "LEARNING FIXED {} turn {}: {:?} (now sends {})",
-            miss.case_id,
-            miss.turn,
-            miss.message,
-            miss.missing.join(", ")
-        );
-    }
-    for miss in comparison.now_missed {
-        println!(
-            "LEARNING BROKE {} turn {}: {:?}\n  missing: {}\n  {}",
-            miss.case_id,
-            miss.turn,
-            miss.message,
-            miss.missing.join(", "),
-            miss.summary
-        );
-        for line in &miss.explanation {
-            println!("    {line}");
-        }
+    for line in comparison.labelled_lines("LEARNING BROKE", "LEARNING FIXED") {
+        println!("{line}");
     }
 }
 
