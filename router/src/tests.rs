@@ -2147,14 +2147,7 @@ fn accounts_router() -> Router {
 #[test]
 fn a_domain_whose_only_tool_the_destructive_rule_held_back_says_so() {
     let router = accounts_router();
-    let selection = router.select(&RouteInput {
-        message: "my account name is foo",
-        settings: &BTreeMap::new(),
-        session: &SessionView::new(1),
-        token_budget: None,
-        learned: None,
-        vectors: None,
-    });
+    let selection = route(&router, "my account name is foo", &SessionView::new(1));
     assert!(!selection.contains("delete_account"));
     let accounts = selection
         .domain("accounts")
@@ -2186,14 +2179,11 @@ fn a_domain_whose_only_tool_lost_a_collision_says_so() {
     }
     let registry = builder.build().unwrap_or_else(|e| panic!("registry: {e}"));
     let router = Router::new(Arc::new(registry), RouterConfig::default());
-    let selection = router.select(&RouteInput {
-        message: "look up the ledger entry in my notes",
-        settings: &BTreeMap::new(),
-        session: &SessionView::new(1),
-        token_budget: None,
-        learned: None,
-        vectors: None,
-    });
+    let selection = route(
+        &router,
+        "look up the ledger entry in my notes",
+        &SessionView::new(1),
+    );
     let lost: Vec<_> = selection
         .domains
         .iter()
@@ -2209,16 +2199,7 @@ fn a_domain_whose_only_tool_lost_a_collision_says_so() {
 #[test]
 fn a_destructive_tool_asked_for_last_turn_reaches_the_answer_to_the_models_question() {
     let router = accounts_router();
-    let select = |message: &str, session: &SessionView| {
-        router.select(&RouteInput {
-            message,
-            settings: &BTreeMap::new(),
-            session,
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        })
-    };
+    let select = |message: &str, session: &SessionView| route(&router, message, session);
     let mut session = SessionView::new(1);
     let asked = select("delete my account", &session);
     assert!(asked.contains("delete_account"), "{}", asked.summary_line());
