@@ -314,18 +314,20 @@ fn route_takes_the_router_tunables_of_the_config_file() {
             .filter(|t| t["domain"] == "filesystem")
             .count()
     };
+    let hints = |selection: &serde_json::Value| selection["hints"].as_array().map_or(0, Vec::len);
     let defaults = selection(route(&[]));
     assert_eq!(defaults["token_budget"], 4000);
     assert!(filesystem_tools(&defaults) > 2, "{defaults}");
+    assert!(hints(&defaults) > 2, "{defaults}");
 
     std::fs::write(
         dir.path().join("loadout.toml"),
-        "[router]\ntoken_budget = 3210\nscorer = false\ndomain_tool_cap = 2\n",
+        "[router]\ntoken_budget = 3210\nmax_hints = 2\n",
     )
     .expect("write config");
     let tuned = selection(route(&[]));
     assert_eq!(tuned["token_budget"], 3210);
-    assert_eq!(filesystem_tools(&tuned), 2, "{tuned}");
+    assert_eq!(hints(&tuned), 2, "{tuned}");
 
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "[router]\ntoken_budjet = 3000\n").expect("write config");

@@ -247,10 +247,6 @@ pub(crate) struct LearnedVote {
     /// The most similar past message's similarity times the share of the neighbours'
     /// votes that went to the domain's tools, 0..1.
     pub(crate) score: f32,
-    /// Neighbours that named a tool of the domain.
-    pub(crate) n_turns: u32,
-    /// The most similar of them.
-    pub(crate) example: u32,
 }
 
 /// Domain scores for one piece of the message.
@@ -469,8 +465,8 @@ impl Router {
             _ => vec![Vec::new(); pieces.len()],
         };
         let mut votes_by_piece = Vec::with_capacity(pieces.len());
-        // Per tool touched by this piece's neighbours: (best similarity, votes).
-        let mut tools: Vec<(u32, f32, f32, u32)> = Vec::new();
+        // Per tool touched by this piece's neighbours: (tool, best similarity, votes).
+        let mut tools: Vec<(u32, f32, f32)> = Vec::new();
         for (p, piece) in pieces.iter().enumerate() {
             let mut neighbours: Vec<(u32, f32)> = dense_matches[p].clone();
             neighbours.extend(index.lexical_matches(
@@ -493,60 +489,36 @@ impl Router {
                 for &t in named {
                     match tools.iter_mut().find(|x| x.0 == t) {
                         Some(x) => {
-                            if similarity > x.1 {
-                                (x.1, x.3) = (similarity, entry);
-                            }
+                            x.1 = x.1.max(similarity);
                             x.2 += vote;
                         }
-                        None => tools.push((t, similarity, vote, entry)),
+                        None => tools.push((t, similarity, vote)),
                     }
                 }
             }
-            // Per domain: the best similarity, the share of the votes, the turns.
-            let mut domains: Vec<LearnedVote> = Vec::new();
+            // Per domain: the best similarity and the share of the votes.
             let mut domain_best: Vec<(usize, f32, f32)> = Vec::new();
-            for &(t, best, vote, entry) in &tools {
+            for &(t, best, vote) in &tools {
                 let share = vote / total;
-                let score = best * share;
                 if let Some(slot) = tool_learned.get_mut(t as usize) {
-                    *slot = slot.max(score);
+                    *slot = slot.max(best * share);
                 }
                 let d = self.names.tool_domains[t as usize];
                 match domain_best.iter_mut().find(|x| x.0 == d) {
                     Some(x) => {
+                        x.1 = x.1.max(best);
                         x.2 += share;
-                        if best > x.1 {
-                            x.1 = best;
-                            if let Some(v) = domains.iter_mut().find(|v| v.domain == d) {
-                                v.example = entry;
-                            }
-                        }
                     }
-                    None => {
-                        domain_best.push((d, best, share));
-                        domains.push(LearnedVote {
-                            domain: d,
-                            score: 0.0,
-                            n_turns: 0,
-                            example: entry,
-                        });
-                    }
+                    None => domain_best.push((d, best, share)),
                 }
             }
-            for vote in &mut domains {
-                if let Some(&(_, best, share)) = domain_best.iter().find(|x| x.0 == vote.domain) {
-                    vote.score = best * share.min(1.0);
-                }
-                vote.n_turns = neighbours
-                    .iter()
-                    .filter(|&&(entry, _)| {
-                        index
-                            .tools(entry)
-                            .iter()
-                            .any(|&t| self.names.tool_domains[t as usize] == vote.domain)
-                    })
-                    .count() as u32;
-            }
+            let mut domains: Vec<LearnedVote> = domain_best
+                .iter()
+                .map(|&(domain, best, share)| LearnedVote {
+                    domain,
+                    score: best * share.min(1.0),
+                })
+                .collect();
             domains
                 .sort_unstable_by(|a, b| b.score.total_cmp(&a.score).then(a.domain.cmp(&b.domain)));
             votes_by_piece.push(domains);
@@ -658,19 +630,6 @@ fn best_ranks(items: impl Iterator<Item = usize>, scores: &[f32], best: &mut [f3
     for (r, &k) in keys.iter().enumerate() {
         let i = index_of(k);
         best[i] = best[i].max(1.0 / (r + 1) as f32);
-    }
-}
-
-/// A rank from [`ranks`] in a reason: `#1`, or `unranked` for an item that scored
-/// nothing (rank 0, or never ranked at all).
-pub(crate) struct Rank(pub(crate) usize);
-
-impl std::fmt::Display for Rank {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            0 | usize::MAX => f.write_str("unranked"),
-            rank => write!(f, "#{rank}"),
-        }
     }
 }
 

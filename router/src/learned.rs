@@ -48,8 +48,8 @@ pub struct LearnedIndex {
     dims: usize,
     /// Per entry: its tools, as router indices.
     entry_tools: Vec<Box<[u32]>>,
-    /// Per entry: the message, for reasons.
-    messages: Vec<Box<str>>,
+    /// The messages' bytes: the BM25 postings take about as much.
+    message_bytes: usize,
     /// Row-major, `n_rows * dims`: each row an entry's L2-normalised vector, scaled
     /// so its largest coordinate is ±127.
     vectors: Vec<i8>,
@@ -88,7 +88,7 @@ impl LearnedIndex {
             model_id: model_id.map(str::to_owned),
             dims: 0,
             entry_tools: Vec::new(),
-            messages: Vec::new(),
+            message_bytes: 0,
             vectors: Vec::new(),
             row_scales: Vec::new(),
             row_entries: Vec::new(),
@@ -135,7 +135,7 @@ impl LearnedIndex {
                 }
             }
             index.entry_tools.push(tools.into_boxed_slice());
-            index.messages.push(entry.message.as_str().into());
+            index.message_bytes += entry.message.len();
             kept.push(entry);
         }
         let documents: Vec<Vec<Field<'_>>> = kept
@@ -216,26 +216,17 @@ impl LearnedIndex {
         self.tool_entries.get(tool_idx).copied().unwrap_or(0) as usize
     }
 
-    /// About how many bytes the index holds: vectors, messages, tools (the BM25
-    /// postings take about as much again as the messages).
+    /// About how many bytes the index holds: vectors, tools, the BM25 postings.
     pub fn approx_bytes(&self) -> usize {
         self.vectors.len()
             + self.row_scales.len() * 4
             + self.row_entries.len() * 4
-            + self
-                .messages
-                .iter()
-                .map(|m| m.len() * 2 + 16)
-                .sum::<usize>()
+            + self.message_bytes
             + self
                 .entry_tools
                 .iter()
                 .map(|t| t.len() * 4 + 16)
                 .sum::<usize>()
-    }
-
-    pub(crate) fn message(&self, entry: u32) -> &str {
-        self.messages.get(entry as usize).map_or("", |m| m)
     }
 
     pub(crate) fn tools(&self, entry: u32) -> &[u32] {

@@ -5,17 +5,14 @@
 //! session from the store into a [`SessionView`], calls `select`, and persists what the
 //! [`SessionView`] updates return; the eval does the same in memory.
 //!
-//! Stages, in order (see [`Stage`]), with the fitted scorer (`scorer = true`, the
-//! default): activation by settings; always-on core; the session's hold (pinned,
+//! Stages, in order (see [`Stage`]): activation by settings; always-on core; the session's hold (pinned,
 //! sticky, loaded by meta-tools); "no tool needed" for chit-chat (core only);
 //! keywords; then every candidate tool's probability from its features (`features.rs`:
 //! keyword, BM25 and dense evidence per request piece, the session, learned votes and
 //! co-usage, prerequisites and workflow steps; `scorer.rs`), sent by expected coverage
 //! (`stages/scored.rs`); carry-over of what the last turn sent for a follow-up with no
 //! keyword of its own; collisions; the destructive guard (a destructive tool only on
-//! direct evidence); the token budget. With `scorer = false` the stage rules run
-//! instead: similarity gates, domain collisions, learned votes, backfill or fallback,
-//! workflow steps (`stages/domains.rs`, `stages/tools.rs`).
+//! direct evidence); the token budget.
 //!
 //! Similarity is scored for the whole message and for each request of a message that
 //! chains several (`requests`), best per request: BM25, and with a [`DenseIndex`]
@@ -23,8 +20,7 @@
 //! fused by reciprocal rank.
 //!
 //! Recall comes first: a needed tool that is hidden breaks the task, an extra tool only
-//! costs tokens. So every selected domain sends at least its best tools, and the budget
-//! never drops core, pinned, sticky or loaded tools.
+//! costs tokens. So the budget never drops core, pinned or loaded tools.
 
 mod build;
 mod chitchat;
@@ -71,19 +67,15 @@ pub struct RouterConfig {
     /// load) for more than this many user turns.
     pub idle_turns: i64,
     /// Most tokens of tool definitions to send; the lowest-scoring optional tools are
-    /// trimmed to fit. Core, pinned, sticky and loaded tools are never trimmed.
+    /// trimmed to fit. Core, pinned and loaded tools are never trimmed.
     pub token_budget: usize,
-    /// Least BM25 score (0..1: the share of the message's term weight a text explains)
-    /// for a domain no keyword matched to be selected by similarity.
+    /// An unconfigured domain is named to the user (with the settings it lacks) when
+    /// the message's BM25 score for it is at least this (0..1: the share of the
+    /// message's term weight its text explains) ...
     pub bm25_min_score: f32,
-    /// A similarity-selected domain must also score at least this fraction of the best
-    /// domain's similarity, so one strong match does not drag weak ones along.
+    /// ... and at least this fraction of the best domain's, so one strong match does
+    /// not drag weak ones along.
     pub bm25_relative: f32,
-    /// At most this many domains are selected by similarity alone.
-    pub bm25_top_k: usize,
-    /// Domains with more tools than this are ranked tool by tool: the best
-    /// `domain_tool_cap` tools are sent, the rest become hints.
-    pub domain_tool_cap: usize,
     /// Tools whose call pins their domain for the rest of the session (mid-workflow
     /// state such as a scratchpad table), besides the tools that say so themselves
     /// (`#[tool(pins_domain = true)]`). None by default.
@@ -93,21 +85,10 @@ pub struct RouterConfig {
     pub carry_over: bool,
     /// Most hints returned.
     pub max_hints: usize,
-    /// Least cosine for the dense stage to select a domain. On the dev set 0.30 finds
-    /// two more turns than 0.35 for 0.4 tools more; lower finds no more.
+    /// ... or when its cosine is at least this ...
     pub dense_min_score: f32,
-    /// A dense-selected domain must also be within this much cosine of the best
-    /// domain's (per request).
+    /// ... and within this much cosine of the best domain's (per request).
     pub dense_margin: f32,
-    /// The domain with the best cosine (per request) passes the dense gate from this
-    /// lower cosine, when it leads the next domain by at least `dense_margin / 2`.
-    pub dense_top1_min_score: f32,
-    /// At most this many domains selected by similarity (BM25 or dense) for the whole
-    /// message when the dense stage is on.
-    pub dense_top_k: usize,
-    /// At most this many domains selected by similarity for each request of a message
-    /// that chains several (`check the weather and book the dentist`).
-    pub request_top_k: usize,
     /// Cosines are mapped to the 0..1 scale of the other stages linearly from
     /// `dense_floor` (0) to `dense_ceiling` (1).
     pub dense_floor: f32,
@@ -116,13 +97,6 @@ pub struct RouterConfig {
     pub rrf_k: f32,
     /// Greetings, thanks and chit-chat send core only.
     pub no_tool_for_chitchat: bool,
-    /// A selection whose tools come to fewer tokens than this also takes the domains
-    /// that came closest to the similarity gates, best first, while they fit (0: off).
-    /// Recall first: a small selection means the router was unsure, and the room is
-    /// there.
-    pub backfill_tokens: usize,
-    /// ... and to fewer tools than this.
-    pub backfill_tools: usize,
     /// The learned stage: a past message counts as like the message when its cosine
     /// with it is at least this (dense path) ...
     pub learned_min_cosine: f32,
@@ -132,29 +106,9 @@ pub struct RouterConfig {
     pub learned_min_bm25: f32,
     /// The most similar past messages that vote, per request.
     pub learned_neighbors: usize,
-    /// Least learned score (the most similar past message's similarity times the
-    /// share of the votes its domain got) for the learned stage to select a domain.
-    pub learned_min_score: f32,
-    /// At most this many domains selected by the learned stage per request.
-    pub learned_top_k: usize,
     /// A destructive tool is sent only on direct evidence for it (see the
     /// `destructive_guard` stage).
     pub destructive_needs_evidence: bool,
-    /// Route by the fitted scorer (`scorer`): each tool's probability from the
-    /// stages' features, sent by expected coverage. `false` keeps the stage rules.
-    pub scorer: bool,
-
-    /// Each backfilled domain sends at most its best this many tools (the rest become
-    /// hints): the room goes to more domains rather than deeper ones. On the dev set,
-    /// 6 (or 4) instead of the domain cap of 12 found one more turn (a Home Assistant
-    /// history question, at dense rank 1 but too large to backfill whole) for 0.1
-    /// more tools; MetaTool and Seal-Tools did not move.
-    pub backfill_tool_cap: usize,
-    /// When nothing matched and not every active tool fits the budget, each domain
-    /// in the fallback sends only its best this many tools (the rest become hints),
-    /// so that the budget covers more domains: unsure, the router goes wide rather
-    /// than deep. 0 sends whole domains.
-    pub fallback_tool_cap: usize,
 }
 
 impl Default for RouterConfig {
@@ -164,31 +118,19 @@ impl Default for RouterConfig {
             token_budget: 4000,
             bm25_min_score: 0.12,
             bm25_relative: 0.5,
-            bm25_top_k: 3,
-            domain_tool_cap: 12,
             pin_on_tools: Vec::new(),
             carry_over: true,
             max_hints: 40,
             dense_min_score: 0.30,
             dense_margin: 0.08,
-            dense_top1_min_score: 0.25,
-            dense_top_k: 3,
-            request_top_k: 2,
             dense_floor: 0.2,
             dense_ceiling: 0.7,
             rrf_k: 10.0,
             no_tool_for_chitchat: true,
-            backfill_tokens: 2_500,
-            backfill_tools: 25,
-            backfill_tool_cap: 6,
-            fallback_tool_cap: 4,
             learned_min_cosine: 0.0,
             learned_min_bm25: 0.0,
             learned_neighbors: 10,
-            learned_min_score: 0.15,
-            learned_top_k: 3,
             destructive_needs_evidence: true,
-            scorer: true,
         }
     }
 }
@@ -211,13 +153,11 @@ impl RouterConfig {
         check("bm25_min_score", self.bm25_min_score, 0.0, 1.0);
         check("bm25_relative", self.bm25_relative, 0.0, 1.0);
         check("dense_min_score", self.dense_min_score, -1.0, 1.0);
-        check("dense_top1_min_score", self.dense_top1_min_score, -1.0, 1.0);
         check("dense_margin", self.dense_margin, 0.0, 2.0);
         check("dense_floor", self.dense_floor, -1.0, 1.0);
         check("dense_ceiling", self.dense_ceiling, -1.0, 1.0);
         check("learned_min_cosine", self.learned_min_cosine, -1.0, 1.0);
         check("learned_min_bm25", self.learned_min_bm25, 0.0, 1.0);
-        check("learned_min_score", self.learned_min_score, 0.0, 1.0);
         if !(self.rrf_k.is_finite() && self.rrf_k >= 0.0) {
             problems.push(format!("`rrf_k` is {}; it must be 0 or more", self.rrf_k));
         }
@@ -235,12 +175,6 @@ impl RouterConfig {
                 "`idle_turns` is {}; it must be 0 or more",
                 self.idle_turns
             ));
-        }
-        if self.domain_tool_cap == 0 {
-            problems.push(
-                "`domain_tool_cap` is 0: a large domain would send none of its tools; it must be 1 or more"
-                    .into(),
-            );
         }
         problems
     }
@@ -298,8 +232,9 @@ pub struct Router {
     destructive: Vec<bool>,
     /// Per tool: conflicting tools (both directions).
     tool_conflicts: Vec<Vec<usize>>,
-    /// Per domain: conflicting domains (both directions).
+    /// Per domain, the domains it conflicts with.
     domain_conflicts: Vec<Vec<usize>>,
+    /// Per domain: conflicting domains (both directions).
     /// Per tool: a small prior for reading before writing (`list_`, `get_`, `search_`),
     /// used to order tools no evidence separates.
     tool_prior: Vec<f32>,
@@ -662,25 +597,12 @@ impl Router {
     pub fn select(&self, input: &RouteInput<'_>) -> Selection {
         let mut pass = stages::Pass::new(self, input);
         pass.decide_domains();
-        if self.config.scorer {
-            pass.score_tools();
-            pass.send_held();
-            pass.loaded_tools();
-            pass.carry_over();
-            pass.send_by_probability();
-            pass.tool_collisions();
-            pass.destructive_guard();
-            pass.token_budget();
-            return pass.finish();
-        }
-        pass.similarity();
-        pass.domain_collisions();
-        pass.send_decided_domains();
+        pass.score_tools();
+        pass.send_held();
         pass.loaded_tools();
         pass.carry_over();
-        pass.backfill_or_fallback();
-        pass.learned();
-        pass.workflow_steps();
+        pass.send_by_probability();
+        pass.domain_collisions();
         pass.tool_collisions();
         pass.destructive_guard();
         pass.token_budget();

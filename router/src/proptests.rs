@@ -193,7 +193,7 @@ proptest! {
             if selection.tokens > budget {
                 for tool in &selection.tools {
                     prop_assert!(
-                        matches!(tool.stage, Stage::AlwaysOn | Stage::Sticky | Stage::Pinned | Stage::Loaded | Stage::Fallback | Stage::Warm),
+                        matches!(tool.stage, Stage::AlwaysOn | Stage::Sticky | Stage::Pinned | Stage::Loaded),
                         "{} tokens over a budget of {budget}: {} sent by {:?}",
                         selection.tokens, tool.name, tool.stage
                     );

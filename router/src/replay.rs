@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use loadout::Registry;
 
 use crate::{
-    LearnedEntry, LearnedIndex, MessageVectors, RouteInput, Router, Selection, SessionView, Stage,
+    LearnedEntry, LearnedIndex, MessageVectors, RouteInput, Router, Selection, SessionView,
     ToolDecision,
 };
 
@@ -464,19 +464,13 @@ fn explain(registry: &Registry, selection: &Selection, missing: &[String]) -> Ve
         };
         lines.push(domain_line);
         if let Some(decision) = selection.tool_decisions.iter().find(|d| d.tool == *name) {
-            let rank = selection
-                .tool_decisions
-                .iter()
-                .filter(|d| {
-                    d.domain == tool.domain && d.stage == Stage::Ranked && d.score > decision.score
-                })
-                .count();
             let mut above: Vec<&ToolDecision> = selection
                 .tool_decisions
                 .iter()
                 .filter(|d| d.domain == tool.domain && d.score > decision.score)
                 .collect();
             above.sort_by(|a, b| b.score.total_cmp(&a.score));
+            let rank = above.len() + 1;
             let above: Vec<String> = above
                 .iter()
                 .take(5)
@@ -486,7 +480,7 @@ fn explain(registry: &Registry, selection: &Selection, missing: &[String]) -> Ve
                 "  tool {}:{:.2}, rank {} in its domain; above: {}",
                 decision.stage,
                 decision.score,
-                rank + 1,
+                rank,
                 above.join(" ")
             ));
         }

@@ -20,8 +20,6 @@ pub enum Stage {
     Sticky,
     /// Mid-workflow state keeps it for the session.
     Pinned,
-    /// Used by some session in the last 24 h: preferred when falling back.
-    Warm,
     /// A keyword of the domain or tool is in the message.
     Keyword,
     /// Lexical similarity.
@@ -30,28 +28,13 @@ pub enum Stage {
     Dense,
     /// Lexical and dense rankings fused.
     Fused,
-    /// Past messages like this one called its tools (the learned stage).
-    Learned,
     /// Sent last turn on the message's own evidence, carried over for a follow-up that
     /// has none (`yes do it`).
     Carried,
-    /// Nothing optional matched: the fallback rule sent it.
-    Fallback,
-    /// Below the similarity gates, but among the nearest, and the selection had room
-    /// (see `RouterConfig::backfill_tokens`).
-    Backfill,
-    /// Finds the ids a sent tool of its domain requires (`list_series` for
-    /// `delete_series(series_id)`).
-    Prerequisite,
-    /// Takes what a tool called this turn or the last found (`install_app` after
-    /// `search_app_store`).
-    NextStep,
     /// Loaded by a meta-tool (`load_tools`, `load_all_for_this_turn`).
     Loaded,
     /// Unloaded by a meta-tool; kept out until used or loaded again.
     Unloaded,
-    /// Ranked inside a selected domain: sent when among the best, hinted otherwise.
-    Ranked,
     /// Dropped to keep the selection under the token budget.
     BudgetTrimmed,
     /// Dropped because a conflicting tool or domain scored better.
@@ -73,20 +56,13 @@ impl Stage {
             Stage::Inactive => "inactive",
             Stage::Sticky => "sticky",
             Stage::Pinned => "pinned",
-            Stage::Warm => "warm",
             Stage::Keyword => "keyword",
             Stage::Bm25 => "bm25",
             Stage::Dense => "dense",
             Stage::Fused => "fused",
-            Stage::Learned => "learned",
             Stage::Carried => "carried",
-            Stage::Prerequisite => "prerequisite",
-            Stage::NextStep => "next_step",
-            Stage::Fallback => "fallback",
-            Stage::Backfill => "backfill",
             Stage::Loaded => "loaded",
             Stage::Unloaded => "unloaded",
-            Stage::Ranked => "ranked",
             Stage::BudgetTrimmed => "budget_trimmed",
             Stage::Collision => "collision",
             Stage::NoToolNeeded => "no_tool_needed",
@@ -100,13 +76,7 @@ impl Stage {
     fn shows_score(self) -> bool {
         matches!(
             self,
-            Stage::Keyword
-                | Stage::Bm25
-                | Stage::Dense
-                | Stage::Fused
-                | Stage::Learned
-                | Stage::Fallback
-                | Stage::Scored
+            Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Scored
         )
     }
 }

@@ -29,8 +29,6 @@ pub struct SessionView {
     pub turn: i64,
     /// Per-domain memory of this session.
     pub domains: Vec<DomainState>,
-    /// Domains any session used in the last 24 h.
-    pub warm: Vec<String>,
     /// `load_all_for_this_turn` was called: every active tool is sent this turn.
     pub load_all_this_turn: bool,
     /// Tools loaded by name during this turn (`load_tools(["send_email"])`): sent
@@ -65,11 +63,10 @@ impl SessionView {
     }
 
     /// A view built from stored state.
-    pub fn from_store(turn: i64, domains: Vec<DomainState>, warm: Vec<String>) -> SessionView {
+    pub fn from_store(turn: i64, domains: Vec<DomainState>) -> SessionView {
         SessionView {
             turn,
             domains,
-            warm,
             ..SessionView::default()
         }
     }
@@ -257,10 +254,7 @@ pub fn carry_over(selection: &Selection) -> Vec<String> {
         .tools
         .iter()
         .filter(|t| {
-            matches!(
-                t.stage,
-                Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Ranked
-            ) || (t.stage == Stage::Scored && t.score >= 0.5 * best_scored)
+            t.stage == Stage::Keyword || (t.stage == Stage::Scored && t.score >= 0.5 * best_scored)
         })
         .map(|t| t.name.to_string())
         .collect()

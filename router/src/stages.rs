@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use crate::evidence::{Evidence, LearnedVote, Rank, best_first, ranks, rrf};
+use crate::evidence::{Evidence, best_first};
 use crate::features::Candidates;
 use crate::selection::{
     DomainDecision, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
@@ -90,21 +90,8 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// A tool's score: its domain's evidence (as the domain stages left it) plus its
-    /// own.
-    fn tool_score(&self, t: usize) -> f32 {
-        let router = self.router;
-        if router.config.scorer {
-            return self.probability[t];
-        }
-        self.domain_scores[router.names.tool_domains[t]]
-            + self.evidence.tool_similarity.get(t).copied().unwrap_or(0.0)
-            + 0.5 * f32::from(self.evidence.tool_keyword_hits[t].min(2))
-            + router.tool_prior[t]
-    }
-
     fn send(&mut self, t: usize, stage: Stage) {
-        let score = self.tool_score(t);
+        let score = self.probability[t];
         self.sent.set(t, (stage, score));
     }
 
@@ -175,10 +162,6 @@ impl<T: Copy> ToolSlots<T> {
         self.touched
             .iter()
             .filter_map(|&t| self.get(t).map(|value| (t, value)))
-    }
-
-    fn len(&self) -> usize {
-        self.iter().count()
     }
 
     /// The tools ever set, by index: the order of a pass over every slot.
@@ -348,21 +331,9 @@ fn is_held(stage: Stage) -> bool {
     matches!(stage, Stage::Sticky | Stage::Pinned | Stage::Loaded)
 }
 
-/// Added to a next step's own score: above what similarity alone gives, so the token
-/// budget trims it after the tools the message merely resembles.
-const NEXT_STEP_SCORE: f32 = 1.0;
-
-/// Stages whose tools the budget may not drop.
+/// Stages neither the budget nor a collision may drop: core, and what the model or
+/// the workflow asked for. Sticky is not among them: a conflicting tool the message
+/// itself points at beats one that is merely still loaded.
 fn is_protected(stage: Stage) -> bool {
-    matches!(
-        stage,
-        Stage::AlwaysOn | Stage::Sticky | Stage::Pinned | Stage::Loaded
-    )
-}
-
-/// Stages a collision may not drop: the model or the workflow asked for them. Sticky
-/// is not among them: a conflicting tool the message itself points at beats one that
-/// is merely still loaded.
-fn is_collision_protected(stage: Stage) -> bool {
     matches!(stage, Stage::AlwaysOn | Stage::Pinned | Stage::Loaded)
 }

@@ -66,16 +66,8 @@ fn router_with(config: RouterConfig) -> Router {
     Router::new(registry(), config)
 }
 
-/// The stage rules (`scorer: false`): most tests here pin down what each rule does.
-fn rules() -> RouterConfig {
-    RouterConfig {
-        scorer: false,
-        ..RouterConfig::default()
-    }
-}
-
 fn router() -> Router {
-    router_with(rules())
+    router_with(RouterConfig::default())
 }
 
 /// `create_table` pins its domain, as the linked scratchpad's does.
@@ -122,6 +114,16 @@ fn stage_of_tool(selection: &Selection, name: &str) -> Option<Stage> {
         .iter()
         .find(|t| t.name.as_ref() == name)
         .map(|t| t.stage)
+}
+
+/// `tool`'s value of `feature` in the scorer's row for `input` (0 without a row).
+fn feature_of(router: &Router, input: &RouteInput<'_>, tool: &str, feature: usize) -> f32 {
+    let t = router.registry().tool_idx(tool);
+    router
+        .feature_rows(input)
+        .into_iter()
+        .find(|(idx, _)| Some(*idx) == t)
+        .map_or(0.0, |(_, row)| row[feature])
 }
 
 fn stage_of(selection: &Selection, domain: &str) -> Stage {
@@ -198,7 +200,7 @@ fn an_unconfigured_domain_that_fits_the_message_is_named_with_its_keys() {
     assert!(!selection.contains("get_weather_forecast"));
 
     // Configured, it is sent and not named; a message about something else names
-    // nothing; and a better-fitting active domain outranks a weaker unconfigured one.
+    // nothing; a message with a request of its own for it names it.
     let configured = route_with("what's the weather in Seoul tomorrow", &all_settings());
     assert!(configured.unconfigured.is_empty());
     assert!(configured.contains("get_weather_forecast"));
@@ -211,7 +213,13 @@ fn an_unconfigured_domain_that_fits_the_message_is_named_with_its_keys() {
         "turn on the light and the lamp, then check the weather",
         &unset,
     );
-    assert!(lamp.unconfigured.is_empty(), "{:?}", lamp.unconfigured);
+    assert_eq!(
+        lamp.unconfigured
+            .iter()
+            .map(|u| u.domain.as_ref())
+            .collect::<Vec<_>>(),
+        ["weather"]
+    );
 }
 
 #[test]
@@ -240,10 +248,20 @@ fn a_keyword_verdict_names_its_keywords() {
     let router = router();
     let selection = route(&router, "make a table of my expenses", &SessionView::new(1));
     let reason = selection.domain("scratchpad").map(|d| d.reason.to_string());
-    assert_eq!(reason.as_deref(), Some("keyword \"table\""));
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("keyword \"table\"; ")),
+        "{reason:?}"
+    );
     let selection = route(&router, "run sql over the table", &SessionView::new(1));
     let reason = selection.domain("scratchpad").map(|d| d.reason.to_string());
-    assert_eq!(reason.as_deref(), Some("keywords \"sql\", \"table\""));
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("keywords \"sql\", \"table\"; ")),
+        "{reason:?}"
+    );
 }
 
 #[test]
@@ -271,7 +289,7 @@ fn used_domains_stick_until_idle_longer_than_idle_turns() {
     let router = router_with(RouterConfig {
         idle_turns: 2,
         carry_over: false,
-        ..rules()
+        ..RouterConfig::default()
     });
     let mut view = SessionView::new(1);
     let first = route(&router, "turn on the lamp", &view);
@@ -296,7 +314,7 @@ fn used_domains_stick_until_idle_longer_than_idle_turns() {
 fn workflow_tools_pin_their_domain_for_the_session() {
     let router = router_with(pinning(RouterConfig {
         idle_turns: 1,
-        ..rules()
+        ..RouterConfig::default()
     }));
     let mut view = SessionView::new(1);
     let changed = view.record_calls(&router, &["create_table"]);
@@ -378,35 +396,30 @@ fn conflicting_tools_keep_the_better_one() {
 }
 
 #[test]
-fn budget_trims_optional_tools_but_never_core_or_sticky() {
-    let router = router();
+fn budget_trims_optional_tools_but_never_core_or_pinned() {
+    let router = router_with(pinning(RouterConfig::default()));
     let mut view = SessionView::new(1);
-    view.record_calls(&router, &["ha_turn_on"]);
+    view.record_calls(&router, &["create_table"]);
     view.begin_turn(2, None);
-    let core_and_sticky: usize = router
-        .registry()
-        .all_tools()
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| t.domain == "core" || t.domain == "homeassistant")
-        .map(|(i, _)| router.tool_tokens(i))
+    let held = |domain: &str| domain == "core" || domain == "scratchpad";
+    let tools = router.registry().all_tools();
+    let core_and_pinned: usize = (0..tools.len())
+        .filter(|&i| held(&tools[i].domain))
+        .map(|i| router.tool_tokens(i))
         .sum();
     let selection = router.select(&RouteInput {
         message: "docker container weather forecast news headlines",
         settings: &all_settings(),
         session: &view,
-        token_budget: Some(core_and_sticky + 1),
+        token_budget: Some(core_and_pinned + 1),
         learned: None,
         vectors: None,
     });
-    assert!(selection.contains("list_domains") && selection.contains("get_setting"));
+    for tool in tools.iter().filter(|t| held(&t.domain)) {
+        assert!(selection.contains(&tool.name), "{} trimmed", tool.name);
+    }
     assert!(
-        selection.contains("ha_turn_on")
-            && selection.contains("ha_turn_off")
-            && selection.contains("ha_set_light")
-    );
-    assert!(
-        selection.tokens <= core_and_sticky + 1,
+        selection.tokens <= core_and_pinned + 1,
         "{} tokens",
         selection.tokens
     );
@@ -420,106 +433,46 @@ fn budget_trims_optional_tools_but_never_core_or_sticky() {
 }
 
 #[test]
-fn fallback_sends_every_active_tool_when_it_fits() {
+fn large_domains_send_their_best_tools_and_hint_the_rest() {
     let router = router();
-    let selection = route(&router, "hmm", &SessionView::new(1));
-    // Collisions still apply: `recall` and `query_data` conflict, and nothing justifies both.
-    let n_collided = selection
-        .tool_decisions
-        .iter()
-        .filter(|d| d.stage == Stage::Collision)
-        .count();
-    assert_eq!(n_collided, 1);
-    assert_eq!(selection.n_tools + n_collided, selection.n_active_tools);
-    assert_eq!(stage_of(&selection, "news"), Stage::Fallback);
-}
-
-#[test]
-fn fallback_over_budget_sends_the_best_domains_that_fit_and_hints_the_rest() {
-    let router = router();
-    let core_tokens: usize = (0..router.registry().all_tools().len())
-        .filter(|&i| router.registry().all_tools()[i].domain == "core")
-        .map(|i| router.tool_tokens(i))
-        .sum();
+    let docker: Vec<usize> = (0..router.registry().all_tools().len())
+        .filter(|&i| router.registry().all_tools()[i].domain == "docker")
+        .collect();
+    let docker_tokens: usize = docker.iter().map(|&i| router.tool_tokens(i)).sum();
+    // A small domain goes whole once it is likely; one that does not fit the budget
+    // sends its likely tools and hints the rest.
+    let whole = route(&router, "restart the redis container", &SessionView::new(1));
+    assert!(
+        docker
+            .iter()
+            .all(|&i| whole.contains(&router.registry().all_tools()[i].name))
+    );
     let selection = router.select(&RouteInput {
-        message: "hmm",
+        message: "restart the redis container",
         settings: &all_settings(),
         session: &SessionView::new(1),
-        token_budget: Some(core_tokens + 200),
+        token_budget: Some(docker_tokens),
         learned: None,
         vectors: None,
     });
-    assert!(selection.tokens <= core_tokens + 200);
-    assert!(selection.n_tools < selection.n_active_tools);
-    assert!(!selection.hints.is_empty());
-}
-
-#[test]
-fn fallback_over_budget_goes_wide_with_each_domains_best_tools() {
-    // A budget one token short of every active tool: whole domains leave at least
-    // one domain out; four tools per domain (docker has 13) reach every one of them.
-    let select = |fallback_tool_cap: usize| {
-        let router = router_with(RouterConfig {
-            fallback_tool_cap,
-            ..rules()
-        });
-        let all = route(&router, "hmm", &SessionView::new(1)).all_tools_tokens;
-        router.select(&RouteInput {
-            message: "hmm",
-            settings: &all_settings(),
-            session: &SessionView::new(1),
-            token_budget: Some(all - 1),
-            learned: None,
-            vectors: None,
-        })
-    };
-    let optional = [
-        "weather",
-        "homeassistant",
-        "scratchpad",
-        "memory",
-        "news",
-        "docker",
-    ];
-    let included =
-        |selection: &Selection, domain: &str| selection.domain(domain).is_some_and(|d| d.included);
-
-    let wide = select(4);
-    for domain in optional {
-        assert!(included(&wide, domain), "{domain} has no tool sent");
-        assert_eq!(stage_of(&wide, domain), Stage::Fallback);
-    }
-    let docker_sent = wide.tools.iter().filter(|t| t.domain == "docker").count();
-    assert_eq!(docker_sent, 4);
-    assert!(wide.hints.iter().any(|h| h.domain == "docker"));
-
-    let deep = select(0);
-    assert!(optional.iter().any(|domain| !included(&deep, domain)));
-}
-
-#[test]
-fn large_domains_send_their_best_tools_and_hint_the_rest() {
-    let router = router_with(RouterConfig {
-        domain_tool_cap: 4,
-        ..rules()
-    });
-    let selection = route(&router, "restart the redis container", &SessionView::new(1));
     assert!(selection.contains("restart_container"));
     let docker_sent = selection
         .tools
         .iter()
         .filter(|t| t.domain == "docker")
         .count();
-    assert_eq!(docker_sent, 4);
-    assert!(selection.hints.iter().any(|h| h.domain == "docker"));
-    assert_eq!(
-        selection
-            .tool_decisions
-            .iter()
-            .filter(|d| d.domain == "docker")
-            .count(),
-        13
+    assert!(
+        (1..docker.len()).contains(&docker_sent),
+        "{}",
+        selection.summary_line()
     );
+    for &i in &docker {
+        let name = &router.registry().all_tools()[i].name;
+        assert!(
+            selection.contains(name) || selection.hints.iter().any(|h| h.name.as_ref() == name),
+            "{name} neither sent nor hinted"
+        );
+    }
 }
 
 #[test]
@@ -585,7 +538,7 @@ fn search_returns_matching_active_tools() {
 
 #[test]
 fn summary_line_lists_included_domains_with_stage_and_score() {
-    let router = router_with(pinning(rules()));
+    let router = router_with(pinning(RouterConfig::default()));
     let mut view = SessionView::new(1);
     view.record_calls(&router, &["create_table"]);
     view.begin_turn(2, None);
@@ -663,6 +616,13 @@ fn weather_rows(router: &Router, rest: [f32; 2]) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// The domain is sent, and its reason names a dense feature (`tool_dense_rel 1.00`).
+fn sent_on_dense(selection: &Selection, domain: &str) -> bool {
+    selection
+        .domain(domain)
+        .is_some_and(|d| d.included && d.reason.contains("_dense"))
+}
+
 #[test]
 fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
     let mut router = router();
@@ -674,11 +634,10 @@ fn dense_stage_adds_paraphrase_matches_and_fails_soft() {
         "{}",
         selection.summary_line()
     );
-    assert_eq!(stage_of(&selection, "weather"), Stage::Dense);
-    let reason = &selection.domain("weather").map(|d| d.reason.to_string());
     assert!(
-        reason.as_deref().is_some_and(|r| r.contains("dense 1.00")),
-        "{reason:?}"
+        sent_on_dense(&selection, "weather"),
+        "{}",
+        selection.summary_line()
     );
 
     router.set_dense(Some(DenseIndex::new("broken", vec![vec![1.0]; 1])));
@@ -716,7 +675,7 @@ fn a_fallback_encoders_vectors_route_densely_with_its_own_tool_vectors() {
         &router,
         Some(&MessageVectors::new("table", pieces.clone()).as_fallback("encoder busy")),
     );
-    assert_eq!(stage_of(&fallback, "weather"), Stage::Dense);
+    assert!(sent_on_dense(&fallback, "weather"));
     assert!(
         fallback
             .notes
@@ -731,7 +690,7 @@ fn a_fallback_encoders_vectors_route_densely_with_its_own_tool_vectors() {
         "{:?}",
         neither.notes
     );
-    assert_ne!(stage_of(&neither, "weather"), Stage::Dense);
+    assert!(!sent_on_dense(&neither, "weather"));
 }
 
 /// The router never runs an encoder: the dense stage scores the vectors the caller
@@ -749,7 +708,7 @@ fn the_dense_stage_scores_the_callers_vectors_and_runs_no_encoder() {
     let pieces = outside_pieces();
     let vectors = MessageVectors::new("test", pieces.clone());
     let dense = select(Some(&vectors));
-    assert_eq!(stage_of(&dense, "weather"), Stage::Dense);
+    assert!(sent_on_dense(&dense, "weather"));
     assert!(dense.notes.is_empty(), "{:?}", dense.notes);
     assert_eq!(dense, select(Some(&vectors.clone())));
 
@@ -761,7 +720,7 @@ fn the_dense_stage_scores_the_callers_vectors_and_runs_no_encoder() {
         "{:?}",
         busy.notes
     );
-    assert_ne!(stage_of(&busy, "weather"), Stage::Dense);
+    assert!(!sent_on_dense(&busy, "weather"));
     let other_model = select(Some(&MessageVectors::new("other", pieces)));
     assert!(
         other_model.notes.iter().any(|n| n.contains("lexical only")),
@@ -887,9 +846,10 @@ fn chit_chat_exposes_core_only() {
         "{}",
         selection.summary_line()
     );
-    // A message the router cannot place still falls back to every active tool.
+    // A message the router cannot place is no chit-chat: nothing points at a domain,
+    // and its decision says so.
     let selection = route(&router, "do the thing", &SessionView::new(1));
-    assert_eq!(stage_of(&selection, "weather"), Stage::Fallback);
+    assert_eq!(stage_of(&selection, "weather"), Stage::NotMatched);
 }
 
 #[test]
@@ -919,10 +879,6 @@ fn follow_ups_with_only_similarity_evidence_keep_last_turns_tools() {
     // "daily" only resembles the weather forecast's description: weak evidence that
     // must not push out what the confirmation is about.
     let second = route(&router, "yes, the daily one", &view);
-    assert!(matches!(
-        stage_of(&second, "weather"),
-        Stage::Bm25 | Stage::Fused | Stage::Dense
-    ));
     assert!(second.contains("restart_container"));
     assert_eq!(stage_of(&second, "docker"), Stage::Carried);
 }
@@ -980,7 +936,7 @@ fn finders_of(router: &Router, name: &str) -> Vec<String> {
 
 #[test]
 fn prerequisites_are_the_finders_of_required_ids() {
-    let router = media_router(rules());
+    let router = media_router(RouterConfig::default());
     let finders = |name: &str| finders_of(&router, name);
     // A listing beats a lookup; a tool that needs the id itself finds nothing.
     assert_eq!(finders("media_delete_series"), ["media_list_series"]);
@@ -1031,12 +987,7 @@ fn mail_router() -> Router {
     let registry = builder
         .build()
         .unwrap_or_else(|e| panic!("mail registry: {e}"));
-    // No backfill: in a catalog this small it would send the address book anyway.
-    let config = RouterConfig {
-        backfill_tokens: 0,
-        ..rules()
-    };
-    Router::new(Arc::new(registry), config)
+    Router::new(Arc::new(registry), RouterConfig::default())
 }
 
 #[test]
@@ -1052,41 +1003,48 @@ fn recipients_are_found_in_the_address_book() {
     assert!(finders("list_folders").is_empty());
 
     // "to my accountant" names a person: the address book goes along.
-    let selection = router.select(&RouteInput {
+    let settings = BTreeMap::new();
+    let session = SessionView::new(1);
+    let input = RouteInput {
         message: "forward the invoice email to my accountant",
-        settings: &BTreeMap::new(),
-        session: &SessionView::new(1),
+        settings: &settings,
+        session: &session,
         token_budget: None,
         learned: None,
         vectors: None,
-    });
+    };
+    let selection = router.select(&input);
     assert!(selection.contains("forward_email"));
-    assert_eq!(
-        stage_of_tool(&selection, "search_contacts"),
-        Some(Stage::Prerequisite)
-    );
+    assert!(selection.contains("search_contacts"));
+    let prerequisite = |tool| feature_of(&router, &input, tool, crate::scorer::f::PREREQUISITE);
+    assert_eq!(prerequisite("search_contacts"), 1.0);
+    assert_eq!(prerequisite("forward_email"), 0.0);
 }
 
 #[test]
 fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
-    // One tool per domain: without the rule the listing would be ranked out.
-    let router = media_router(RouterConfig {
-        domain_tool_cap: 1,
-        ..rules()
-    });
-    let selection = router.select(&RouteInput {
+    let router = media_router(RouterConfig::default());
+    let settings = BTreeMap::new();
+    let session = SessionView::new(1);
+    let input = RouteInput {
         message: "delete the walking dead series, keep the files",
-        settings: &BTreeMap::new(),
-        session: &SessionView::new(1),
+        settings: &settings,
+        session: &session,
         token_budget: None,
         learned: None,
         vectors: None,
-    });
+    };
+    let selection = router.select(&input);
     assert!(selection.contains("media_delete_series"));
     assert!(selection.contains("media_list_series"));
     assert_eq!(
-        stage_of_tool(&selection, "media_list_series"),
-        Some(Stage::Prerequisite)
+        feature_of(
+            &router,
+            &input,
+            "media_list_series",
+            crate::scorer::f::PREREQUISITE
+        ),
+        1.0
     );
     assert!(
         selection
@@ -1098,46 +1056,50 @@ fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
 
 #[test]
 fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
-    let router = media_router(RouterConfig {
-        domain_tool_cap: 1,
-        ..rules()
-    });
-    let select = |view: &SessionView, message: &str| {
-        router.select(&RouteInput {
+    let router = media_router(RouterConfig::default());
+    let settings = BTreeMap::new();
+    fn input<'a>(
+        view: &'a SessionView,
+        settings: &'a BTreeMap<String, String>,
+        message: &'a str,
+    ) -> RouteInput<'a> {
+        RouteInput {
             message,
-            settings: &BTreeMap::new(),
+            settings,
             session: view,
             token_budget: None,
             learned: None,
             vectors: None,
+        }
+    }
+    let mut view = SessionView::new(1);
+    let first = router.select(&input(&view, &settings, "which series do I have?"));
+    assert!(first.contains("media_list_series"));
+    view.record_calls(&router, &["media_list_series"]);
+    // Within the same turn (the chat loop routes again after the call) and the next,
+    // the tools that take what it found are next steps, and are sent.
+    let next_steps = |view: &SessionView, message: &str| {
+        let input = input(view, &settings, message);
+        let selection = router.select(&input);
+        ["media_delete_series", "media_get_series_status"].map(|name| {
+            let next = feature_of(&router, &input, name, crate::scorer::f::NEXT_STEP);
+            (next, selection.contains(name))
         })
     };
-    let mut view = SessionView::new(1);
-    let first = select(&view, "which series do I have?");
-    assert!(first.contains("media_list_series"));
-    assert!(!first.contains("media_delete_series"));
-    view.record_calls(&router, &["media_list_series"]);
-    // Within the same turn (the chat loop routes again after the call) and the next;
-    // the domain is sticky now and its one ranked tool may be either of them.
-    let next_steps = |selection: &Selection| {
-        ["media_delete_series", "media_get_series_status"]
-            .iter()
-            .filter(|name| stage_of_tool(selection, name) == Some(Stage::NextStep))
-            .count()
-    };
-    let same_turn = select(&view, "which series do I have?");
-    assert!(same_turn.contains("media_delete_series"));
-    assert!(same_turn.contains("media_get_series_status"));
-    assert!(next_steps(&same_turn) >= 1);
+    assert_eq!(
+        next_steps(&view, "which series do I have?"),
+        [(1.0, true), (1.0, true)]
+    );
     view.begin_turn(2, Some(&first));
-    let second = select(&view, "the walking dead, the first one");
-    assert!(second.contains("media_delete_series"));
-    assert!(second.contains("media_get_series_status"));
-    assert!(next_steps(&second) >= 1);
+    assert_eq!(
+        next_steps(&view, "the walking dead, the first one"),
+        [(1.0, true), (1.0, true)]
+    );
     // Two turns on, the call is forgotten.
+    let second = router.select(&input(&view, &settings, "the walking dead, the first one"));
     view.begin_turn(3, Some(&second));
-    let third = select(&view, "the walking dead, the first one");
-    assert_eq!(next_steps(&third), 0);
+    let third = next_steps(&view, "the walking dead, the first one");
+    assert_eq!(third.map(|(next, _)| next), [0.0, 0.0]);
     assert_eq!(
         router.next_steps("media_list_series").collect::<Vec<_>>(),
         [
@@ -1149,46 +1111,8 @@ fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
 }
 
 #[test]
-fn the_dense_stages_best_is_kept_when_shared_words_fill_the_fused_top_k() {
-    let mut router = router_with(RouterConfig {
-        bm25_top_k: 2,
-        dense_top_k: 1,
-        ..rules()
-    });
-    // Every other text is a little like the message, so the domains that also share
-    // a word rank above weather once the two rankings are fused.
-    let vectors = weather_rows(&router, [0.2, 0.98]);
-    router.set_dense(Some(DenseIndex::new("test", vectors)));
-    // Two domains share a word with the message and fill the fused top 2; only the
-    // dense stage sees weather.
-    let selection = route(
-        &router,
-        "articles about switches volumes outside",
-        &SessionView::new(1),
-    );
-    let similar: Vec<&str> = selection
-        .domains
-        .iter()
-        .filter(|d| matches!(d.stage, Stage::Bm25 | Stage::Fused))
-        .map(|d| d.domain.as_ref())
-        .collect();
-    assert_eq!(
-        similar,
-        ["homeassistant", "news"],
-        "{}",
-        selection.summary_line()
-    );
-    assert_eq!(
-        stage_of(&selection, "weather"),
-        Stage::Dense,
-        "{}",
-        selection.summary_line()
-    );
-}
-
-#[test]
 fn required_ids_no_tool_finds_are_named() {
-    let router = media_router(rules());
+    let router = media_router(RouterConfig::default());
     assert_eq!(
         router.unfound_ids(),
         [("media_play_movie".to_owned(), "screen_id".to_owned())]
@@ -1196,82 +1120,15 @@ fn required_ids_no_tool_finds_are_named() {
 }
 
 #[test]
-fn a_small_selection_takes_the_nearest_misses_while_it_has_room() {
-    // A BM25 gate no domain passes: news shares a word with the message but misses.
-    let strict = RouterConfig {
-        bm25_min_score: 0.95,
-        ..rules()
-    };
-    let message = "weather forecast and recent articles";
-    let selection = route(&router_with(strict.clone()), message, &SessionView::new(1));
-    assert_eq!(stage_of(&selection, "weather"), Stage::Keyword);
-    assert_eq!(
-        stage_of(&selection, "news"),
-        Stage::Backfill,
-        "{}",
-        selection.summary_line()
-    );
-    assert!(selection.contains("search_news"));
-    // Domains with no evidence at all are not backfilled.
-    assert_eq!(stage_of(&selection, "homeassistant"), Stage::NotMatched);
-
-    let off = RouterConfig {
-        backfill_tokens: 0,
-        ..strict.clone()
-    };
-    let selection = route(&router_with(off), message, &SessionView::new(1));
-    assert_eq!(stage_of(&selection, "news"), Stage::NotMatched);
-
-    // A backfilled domain sends only its best tools and hints the others: the
-    // room goes to more domains rather than deeper ones.
-    let shallow = RouterConfig {
-        backfill_tool_cap: 1,
-        ..strict.clone()
-    };
-    let selection = route(&router_with(shallow), message, &SessionView::new(1));
-    assert_eq!(stage_of(&selection, "news"), Stage::Backfill);
-    assert!(
-        selection.contains("search_news"),
-        "{}",
-        selection.summary_line()
-    );
-    assert!(!selection.contains("get_article"));
-    assert!(
-        selection
-            .hints
-            .iter()
-            .any(|h| h.name.as_ref() == "get_article")
-    );
-
-    // A selection already at the tool limit takes nothing more.
-    let full = RouterConfig {
-        backfill_tools: 3,
-        ..strict
-    };
-    let selection = route(&router_with(full), message, &SessionView::new(1));
-    assert_eq!(stage_of(&selection, "news"), Stage::NotMatched);
-}
-
-#[test]
-fn a_domain_no_stage_ranked_reads_unranked_in_its_reason() {
-    assert_eq!(crate::evidence::Rank(3).to_string(), "#3");
-    assert_eq!(crate::evidence::Rank(0).to_string(), "unranked");
-    // Never ranked by any request of the message (its cosine was 0 or below for
-    // every one): not `#18446744073709551615`.
-    assert_eq!(crate::evidence::Rank(usize::MAX).to_string(), "unranked");
-}
-
-#[test]
 fn a_config_out_of_range_names_each_bad_field() {
-    assert!(rules().problems().is_empty());
+    assert!(RouterConfig::default().problems().is_empty());
     let config = RouterConfig {
         bm25_min_score: 1.5,
         dense_floor: 0.6,
         dense_ceiling: 0.4,
         rrf_k: f32::NAN,
         idle_turns: -1,
-        domain_tool_cap: 0,
-        ..rules()
+        ..RouterConfig::default()
     };
     let problems = config.problems().join("\n");
     for field in [
@@ -1279,11 +1136,10 @@ fn a_config_out_of_range_names_each_bad_field() {
         "`dense_ceiling` (0.4) must be above `dense_floor` (0.6)",
         "`rrf_k` is NaN",
         "`idle_turns` is -1",
-        "`domain_tool_cap` is 0",
     ] {
         assert!(problems.contains(field), "{field} not in:\n{problems}");
     }
-    assert_eq!(config.problems().len(), 5, "{problems}");
+    assert_eq!(config.problems().len(), 4, "{problems}");
 }
 
 /// SplitMix64: a seeded generator for the randomized test below (no dependency, and
@@ -1410,30 +1266,21 @@ fn random_message(rng: &mut Rng) -> String {
 
 /// Any valid config, as a `[router]` table may set it.
 fn random_config(rng: &mut Rng) -> RouterConfig {
-    let defaults = rules();
+    let defaults = RouterConfig::default();
     let floor = rng.unit() * 0.5 - 0.2;
     let config = RouterConfig {
         idle_turns: rng.below(8) as i64,
         token_budget: *rng.pick(&[0, 300, 1000, 4000, 100_000]),
         bm25_min_score: rng.unit() * 0.5,
         bm25_relative: rng.unit(),
-        bm25_top_k: rng.below(5),
-        domain_tool_cap: 1 + rng.below(14),
         carry_over: rng.chance(50),
         max_hints: rng.below(50),
         dense_min_score: rng.unit() - 0.2,
         dense_margin: rng.unit() * 0.3,
-        dense_top1_min_score: rng.unit() - 0.2,
-        dense_top_k: rng.below(5),
-        request_top_k: rng.below(4),
         dense_floor: floor,
         dense_ceiling: (floor + 0.05 + rng.unit() * 0.8).min(1.0),
         rrf_k: rng.unit() * 60.0,
         no_tool_for_chitchat: rng.chance(50),
-        backfill_tokens: *rng.pick(&[0, 500, 2500, 10_000]),
-        backfill_tools: rng.below(40),
-        backfill_tool_cap: rng.below(8),
-        fallback_tool_cap: rng.below(6),
         ..defaults
     };
     assert!(config.problems().is_empty(), "{:?}", config.problems());
@@ -1504,12 +1351,7 @@ fn check_selection(
             assert!(
                 matches!(
                     tool.stage,
-                    Stage::AlwaysOn
-                        | Stage::Sticky
-                        | Stage::Pinned
-                        | Stage::Loaded
-                        | Stage::Fallback
-                        | Stage::Warm
+                    Stage::AlwaysOn | Stage::Sticky | Stage::Pinned | Stage::Loaded
                 ),
                 "over the budget of {budget} ({} tokens) with {} sent by {:?}",
                 selection.tokens,
@@ -1539,7 +1381,7 @@ fn random_messages_sessions_and_configs_keep_the_selection_promises() {
     for seed in 0..120u64 {
         let mut rng = Rng(seed);
         let config = if seed == 0 {
-            rules()
+            RouterConfig::default()
         } else {
             random_config(&mut rng)
         };
@@ -1698,7 +1540,7 @@ fn spoilt_toolkit_files_are_refused_or_route_never_panic() {
             }
         };
         built += 1;
-        let router = Router::new(registry.clone(), rules());
+        let router = Router::new(registry.clone(), RouterConfig::default());
         for message in [
             "weather and then restart the container",
             "",
@@ -1756,7 +1598,11 @@ fn past_messages_like_this_one_select_the_domain_their_turns_called() {
     // (and a keyword of another domain keeps the fallback from sending everything).
     let message = "weather aside, what is going on in the world of football";
     let without = route_learned(&router, message, None);
-    assert_ne!(stage_of(&without, "news"), Stage::Learned);
+    assert!(
+        !without.contains("search_news"),
+        "{}",
+        without.summary_line()
+    );
     let index = learned(
         &router,
         &[
@@ -1775,18 +1621,14 @@ fn past_messages_like_this_one_select_the_domain_their_turns_called() {
     assert_eq!(index.len(), 4);
     let with = route_learned(&router, message, Some(&index));
     let news = with.domain("news").expect("news decided");
-    assert_eq!(news.stage, Stage::Learned, "{}", news.reason);
     assert!(
-        news.reason.contains("learned")
-            && news
-                .reason
-                .contains("past turns like \"what is going on in the world of football today\""),
+        news.included && news.reason.contains("learned"),
         "{}",
         news.reason
     );
     assert!(with.contains("search_news"));
     // One unrelated past message is no evidence: the light turns nothing on.
-    assert_ne!(stage_of(&with, "homeassistant"), Stage::Learned);
+    assert!(!with.contains("ha_turn_on"), "{}", with.summary_line());
 }
 
 #[test]
@@ -1868,7 +1710,7 @@ fn shared_catalog_router() -> Option<Router> {
     let registry = builder
         .build()
         .unwrap_or_else(|e| panic!("shared registry: {e}"));
-    Some(Router::new(Arc::new(registry), rules()))
+    Some(Router::new(Arc::new(registry), RouterConfig::default()))
 }
 
 /// Routes with every settings key of the router's registry set.
@@ -1967,7 +1809,7 @@ fn without_the_rule_backfill_sends_destructive_tools() {
         guarded.registry().clone(),
         RouterConfig {
             destructive_needs_evidence: false,
-            ..rules()
+            ..RouterConfig::default()
         },
     );
     let view = SessionView::new(1);

@@ -282,11 +282,9 @@ impl Routing {
     ) -> Result<(i64, Arc<Selection>, Vec<String>, SessionView), RouteError> {
         // Reads of a session that does not exist yet are empty; `turn_append` below
         // creates it.
-        let snapshot = store
-            .session_snapshot(session, now_ms() - WARM_WINDOW_MS)
-            .await?;
+        let snapshot = store.session_snapshot(session).await?;
         let domains = snapshot.domains.into_iter().map(domain_state).collect();
-        let mut view = SessionView::from_store(snapshot.turn, domains, snapshot.warm);
+        let mut view = SessionView::from_store(snapshot.turn, domains);
         view.recent_calls = snapshot.recent_calls;
         if !called.is_empty() {
             self.record_called(store, session, snapshot.turn, called, pass, &mut view)

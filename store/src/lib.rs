@@ -110,7 +110,6 @@ pub struct SessionSnapshot {
     /// own (the router's `carry_over`), stored with that turn's message.
     pub carry: Vec<String>,
     pub domains: Vec<SessionDomainState>,
-    pub warm: Vec<String>,
     /// Tools called with success in the session's latest turn (stored `tool`
     /// messages), with the turn of each call.
     pub recent_calls: Vec<(i64, String)>,
@@ -389,27 +388,21 @@ impl Store {
     }
 
     /// What routing a session's next turn reads, in one round trip where the backend
-    /// allows: its turn count, its domain states, the domains any session used since
-    /// `warm_since_ms` and the tools called in its latest turn.
-    pub async fn session_snapshot(
-        &self,
-        session: &str,
-        warm_since_ms: i64,
-    ) -> Result<SessionSnapshot, StoreError> {
+    /// allows: its turn count, its domain states and the tools called in its latest
+    /// turn.
+    pub async fn session_snapshot(&self, session: &str) -> Result<SessionSnapshot, StoreError> {
         match &*self.backend {
-            StoreBackend::Sqlite(s) => s.session_snapshot(session, warm_since_ms).await,
+            StoreBackend::Sqlite(s) => s.session_snapshot(session).await,
             StoreBackend::Postgres(s) => {
-                let ((turn, carry), domains, warm, recent_calls) = tokio::try_join!(
+                let ((turn, carry), domains, recent_calls) = tokio::try_join!(
                     s.session_head(session),
                     s.session_domains(session),
-                    s.domains_used_since(warm_since_ms),
                     s.latest_turn_calls(session)
                 )?;
                 Ok(SessionSnapshot {
                     turn,
                     carry,
                     domains,
-                    warm,
                     recent_calls,
                 })
             }

@@ -225,7 +225,7 @@ async fn a_snapshot_names_the_tools_called_in_the_latest_turn() {
         };
         let calls = || async {
             store
-                .session_snapshot(id, 0)
+                .session_snapshot(id)
                 .await
                 .expect("snapshot")
                 .recent_calls
@@ -292,7 +292,7 @@ async fn a_turn_keeps_its_carry_over_with_its_message() {
         let id = "carry";
         let carry = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
         let head = || async {
-            let snapshot = store.session_snapshot(id, 0).await.expect("snapshot");
+            let snapshot = store.session_snapshot(id).await.expect("snapshot");
             (snapshot.turn, snapshot.carry)
         };
         assert_eq!(head().await, (0, vec![]), "{}", t.name);
@@ -386,16 +386,16 @@ async fn sessions_router_state_and_decisions() {
             "{}",
             t.name
         );
-        let snapshot = store.session_snapshot(&id, 1_500).await.expect("snapshot");
+        let snapshot = store.session_snapshot(&id).await.expect("snapshot");
         assert_eq!(
-            (snapshot.turn, snapshot.domains, snapshot.warm),
-            (0, vec![updated.clone()], vec!["weather".to_owned()]),
+            (snapshot.turn, snapshot.domains),
+            (0, vec![updated.clone()]),
             "{}",
             t.name
         );
         assert_eq!(
             store
-                .session_snapshot("new-session", 0)
+                .session_snapshot("new-session")
                 .await
                 .expect("empty")
                 .turn,
@@ -1166,7 +1166,7 @@ async fn reported_calls_join_their_turn_and_sessions_list_by_activity() {
         );
         assert!(!store.session_exists("nobody").await.expect("exists"));
         // The next turn sees them as the latest turn's calls, as it sees a chat's.
-        let snapshot = store.session_snapshot("newer", 0).await.expect("snapshot");
+        let snapshot = store.session_snapshot("newer").await.expect("snapshot");
         assert_eq!(snapshot.recent_calls.len(), 2, "{}", t.name);
 
         let all = store.sessions_active_since(0, 10).await.expect("sessions");

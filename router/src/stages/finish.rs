@@ -23,12 +23,7 @@ impl Pass<'_> {
                 v.included()
                     && matches!(
                         v.stage,
-                        Stage::Keyword
-                            | Stage::Bm25
-                            | Stage::Dense
-                            | Stage::Fused
-                            | Stage::Learned
-                            | Stage::Scored
+                        Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Scored
                     )
             })
             .map(|v| v.score)
@@ -203,7 +198,7 @@ impl Pass<'_> {
         let mut seen = vec![false; router.tool_tokens.len()];
         let mut ranked_out = std::mem::take(&mut self.ranked_out);
         ranked_out.retain(|&t| !self.sent.has(t) && !std::mem::replace(&mut seen[t], true));
-        best_first(&mut ranked_out, max_hints, |t| self.tool_score(t));
+        best_first(&mut ranked_out, max_hints, |t| self.probability[t]);
         let mut hints = Vec::with_capacity(ranked_out.len().min(max_hints));
         let mut hint_tokens = 0;
         for &t in ranked_out.iter().take(max_hints) {
@@ -233,7 +228,7 @@ impl Pass<'_> {
                         domain: names.domains[names.tool_domains[t]].clone(),
                         included: included && self.sent.has(t),
                         stage,
-                        score: self.tool_score(t),
+                        score: self.probability[t],
                         tool_idx: t,
                     })
             })

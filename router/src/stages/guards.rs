@@ -46,7 +46,7 @@ impl Pass<'_> {
                 } else {
                     (t, stage_t)
                 };
-                if is_collision_protected(loser_stage)
+                if is_protected(loser_stage)
                     || router.domain_is_core[router.names.tool_domains[loser]]
                 {
                     continue;
@@ -65,7 +65,7 @@ impl Pass<'_> {
     /// workflow step, an explicit load or pin, or the last turn sent it on such
     /// evidence (carry-over: "delete the 2023 backups" → "are you sure?" → "yes", or
     /// "delete my account" → "my username is foo").
-    /// Backfill, fallback or a match of its domain alone never send one.
+    /// A match of its domain alone never sends one.
     pub(crate) fn destructive_guard(&mut self) {
         let router = self.router;
         if !router.config.destructive_needs_evidence {
@@ -91,36 +91,17 @@ impl Pass<'_> {
             };
             let d = router.names.tool_domains[t];
             let domain_stage = self.verdicts.get(d).map(|v| v.stage);
-            let about_its_domain = matches!(
-                domain_stage,
-                Some(
-                    Stage::Keyword
-                        | Stage::Bm25
-                        | Stage::Dense
-                        | Stage::Fused
-                        | Stage::Learned
-                        | Stage::Sticky
-                        | Stage::Pinned
-                        | Stage::Carried
-                )
-            ) || (domain_stage == Some(Stage::Scored)
-                && self.top_domain == Some(d));
+            let top_scored = domain_stage == Some(Stage::Scored) && self.top_domain == Some(d);
+            let about_its_domain = top_scored
+                || matches!(
+                    domain_stage,
+                    Some(Stage::Keyword | Stage::Sticky | Stage::Pinned | Stage::Carried)
+                );
             // A domain the scorer sent counts only when it is what the message is
             // about: "delete all my notes" is about memory, not the scratchpad.
-            let on_message_evidence = matches!(
-                domain_stage,
-                Some(Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused)
-            ) || (domain_stage == Some(Stage::Scored)
-                && self.top_domain == Some(d));
+            let on_message_evidence = top_scored || domain_stage == Some(Stage::Keyword);
             if !router.destructive[t]
-                || matches!(
-                    stage,
-                    Stage::Loaded
-                        | Stage::Pinned
-                        | Stage::NextStep
-                        | Stage::Prerequisite
-                        | Stage::AlwaysOn
-                )
+                || matches!(stage, Stage::Loaded | Stage::Pinned | Stage::AlwaysOn)
                 || self.evidence.tool_keyword_hits[t] > 0
                 || router.tool_actions[t]
                     .as_ref()
@@ -170,24 +151,20 @@ impl Pass<'_> {
     }
 
     /// Trims the lowest-scoring optional tools to the token budget: never core,
-    /// pinned, sticky, loaded, or fallback (already fitted) ones.
+    /// pinned or loaded ones.
     pub(crate) fn token_budget(&mut self) {
         let mut tokens = self.sent_tokens();
         if tokens <= self.budget || self.input.session.load_all_this_turn {
             return;
         }
-        // What the learned stage added goes first: it only ever adds.
-        let mut trimmable: Vec<(bool, f32, usize)> = self
+        let mut trimmable: Vec<(f32, usize)> = self
             .sent
             .iter()
-            .filter(|&(_, (stage, _))| {
-                !is_protected(stage) && !matches!(stage, Stage::Fallback | Stage::Warm)
-            })
-            .map(|(t, (stage, score))| (stage == Stage::Learned, score, t))
+            .filter(|&(_, (stage, _))| !is_protected(stage))
+            .map(|(t, (_, score))| (score, t))
             .collect();
-        trimmable
-            .sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.total_cmp(&b.1)).then(b.2.cmp(&a.2)));
-        for (_, _, t) in trimmable {
+        trimmable.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+        for (_, t) in trimmable {
             if tokens <= self.budget {
                 break;
             }

@@ -190,21 +190,16 @@ impl SqliteStore {
         .await
     }
 
-    pub async fn session_snapshot(
-        &self,
-        session: &str,
-        warm_since_ms: i64,
-    ) -> Result<SessionSnapshot, StoreError> {
+    pub async fn session_snapshot(&self, session: &str) -> Result<SessionSnapshot, StoreError> {
         let session = session.to_owned();
         self.call(move |c| {
-            // One read transaction: the four reads see the same commit.
+            // One read transaction: the three reads see the same commit.
             let tx = c.transaction()?;
             let (turn, carry) = read_session_head(&tx, &session)?;
             let snapshot = SessionSnapshot {
                 turn,
                 carry,
                 domains: read_session_domains(&tx, &session)?,
-                warm: read_domains_used_since(&tx, warm_since_ms)?,
                 recent_calls: read_calls_since(&tx, &session, turn)?,
             };
             tx.commit()?;
@@ -372,7 +367,7 @@ mod tests {
                 .message_append(&session, "user", &serde_json::json!("hello"), &[])
                 .await
                 .expect("turn");
-            store.session_snapshot(&session, 0).await.expect("snapshot");
+            store.session_snapshot(&session).await.expect("snapshot");
         }
         let (runs, recompiled) = store
             .call(|c| {
