@@ -50,6 +50,9 @@ pub(crate) struct Pass<'a> {
     top_domain: Option<usize>,
     /// The probability mass of the candidates nothing points at (no row).
     rest_mass: f32,
+    /// Per domain the scorer settled (`settle_verdicts`): whether its verdict's own
+    /// words stay first in its reason, which `explain_scored` completes at the end.
+    scored_reason: Vec<Option<bool>>,
 }
 
 impl<'a> Pass<'a> {
@@ -87,6 +90,7 @@ impl<'a> Pass<'a> {
             candidates: Candidates::default(),
             top_domain: None,
             rest_mass: 0.0,
+            scored_reason: Vec::new(),
         }
     }
 

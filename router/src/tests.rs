@@ -2003,6 +2003,37 @@ fn a_domain_whose_only_tool_the_destructive_rule_held_back_says_so() {
     assert!(reason.contains("direct evidence"), "{reason}");
 }
 
+/// The likeliest tool of a domain held back by the destructive rule: the domain's
+/// reason names a tool it sends, not the one held back.
+#[test]
+fn a_domains_reason_names_a_tool_it_sends() {
+    let toolkit = json!({"domain": "accounts", "description": "User accounts.", "keywords": ["account"],
+        "tools": [{"name": "delete_account", "description": "Delete a user account for good.",
+                   "input_schema": {"type": "object", "properties": {"token": {"type": "string"}}},
+                   "annotations": {"destructiveHint": true}},
+                  tool("get_profile", "Show the user's profile details.")]});
+    let parsed = toolkit::parse(&toolkit.to_string(), "accounts.json")
+        .unwrap_or_else(|e| panic!("accounts catalog: {e}"));
+    let registry = Registry::builder()
+        .toolkit(parsed)
+        .build()
+        .unwrap_or_else(|e| panic!("accounts registry: {e}"));
+    let router = Router::new(Arc::new(registry), RouterConfig::default());
+    let selection = route(&router, "my account name is foo", &SessionView::new(1));
+    assert!(!selection.contains("delete_account"));
+    assert!(
+        selection.contains("get_profile"),
+        "{}",
+        selection.summary_line()
+    );
+    let reason = selection
+        .domain("accounts")
+        .map(|d| d.reason.to_string())
+        .unwrap_or_default();
+    assert!(reason.contains("get_profile p "), "{reason}");
+    assert!(!reason.contains("delete_account"), "{reason}");
+}
+
 #[test]
 fn a_domain_whose_only_tool_lost_a_collision_says_so() {
     let toolkits = [

@@ -120,6 +120,9 @@ impl Pass<'_> {
                     }
                 }
                 sending[loser] = false;
+                if let Some(slot) = self.scored_reason.get_mut(loser) {
+                    *slot = None;
+                }
                 let winner_name = &router.registry.domains()[winner].name;
                 self.verdicts[loser] = DomainVerdict::out(
                     Stage::Collision,

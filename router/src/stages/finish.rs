@@ -80,6 +80,7 @@ impl Pass<'_> {
     /// The selection: domain decisions as what is actually sent says, the sent tools
     /// (core first, then by score), and hints for the best of the rest.
     pub(crate) fn finish(mut self) -> Selection {
+        self.explain_scored();
         let unconfigured = self.unconfigured_matches();
         let router = self.router;
         let tokens: usize = self.sent.iter().map(|(t, _)| router.tool_tokens[t]).sum();

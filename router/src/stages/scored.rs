@@ -215,37 +215,33 @@ impl Pass<'_> {
     }
 
     /// Domain decisions as the probabilities say: a domain that sent tools by
-    /// probability is `scored` (unless a stage held it), with its likeliest tool's
-    /// reason; a domain a keyword or the session pointed at whose tools fell short
-    /// says so.
+    /// probability is `scored` (unless a stage held it), a domain a keyword or the
+    /// session pointed at whose tools fell short says so. Their reasons are written
+    /// at the end (`explain_scored`), once the guards and the budget have had their
+    /// say.
     fn settle_verdicts(&mut self) {
         let router = self.router;
-        let model = self.model().clone();
-        let mut best_row: Vec<Option<usize>> = vec![None; self.verdicts.len()];
-        for (i, &t) in self.candidates.tools.iter().enumerate() {
+        let mut best: Vec<Option<usize>> = vec![None; self.verdicts.len()];
+        for &t in &self.candidates.tools {
             let d = router.names.tool_domains[t];
-            let better = best_row[d]
-                .is_none_or(|j| self.probability[t] > self.probability[self.candidates.tools[j]]);
-            if better {
-                best_row[d] = Some(i);
+            if best[d].is_none_or(|b| self.probability[t] > self.probability[b]) {
+                best[d] = Some(t);
             }
         }
         let mut sent_in_domain = vec![false; self.verdicts.len()];
         for (t, _) in self.sent.iter() {
             sent_in_domain[router.names.tool_domains[t]] = true;
         }
+        self.scored_reason = vec![None; self.verdicts.len()];
         for d in 0..self.verdicts.len() {
             let verdict = &self.verdicts[d];
             if matches!(verdict.send, Send::Whole) || verdict.stage == Stage::Pinned {
                 continue;
             }
-            let Some(i) = best_row[d] else {
+            let Some(t) = best[d] else {
                 continue;
             };
-            let t = self.candidates.tools[i];
             let p = self.probability[t];
-            let row = &self.candidates.rows[self.candidates.row_of[i] as usize];
-            let tool = router.names.tools[t].as_str();
             let sent = sent_in_domain[d];
             // A stage that held or pointed at the domain keeps its own words first
             // ("keyword \"table\"").
@@ -260,23 +256,71 @@ impl Pass<'_> {
             } else {
                 (verdict.stage, verdict.stage != Stage::NotMatched)
             };
+            let reason = std::mem::take(&mut self.verdicts[d].reason);
+            self.verdicts[d] = if sent {
+                DomainVerdict::ranked(stage, p, reason)
+            } else {
+                DomainVerdict::out(stage, p, reason)
+            };
+            self.scored_reason[d] = Some(own_words);
+        }
+    }
+
+    /// The reasons of the domains the scorer settled: the likeliest tool the domain
+    /// still sends (or, sending none, its likeliest) with the features that put it
+    /// there.
+    pub(crate) fn explain_scored(&mut self) {
+        let router = self.router;
+        let model = self.model().clone();
+        let n_domains = self.verdicts.len();
+        // Per domain: its likeliest row still sent, and its likeliest row.
+        let mut best_sent: Vec<Option<usize>> = vec![None; n_domains];
+        let mut best_any: Vec<Option<usize>> = vec![None; n_domains];
+        let tools = &self.candidates.tools;
+        let likelier = |i: usize, slot: Option<usize>| {
+            slot.is_none_or(|j| self.probability[tools[i]] > self.probability[tools[j]])
+        };
+        for (i, &t) in tools.iter().enumerate() {
+            let d = router.names.tool_domains[t];
+            if self.scored_reason.get(d).copied().flatten().is_none() {
+                continue;
+            }
+            if likelier(i, best_any[d]) {
+                best_any[d] = Some(i);
+            }
+            if self.sent.has(t) && likelier(i, best_sent[d]) {
+                best_sent[d] = Some(i);
+            }
+        }
+        for d in 0..self.scored_reason.len() {
+            let Some(own_words) = self.scored_reason[d] else {
+                continue;
+            };
+            let sent = self.verdicts[d].included();
+            let Some(i) = (if sent {
+                best_sent[d].or(best_any[d])
+            } else {
+                best_any[d]
+            }) else {
+                continue;
+            };
+            let t = tools[i];
+            let row = &self.candidates.rows[self.candidates.row_of[i] as usize];
             let mut reason = String::with_capacity(160);
             if own_words {
-                reason.push_str(&verdict.reason);
+                reason.push_str(&self.verdicts[d].reason);
                 reason.push_str("; ");
             }
             if !sent {
                 reason.push_str("likeliest ");
             }
-            reason.push_str(tool);
+            reason.push_str(router.names.tools[t].as_str());
             reason.push(' ');
-            model.explain_into(&mut reason, row, p);
-            if sent {
-                self.verdicts[d] = DomainVerdict::ranked(stage, p, Cow::Owned(reason));
-            } else {
+            model.explain_into(&mut reason, row, self.probability[t]);
+            if !sent {
                 reason.push_str(": below the rule");
-                self.verdicts[d] = DomainVerdict::out(stage, p, Cow::Owned(reason));
             }
+            self.verdicts[d].reason = Cow::Owned(reason);
         }
     }
 }
