@@ -16,18 +16,24 @@ impl Pass<'_> {
         if self.chit_chat {
             return Vec::new();
         }
-        let best_sent = self
-            .verdicts
-            .iter()
-            .filter(|v| {
-                v.included()
-                    && matches!(
-                        v.stage,
-                        Stage::Keyword | Stage::Bm25 | Stage::Dense | Stage::Fused | Stage::Scored
-                    )
+        // On the scale of the unconfigured domain's own score: keyword hits and
+        // similarity, not the scorer's probability.
+        let evidence_score = |d: usize| {
+            keyword_score(evidence.keyword_hits_in_domain[d]).max(evidence.domain_similarity[d])
+        };
+        let best_sent = (0..self.verdicts.len())
+            .filter(|&d| {
+                let v = &self.verdicts[d];
+                v.included() && matches!(v.stage, Stage::Keyword | Stage::Scored)
             })
-            .map(|v| v.score)
+            .map(evidence_score)
             .fold(0.0f32, f32::max);
+        // A follow-up the last turn's tools were carried into is about them: only a
+        // keyword of its own names a domain.
+        let follow_up = self
+            .sent
+            .iter()
+            .any(|(_, (stage, _))| stage == Stage::Carried);
         let mut matches: Vec<Unconfigured> = Vec::new();
         for (d, domain) in router.registry.domains().iter().enumerate() {
             if evidence.active[d] || router.domain_is_core[d] {
@@ -54,12 +60,13 @@ impl Pass<'_> {
             let hits = evidence.keyword_hits_in_domain[d];
             let stage = match (hits > 0, bm25, dense) {
                 (true, ..) => Stage::Keyword,
+                _ if follow_up => continue,
                 (false, true, true) => Stage::Fused,
                 (false, true, false) => Stage::Bm25,
                 (false, false, true) => Stage::Dense,
                 (false, false, false) => continue,
             };
-            let score = keyword_score(hits).max(evidence.domain_similarity[d]);
+            let score = evidence_score(d);
             if score < best_sent {
                 continue;
             }
