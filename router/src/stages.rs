@@ -50,9 +50,9 @@ pub(crate) struct Pass<'a> {
     top_domain: Option<usize>,
     /// The probability mass of the candidates nothing points at (no row).
     rest_mass: f32,
-    /// Per domain the scorer settled (`settle_verdicts`): whether its verdict's own
-    /// words stay first in its reason, which `explain_scored` completes at the end.
-    scored_reason: Vec<Option<bool>>,
+    /// Per domain the scorer settled (`settle_verdicts`): what `explain_scored`
+    /// writes its reason from at the end.
+    scored_reason: Vec<Option<scored::ScoredReason>>,
 }
 
 impl<'a> Pass<'a> {

@@ -87,6 +87,9 @@ impl Pass<'_> {
     /// keyword or the session used both.
     pub(crate) fn domain_collisions(&mut self) {
         let router = self.router;
+        if router.domain_conflicts.iter().all(Vec::is_empty) {
+            return;
+        }
         let mut sending = vec![false; self.verdicts.len()];
         for (t, _) in self.sent.iter() {
             sending[router.names.tool_domains[t]] = true;

@@ -221,11 +221,14 @@ impl Pass<'_> {
     /// say.
     fn settle_verdicts(&mut self) {
         let router = self.router;
+        // Per domain, the candidate index of its likeliest tool.
         let mut best: Vec<Option<usize>> = vec![None; self.verdicts.len()];
-        for &t in &self.candidates.tools {
+        for (i, &t) in self.candidates.tools.iter().enumerate() {
             let d = router.names.tool_domains[t];
-            if best[d].is_none_or(|b| self.probability[t] > self.probability[b]) {
-                best[d] = Some(t);
+            let likelier = best[d]
+                .is_none_or(|j| self.probability[t] > self.probability[self.candidates.tools[j]]);
+            if likelier {
+                best[d] = Some(i);
             }
         }
         let mut sent_in_domain = vec![false; self.verdicts.len()];
@@ -238,10 +241,10 @@ impl Pass<'_> {
             if matches!(verdict.send, Send::Whole) || verdict.stage == Stage::Pinned {
                 continue;
             }
-            let Some(t) = best[d] else {
+            let Some(i) = best[d] else {
                 continue;
             };
-            let p = self.probability[t];
+            let p = self.probability[self.candidates.tools[i]];
             let sent = sent_in_domain[d];
             // A stage that held or pointed at the domain keeps its own words first
             // ("keyword \"table\"").
@@ -262,7 +265,10 @@ impl Pass<'_> {
             } else {
                 DomainVerdict::out(stage, p, reason)
             };
-            self.scored_reason[d] = Some(own_words);
+            self.scored_reason[d] = Some(ScoredReason {
+                own_words,
+                likeliest: i,
+            });
         }
     }
 
@@ -272,40 +278,33 @@ impl Pass<'_> {
     pub(crate) fn explain_scored(&mut self) {
         let router = self.router;
         let model = self.model().clone();
-        let n_domains = self.verdicts.len();
-        // Per domain: its likeliest row still sent, and its likeliest row.
-        let mut best_sent: Vec<Option<usize>> = vec![None; n_domains];
-        let mut best_any: Vec<Option<usize>> = vec![None; n_domains];
-        let tools = &self.candidates.tools;
-        let likelier = |i: usize, slot: Option<usize>| {
-            slot.is_none_or(|j| self.probability[tools[i]] > self.probability[tools[j]])
-        };
-        for (i, &t) in tools.iter().enumerate() {
-            let d = router.names.tool_domains[t];
-            if self.scored_reason.get(d).copied().flatten().is_none() {
-                continue;
-            }
-            if likelier(i, best_any[d]) {
-                best_any[d] = Some(i);
-            }
-            if self.sent.has(t) && likelier(i, best_sent[d]) {
-                best_sent[d] = Some(i);
-            }
-        }
+        let candidates = &self.candidates;
         for d in 0..self.scored_reason.len() {
-            let Some(own_words) = self.scored_reason[d] else {
+            let Some(ScoredReason {
+                own_words,
+                likeliest,
+            }) = self.scored_reason[d]
+            else {
                 continue;
             };
             let sent = self.verdicts[d].included();
-            let Some(i) = (if sent {
-                best_sent[d].or(best_any[d])
-            } else {
-                best_any[d]
-            }) else {
-                continue;
-            };
-            let t = tools[i];
-            let row = &self.candidates.rows[self.candidates.row_of[i] as usize];
+            let mut i = likeliest;
+            if sent && !self.sent.has(candidates.tools[i]) {
+                // Held back after the rule sent it: the likeliest tool still sent.
+                let still_sent = router.tools_by_domain[d]
+                    .iter()
+                    .filter(|&&t| self.sent.has(t))
+                    .filter_map(|&t| candidates.tools.binary_search(&t).ok())
+                    .max_by(|&a, &b| {
+                        let (ta, tb) = (candidates.tools[a], candidates.tools[b]);
+                        self.probability[ta]
+                            .total_cmp(&self.probability[tb])
+                            .then(tb.cmp(&ta))
+                    });
+                i = still_sent.unwrap_or(likeliest);
+            }
+            let t = candidates.tools[i];
+            let row = &candidates.rows[candidates.row_of[i] as usize];
             let mut reason = String::with_capacity(160);
             if own_words {
                 reason.push_str(&self.verdicts[d].reason);
@@ -323,4 +322,13 @@ impl Pass<'_> {
             self.verdicts[d].reason = Cow::Owned(reason);
         }
     }
+}
+
+/// What `explain_scored` needs of a domain the scorer settled.
+#[derive(Clone, Copy)]
+pub(super) struct ScoredReason {
+    /// The verdict's own words ("keyword \"table\"") stay first.
+    own_words: bool,
+    /// The candidate index of its likeliest tool.
+    likeliest: usize,
 }
