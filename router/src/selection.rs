@@ -154,17 +154,18 @@ pub struct DomainDecision {
     /// At least one of its tools is sent.
     pub included: bool,
     pub stage: Stage,
-    /// Strength of the evidence, 0..1 (keyword and similarity stages; 0 otherwise).
+    /// Its likeliest tool's probability when the scorer weighed it; else the
+    /// evidence of the stage that decided it, 0..1 (1 for always-on).
     pub score: f32,
     pub reason: Cow<'static, str>,
 }
 
-/// The router's verdict on one tool of a domain it ranked tool by tool.
+/// A tool held back one by one: by the budget, a collision or the destructive rule.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ToolDecision {
     pub tool: Name,
     pub domain: Name,
-    pub included: bool,
+    /// What held it back.
     pub stage: Stage,
     pub score: f32,
     #[serde(skip)]
@@ -234,7 +235,7 @@ pub struct Selection {
     pub hints: Vec<Hint>,
     /// One per domain, in registry order.
     pub domains: Vec<DomainDecision>,
-    /// Tools of domains ranked tool by tool (large domains, budget trimming, collisions).
+    /// Tools held back one by one: by the budget, a collision or the destructive rule.
     pub tool_decisions: Vec<ToolDecision>,
     /// Tokens of the sent definitions.
     pub tokens: usize,

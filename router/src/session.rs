@@ -39,7 +39,7 @@ pub struct SessionView {
     pub carried_tools: Vec<String>,
     /// Tools called in the previous turn and in this one, with the turn each call was
     /// recorded at: the tools that take what they found (`install_app` after
-    /// `search_app_store`) are sent.
+    /// `search_app_store`) are likelier (the `next_step` feature).
     pub recent_calls: Vec<(i64, String)>,
 }
 

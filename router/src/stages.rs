@@ -37,9 +37,9 @@ pub(crate) struct Pass<'a> {
     n_active_tools: usize,
     /// The tools being sent, with the stage that sent each and its score.
     sent: ToolSlots<(Stage, f32)>,
-    /// Per tool ranked one by one (large domains, budget, collisions): its stage and
-    /// whether it was sent.
-    tool_outcomes: ToolSlots<(Stage, bool)>,
+    /// Per tool held back one by one (the budget, a collision, the destructive rule):
+    /// what held it back.
+    held_back: ToolSlots<Stage>,
     /// Tools considered and not sent: the hints.
     ranked_out: Vec<usize>,
     /// Per tool: the fitted scorer's probability (0 for a tool it did not score).
@@ -84,7 +84,7 @@ impl<'a> Pass<'a> {
             domain_scores: Vec::new(),
             n_active_tools: 0,
             sent: ToolSlots::new(n_tools),
-            tool_outcomes: ToolSlots::new(n_tools),
+            held_back: ToolSlots::new(n_tools),
             ranked_out: Vec::new(),
             probability: vec![0.0; n_tools],
             candidates: Candidates::default(),
@@ -181,7 +181,7 @@ impl<T: Copy> ToolSlots<T> {
 enum Send {
     Nothing,
     Whole,
-    /// Large domains: the best tools, hints for the rest.
+    /// The tools the scorer sends, hints for the rest.
     Ranked,
 }
 

@@ -104,15 +104,11 @@ fn rounded(score: f32) -> f64 {
     (f64::from(score) * 1000.0).round() / 1000.0
 }
 
-/// The tools a row names among those ranked and not sent (best score first, ties in
+/// The tools a row names among those held back (best score first, ties in
 /// tool order), and how many more there were.
 fn logged_not_sent(selection: &Selection) -> (Vec<&ToolDecision>, usize) {
-    let mut not_sent: Vec<(usize, &ToolDecision)> = selection
-        .tool_decisions
-        .iter()
-        .filter(|d| !d.included)
-        .enumerate()
-        .collect();
+    let mut not_sent: Vec<(usize, &ToolDecision)> =
+        selection.tool_decisions.iter().enumerate().collect();
     let order = |a: &(usize, &ToolDecision), b: &(usize, &ToolDecision)| {
         b.1.score.total_cmp(&a.1.score).then(a.0.cmp(&b.0))
     };

@@ -119,7 +119,7 @@ impl Pass<'_> {
                     {
                         self.sent.clear(t);
                         self.ranked_out.push(t);
-                        self.tool_outcomes.set(t, (Stage::Collision, false));
+                        self.held_back.set(t, Stage::Collision);
                     }
                 }
                 sending[loser] = false;

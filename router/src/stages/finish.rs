@@ -123,15 +123,13 @@ impl Pass<'_> {
         // did, `Some(None)` when several did (then the budget is named, as it trims
         // last), `None` when none did.
         let mut held_back: Vec<Option<Option<Stage>>> = vec![None; self.verdicts.len()];
-        for (t, (stage, included)) in self.tool_outcomes.iter() {
-            if !included {
-                let slot = &mut held_back[names.tool_domains[t]];
-                *slot = match *slot {
-                    None => Some(Some(stage)),
-                    Some(Some(held)) if held == stage => Some(Some(held)),
-                    Some(_) => Some(None),
-                };
-            }
+        for (t, stage) in self.held_back.iter() {
+            let slot = &mut held_back[names.tool_domains[t]];
+            *slot = match *slot {
+                None => Some(Some(stage)),
+                Some(Some(held)) if held == stage => Some(Some(held)),
+                Some(_) => Some(None),
+            };
         }
         let budget = self.budget;
         std::mem::take(&mut self.verdicts)
@@ -225,20 +223,17 @@ impl Pass<'_> {
     /// Every tool ranked one by one, with its stage and whether it was sent.
     fn tool_decisions(&self) -> Vec<ToolDecision> {
         let names = &self.router.names;
-        self.tool_outcomes
+        self.held_back
             .sorted()
             .into_iter()
             .filter_map(|t| {
-                self.tool_outcomes
-                    .get(t)
-                    .map(|(stage, included)| ToolDecision {
-                        tool: names.tools[t].clone(),
-                        domain: names.domains[names.tool_domains[t]].clone(),
-                        included: included && self.sent.has(t),
-                        stage,
-                        score: self.probability[t],
-                        tool_idx: t,
-                    })
+                self.held_back.get(t).map(|stage| ToolDecision {
+                    tool: names.tools[t].clone(),
+                    domain: names.domains[names.tool_domains[t]].clone(),
+                    stage,
+                    score: self.probability[t],
+                    tool_idx: t,
+                })
             })
             .collect()
     }

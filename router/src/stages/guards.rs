@@ -53,7 +53,7 @@ impl Pass<'_> {
                 }
                 self.sent.clear(loser);
                 self.ranked_out.push(loser);
-                self.tool_outcomes.set(loser, (Stage::Collision, false));
+                self.held_back.set(loser, Stage::Collision);
             }
         }
     }
@@ -115,7 +115,7 @@ impl Pass<'_> {
             }
             self.sent.clear(t);
             self.ranked_out.push(t);
-            self.tool_outcomes.set(t, (Stage::NoDirectEvidence, false));
+            self.held_back.set(t, Stage::NoDirectEvidence);
         }
     }
 
@@ -171,7 +171,7 @@ impl Pass<'_> {
             self.sent.clear(t);
             tokens -= self.router.tool_tokens[t];
             self.ranked_out.push(t);
-            self.tool_outcomes.set(t, (Stage::BudgetTrimmed, false));
+            self.held_back.set(t, Stage::BudgetTrimmed);
         }
     }
 }

@@ -174,7 +174,7 @@ impl Pass<'_> {
                     }
                     self.ranked_out.push(t);
                     if self.probability[t] >= floor {
-                        self.tool_outcomes.set(t, (Stage::BudgetTrimmed, false));
+                        self.held_back.set(t, Stage::BudgetTrimmed);
                     }
                 }
                 break;
@@ -182,7 +182,7 @@ impl Pass<'_> {
             let cost = router.tool_tokens[t];
             if tokens + cost > budget {
                 self.ranked_out.push(t);
-                self.tool_outcomes.set(t, (Stage::BudgetTrimmed, false));
+                self.held_back.set(t, Stage::BudgetTrimmed);
                 continue;
             }
             tokens += cost;
