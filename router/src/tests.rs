@@ -2062,6 +2062,52 @@ fn a_domains_reason_names_a_tool_it_sends() {
     assert!(!reason.contains("delete_account"), "{reason}");
 }
 
+/// Domains a toolkit declares in conflict: when both would send tools, the one the
+/// message points at less goes, unless a keyword names each.
+#[test]
+fn a_declared_domain_conflict_keeps_the_likelier_domain() {
+    let toolkits = [
+        json!({"domain": "ledger", "description": "The household ledger.", "keywords": ["ledger"],
+               "conflicts": ["notes"],
+               "tools": [tool("ledger_lookup", "Look up an entry in the ledger.")]}),
+        json!({"domain": "notes", "description": "Notes the user keeps.", "keywords": ["notebook"],
+               "tools": [tool("notes_lookup", "Look up an entry in my notes.")]}),
+    ];
+    let mut builder = Registry::builder();
+    for (i, value) in toolkits.into_iter().enumerate() {
+        let parsed = toolkit::parse(&value.to_string(), &format!("conflict{i}.json"))
+            .unwrap_or_else(|e| panic!("conflict catalog {i}: {e}"));
+        builder = builder.toolkit(parsed);
+    }
+    let registry = builder.build().unwrap_or_else(|e| panic!("registry: {e}"));
+    let router = Router::new(Arc::new(registry), RouterConfig::default());
+    let selection = route(
+        &router,
+        "look up the entry in the ledger",
+        &SessionView::new(1),
+    );
+    assert!(
+        selection.contains("ledger_lookup"),
+        "{}",
+        selection.summary_line()
+    );
+    assert!(
+        !selection.contains("notes_lookup"),
+        "{}",
+        selection.summary_line()
+    );
+    let notes = selection.domain("notes").expect("notes decided");
+    assert_eq!(notes.stage, Stage::Collision, "{}", notes.reason);
+    assert!(
+        notes.reason.contains("conflicts with ledger"),
+        "{}",
+        notes.reason
+    );
+    // A keyword for each: both stay.
+    let both = route(&router, "the ledger and the notebook", &SessionView::new(1));
+    assert!(both.contains("ledger_lookup") && both.contains("notes_lookup"));
+}
+
 #[test]
 fn a_domain_whose_only_tool_lost_a_collision_says_so() {
     let toolkits = [
