@@ -32,7 +32,7 @@ pub(crate) struct Pass<'a> {
     verdicts: Vec<DomainVerdict>,
     /// A keyword matched some domain: the message has evidence of its own.
     evidence_found: bool,
-    /// Per domain, its score as the domain stages left it: what its tools rank by.
+    /// Per domain, its likeliest tool's probability.
     domain_scores: Vec<f32>,
     n_active_tools: usize,
     /// The tools being sent, with the stage that sent each and its score.
