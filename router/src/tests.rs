@@ -50,8 +50,13 @@ fn catalog() -> Vec<serde_json::Value> {
 }
 
 fn registry() -> Arc<Registry> {
+    registry_of(&catalog())
+}
+
+/// A registry of toolkit files given as JSON.
+fn registry_of(toolkits: &[serde_json::Value]) -> Arc<Registry> {
     let mut builder = Registry::builder();
-    for (i, value) in catalog().into_iter().enumerate() {
+    for (i, value) in toolkits.iter().enumerate() {
         let parsed = toolkit::parse(&value.to_string(), &format!("test{i}.json"));
         builder = builder.toolkit(parsed.unwrap_or_else(|e| panic!("test catalog {i}: {e}")));
     }
@@ -941,13 +946,7 @@ fn media_router(config: RouterConfig) -> Router {
                    "title": {"type": "string", "description": "A title as media_search_movies prints it."},
                    "note": {"type": "string", "description": "Optional; see media_list_series."}}}}),
     ]});
-    let parsed = toolkit::parse(&media.to_string(), "media.json")
-        .unwrap_or_else(|e| panic!("media catalog: {e}"));
-    let registry = Registry::builder()
-        .toolkit(parsed)
-        .build()
-        .unwrap_or_else(|e| panic!("media registry: {e}"));
-    Router::new(Arc::new(registry), config)
+    Router::new(registry_of(&[media]), config)
 }
 
 /// The names of the tools that find what tool `name` takes.
@@ -1006,16 +1005,7 @@ fn mail_router() -> Router {
                               json!({"title": {"type": "string"},
                                      "guests": {"type": "array", "description": "Email addresses to invite."}}))]}),
     ];
-    let mut builder = Registry::builder();
-    for (i, value) in toolkits.into_iter().enumerate() {
-        let parsed = toolkit::parse(&value.to_string(), &format!("mail{i}.json"))
-            .unwrap_or_else(|e| panic!("mail catalog {i}: {e}"));
-        builder = builder.toolkit(parsed);
-    }
-    let registry = builder
-        .build()
-        .unwrap_or_else(|e| panic!("mail registry: {e}"));
-    Router::new(Arc::new(registry), RouterConfig::default())
+    Router::new(registry_of(&toolkits), RouterConfig::default())
 }
 
 #[test]
@@ -2005,13 +1995,7 @@ fn accounts_router() -> Router {
         "tools": [{"name": "delete_account", "description": "Delete a user account for good.",
                    "input_schema": {"type": "object", "properties": {"token": {"type": "string"}}},
                    "annotations": {"destructiveHint": true}}]});
-    let parsed = toolkit::parse(&toolkit.to_string(), "accounts.json")
-        .unwrap_or_else(|e| panic!("accounts catalog: {e}"));
-    let registry = Registry::builder()
-        .toolkit(parsed)
-        .build()
-        .unwrap_or_else(|e| panic!("accounts registry: {e}"));
-    Router::new(Arc::new(registry), RouterConfig::default())
+    Router::new(registry_of(&[toolkit]), RouterConfig::default())
 }
 
 #[test]
@@ -2040,13 +2024,7 @@ fn a_domains_reason_names_a_tool_it_sends() {
                    "input_schema": {"type": "object", "properties": {"token": {"type": "string"}}},
                    "annotations": {"destructiveHint": true}},
                   tool("get_profile", "Show the user's profile details.")]});
-    let parsed = toolkit::parse(&toolkit.to_string(), "accounts.json")
-        .unwrap_or_else(|e| panic!("accounts catalog: {e}"));
-    let registry = Registry::builder()
-        .toolkit(parsed)
-        .build()
-        .unwrap_or_else(|e| panic!("accounts registry: {e}"));
-    let router = Router::new(Arc::new(registry), RouterConfig::default());
+    let router = Router::new(registry_of(&[toolkit]), RouterConfig::default());
     let selection = route(&router, "my account name is foo", &SessionView::new(1));
     assert!(!selection.contains("delete_account"));
     assert!(
@@ -2073,14 +2051,7 @@ fn a_declared_domain_conflict_keeps_the_likelier_domain() {
         json!({"domain": "notes", "description": "Notes the user keeps.", "keywords": ["notebook"],
                "tools": [tool("notes_lookup", "Look up an entry in my notes.")]}),
     ];
-    let mut builder = Registry::builder();
-    for (i, value) in toolkits.into_iter().enumerate() {
-        let parsed = toolkit::parse(&value.to_string(), &format!("conflict{i}.json"))
-            .unwrap_or_else(|e| panic!("conflict catalog {i}: {e}"));
-        builder = builder.toolkit(parsed);
-    }
-    let registry = builder.build().unwrap_or_else(|e| panic!("registry: {e}"));
-    let router = Router::new(Arc::new(registry), RouterConfig::default());
+    let router = Router::new(registry_of(&toolkits), RouterConfig::default());
     let selection = route(
         &router,
         "look up the entry in the ledger",
@@ -2118,14 +2089,7 @@ fn a_domain_whose_only_tool_lost_a_collision_says_so() {
         json!({"domain": "notes", "description": "Notes the user keeps.", "keywords": ["notebook"],
                "tools": [tool("notes_lookup", "Look up an entry in my notes.")]}),
     ];
-    let mut builder = Registry::builder();
-    for (i, value) in toolkits.into_iter().enumerate() {
-        let parsed = toolkit::parse(&value.to_string(), &format!("collide{i}.json"))
-            .unwrap_or_else(|e| panic!("catalog {i}: {e}"));
-        builder = builder.toolkit(parsed);
-    }
-    let registry = builder.build().unwrap_or_else(|e| panic!("registry: {e}"));
-    let router = Router::new(Arc::new(registry), RouterConfig::default());
+    let router = Router::new(registry_of(&toolkits), RouterConfig::default());
     let selection = route(
         &router,
         "look up the ledger entry in my notes",
