@@ -99,6 +99,15 @@ impl<'a> Pass<'a> {
         self.sent.set(t, (stage, score));
     }
 
+    /// Per domain, how many of its tools are being sent.
+    fn sent_by_domain(&self) -> Vec<usize> {
+        let mut sent = vec![0; self.verdicts.len()];
+        for (t, _) in self.sent.iter() {
+            sent[self.router.names.tool_domains[t]] += 1;
+        }
+        sent
+    }
+
     /// Tokens of the tools being sent.
     fn sent_tokens(&self) -> usize {
         self.sent

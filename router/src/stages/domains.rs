@@ -90,13 +90,10 @@ impl Pass<'_> {
         if router.domain_conflicts.iter().all(Vec::is_empty) {
             return;
         }
-        let mut sending = vec![false; self.verdicts.len()];
-        for (t, _) in self.sent.iter() {
-            sending[router.names.tool_domains[t]] = true;
-        }
+        let mut sending = self.sent_by_domain();
         for d in 0..self.verdicts.len() {
             for &other in &router.domain_conflicts[d] {
-                if other <= d || !sending[d] || !sending[other] {
+                if other <= d || sending[d] == 0 || sending[other] == 0 {
                     continue;
                 }
                 let (stage_d, stage_other) = (self.verdicts[d].stage, self.verdicts[other].stage);
@@ -122,7 +119,7 @@ impl Pass<'_> {
                         self.held_back.set(t, Stage::Collision);
                     }
                 }
-                sending[loser] = false;
+                sending[loser] = 0;
                 if let Some(slot) = self.scored_reason.get_mut(loser) {
                     *slot = None;
                 }

@@ -115,16 +115,13 @@ impl Pass<'_> {
     /// tool says why (the destructive rule, a collision or the budget).
     fn domain_decisions(&mut self) -> Vec<DomainDecision> {
         let names = &self.router.names;
-        let mut n_sent_by_domain = vec![0usize; self.verdicts.len()];
-        for (t, _) in self.sent.iter() {
-            n_sent_by_domain[names.tool_domains[t]] += 1;
-        }
+        let n_sent_by_domain = self.sent_by_domain();
         // Per domain, the stage that held its tools back: `Some(Some(stage))` when one
         // did, `Some(None)` when several did (then the budget is named, as it trims
         // last), `None` when none did.
-        let mut held_back: Vec<Option<Option<Stage>>> = vec![None; self.verdicts.len()];
+        let mut held_back_by: Vec<Option<Option<Stage>>> = vec![None; self.verdicts.len()];
         for (t, stage) in self.held_back.iter() {
-            let slot = &mut held_back[names.tool_domains[t]];
+            let slot = &mut held_back_by[names.tool_domains[t]];
             *slot = match *slot {
                 None => Some(Some(stage)),
                 Some(Some(held)) if held == stage => Some(Some(held)),
@@ -138,7 +135,7 @@ impl Pass<'_> {
             .map(|(d, verdict)| {
                 let included = n_sent_by_domain[d] > 0;
                 let (stage, reason) = if verdict.included() && !included {
-                    let (stage, why) = match held_back[d] {
+                    let (stage, why) = match held_back_by[d] {
                         Some(Some(Stage::NoDirectEvidence)) => (
                             Stage::NoDirectEvidence,
                             "destructive, held back without direct evidence".to_owned(),
@@ -220,7 +217,7 @@ impl Pass<'_> {
         (hints, hint_tokens)
     }
 
-    /// Every tool ranked one by one, with its stage and whether it was sent.
+    /// Every tool held back one by one, with what held it back.
     fn tool_decisions(&self) -> Vec<ToolDecision> {
         let names = &self.router.names;
         self.held_back

@@ -61,9 +61,9 @@ impl Pass<'_> {
     /// A destructive tool (`destructive = true`, MCP's `destructiveHint`) is sent only
     /// on direct evidence for it: the message asks for that action (one of the tool's
     /// keywords; its verb and object; a destructive verb while its domain is what the
-    /// message or the conversation is about; the best match of its domain's tools), a
-    /// workflow step, an explicit load or pin, or the last turn sent it on such
-    /// evidence (carry-over: "delete the 2023 backups" → "are you sure?" → "yes", or
+    /// message or the conversation is about; the best match of its domain's tools; the
+    /// tool past messages like it called most in its domain), an explicit load or pin,
+    /// or the last turn sent it on such evidence (carry-over: "delete the 2023 backups" → "are you sure?" → "yes", or
     /// "delete my account" → "my username is foo").
     /// A match of its domain alone never sends one.
     pub(crate) fn destructive_guard(&mut self) {

@@ -5,16 +5,20 @@
 use std::borrow::Cow;
 
 use super::{DomainVerdict, Pass, Send};
+use crate::Router;
 use crate::evidence::BestFirst;
 use crate::scorer::Compiled;
 use crate::selection::Stage;
 
-impl Pass<'_> {
-    fn model(&self) -> &Compiled {
+impl<'a> Pass<'a> {
+    /// The path's model, borrowed from the router rather than the pass, so that the
+    /// pass can change while it is read.
+    fn model(&self) -> &'a Compiled {
+        let router: &'a Router = self.router;
         if self.evidence.dense_on {
-            &self.router.scorer.dense
+            &router.scorer.dense
         } else {
-            &self.router.scorer.lexical
+            &router.scorer.lexical
         }
     }
 
@@ -31,7 +35,7 @@ impl Pass<'_> {
             self.input.learned,
             false,
         );
-        let model = self.model().clone();
+        let model = self.model();
         let row_probability: Vec<f32> = candidates
             .rows
             .iter()
@@ -155,14 +159,14 @@ impl Pass<'_> {
         // Best first while the rule holds: the first tool it stops is held back, and
         // so is every tool after it (less likely, with no less covered).
         let floor = (rule.min_ratio * best).max(rule.min_probability);
-        let mut held_back = None;
+        let mut stopped_at = None;
         for t in std::iter::once(first).chain(order.by_ref()) {
             if self.sent.has(t) {
                 continue;
             }
             let p = self.probability[t];
             if p < floor || covered >= rule.coverage * mass {
-                held_back = Some(t);
+                stopped_at = Some(t);
                 break;
             }
             if tokens + router.min_tool_tokens > budget {
@@ -191,7 +195,7 @@ impl Pass<'_> {
         }
         // The held back fill the room under `fill_tokens`, best first, until none fits.
         let fill = rule.fill_tokens.min(budget);
-        for t in held_back.into_iter().chain(order.by_ref()) {
+        for t in stopped_at.into_iter().chain(order.by_ref()) {
             if self.sent.has(t) {
                 continue;
             }
@@ -231,10 +235,7 @@ impl Pass<'_> {
                 best[d] = Some(i);
             }
         }
-        let mut sent_in_domain = vec![false; self.verdicts.len()];
-        for (t, _) in self.sent.iter() {
-            sent_in_domain[router.names.tool_domains[t]] = true;
-        }
+        let sent_by_domain = self.sent_by_domain();
         self.scored_reason = vec![None; self.verdicts.len()];
         for d in 0..self.verdicts.len() {
             let verdict = &self.verdicts[d];
@@ -245,7 +246,7 @@ impl Pass<'_> {
                 continue;
             };
             let p = self.probability[self.candidates.tools[i]];
-            let sent = sent_in_domain[d];
+            let sent = sent_by_domain[d] > 0;
             // A stage that held or pointed at the domain keeps its own words first
             // ("keyword \"table\"").
             let (stage, own_words) = if sent {
@@ -277,7 +278,7 @@ impl Pass<'_> {
     /// there.
     pub(crate) fn explain_scored(&mut self) {
         let router = self.router;
-        let model = self.model().clone();
+        let model = self.model();
         let candidates = &self.candidates;
         for d in 0..self.scored_reason.len() {
             let Some(ScoredReason {
