@@ -16,8 +16,7 @@ use serde::{Deserialize, Serialize};
 use loadout::Registry;
 
 use crate::{
-    LearnedEntry, LearnedIndex, MessageVectors, RouteInput, Router, Selection, SessionView,
-    ToolDecision,
+    LearnedEntry, LearnedIndex, MessageVectors, Name, RouteInput, Router, Selection, SessionView,
 };
 
 /// One conversation to replay.
@@ -442,8 +441,8 @@ pub fn replay(
     Ok(report)
 }
 
-/// For each missing tool: its domain's decision and, when the domain was ranked tool
-/// by tool, where the tool ranked.
+/// For each missing tool: its domain's decision and, when it was held back one by
+/// one, where it ranked in its domain.
 fn explain(registry: &Registry, selection: &Selection, missing: &[String]) -> Vec<String> {
     let mut lines = Vec::new();
     for name in missing {
@@ -464,17 +463,27 @@ fn explain(registry: &Registry, selection: &Selection, missing: &[String]) -> Ve
         };
         lines.push(domain_line);
         if let Some(decision) = selection.tool_decisions.iter().find(|d| d.tool == *name) {
-            let mut above: Vec<&ToolDecision> = selection
+            // The tools of its domain that scored higher: those sent and those held
+            // back like it.
+            let sent = selection
+                .tools
+                .iter()
+                .map(|t| (&t.name, &t.domain, t.score));
+            let held_back = selection
                 .tool_decisions
                 .iter()
-                .filter(|d| d.domain == tool.domain && d.score > decision.score)
+                .map(|d| (&d.tool, &d.domain, d.score));
+            let mut above: Vec<(&Name, f32)> = sent
+                .chain(held_back)
+                .filter(|&(_, domain, score)| *domain == tool.domain && score > decision.score)
+                .map(|(name, _, score)| (name, score))
                 .collect();
-            above.sort_by(|a, b| b.score.total_cmp(&a.score));
+            above.sort_by(|a, b| b.1.total_cmp(&a.1));
             let rank = above.len() + 1;
             let above: Vec<String> = above
                 .iter()
                 .take(5)
-                .map(|d| format!("{}:{:.2}", d.tool, d.score))
+                .map(|(name, score)| format!("{name}:{score:.2}"))
                 .collect();
             lines.push(format!(
                 "  tool {}:{:.2}, rank {} in its domain; above: {}",
