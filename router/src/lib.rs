@@ -5,14 +5,15 @@
 //! session from the store into a [`SessionView`], calls `select`, and persists what the
 //! [`SessionView`] updates return; the eval does the same in memory.
 //!
-//! Stages, in order (see [`Stage`]): activation by settings; always-on core; the session's hold (pinned,
-//! sticky, loaded by meta-tools); "no tool needed" for chit-chat (core only);
-//! keywords; then every candidate tool's probability from its features (`features.rs`:
-//! keyword, BM25 and dense evidence per request piece, the session, learned votes and
-//! co-usage, prerequisites and workflow steps; `scorer.rs`), sent by expected coverage
-//! (`stages/scored.rs`); carry-over of what the last turn sent for a follow-up with no
-//! keyword of its own; collisions; the destructive guard (a destructive tool only on
-//! direct evidence); the token budget.
+//! Stages, in order (see [`Stage`]): activation by settings; always-on core; the
+//! session's hold (pinned, sticky, loaded by meta-tools); "no tool needed" for
+//! chit-chat (core only); keywords; then every candidate tool's probability from its
+//! features (`features.rs`: keyword, BM25 and dense evidence per request piece, the
+//! session, learned votes and co-usage, prerequisites and workflow steps; `scorer.rs`),
+//! sent by expected coverage (`stages/scored.rs`); carry-over of what the last turn
+//! sent for a follow-up with no keyword of its own; collisions between domains, then
+//! between tools; the destructive guard (a destructive tool only on direct evidence);
+//! the token budget.
 //!
 //! Similarity is scored for the whole message and for each request of a message that
 //! chains several (`requests`), best per request: BM25, and with a [`DenseIndex`]
@@ -232,9 +233,8 @@ pub struct Router {
     destructive: Vec<bool>,
     /// Per tool: conflicting tools (both directions).
     tool_conflicts: Vec<Vec<usize>>,
-    /// Per domain, the domains it conflicts with.
-    domain_conflicts: Vec<Vec<usize>>,
     /// Per domain: conflicting domains (both directions).
+    domain_conflicts: Vec<Vec<usize>>,
     /// Per tool: a small prior for reading before writing (`list_`, `get_`, `search_`),
     /// used to order tools no evidence separates.
     tool_prior: Vec<f32>,
