@@ -34,9 +34,11 @@ pub struct Args {
     /// Fit the lexical model only; keep the shipped dense model.
     #[arg(long)]
     lexical_only: bool,
-    /// The dense path's encoder: `builtin`, or `static` for the table distilled from
-    /// it (its own model; see `router_dense = static`).
-    #[arg(long, value_name = "builtin|static", default_value = "builtin",
+    /// The dense path's encoder: `builtin`, `static` for the table distilled from it
+    /// (its own model; see `router_dense = static`), or an OpenAI-compatible endpoint
+    /// and model as `eval --embedder` names it: the dense weights belong to the
+    /// encoder they were fitted with.
+    #[arg(long, value_name = "builtin|static|URL#MODEL", default_value = "builtin",
           value_parser = dense_embedder)]
     embedder: crate::eval::EmbedderChoice,
 }
@@ -44,8 +46,10 @@ pub struct Args {
 fn dense_embedder(text: &str) -> anyhow::Result<crate::eval::EmbedderChoice> {
     use crate::eval::EmbedderChoice;
     match EmbedderChoice::parse(text)? {
-        choice @ (EmbedderChoice::Builtin | EmbedderChoice::Static) => Ok(choice),
-        _ => anyhow::bail!("--embedder {text}: expected builtin or static"),
+        EmbedderChoice::None => anyhow::bail!(
+            "--embedder {text}: the dense path needs an encoder; --lexical-only fits without one"
+        ),
+        choice => Ok(choice),
     }
 }
 
@@ -59,6 +63,18 @@ fn shipped_weights() -> PathBuf {
 
 pub fn run(options: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
+    let shipped = options.out == shipped_weights();
+    if shipped
+        && matches!(
+            options.embedder,
+            crate::eval::EmbedderChoice::Endpoint { .. }
+        )
+    {
+        anyhow::bail!(
+            "--embedder {}: the shipped weights are the built-in encoder's; write these with --out FILE",
+            options.embedder
+        );
+    }
     let registry = Arc::new(
         Registry::builder()
             .toolkit_dir(&options.catalog)
@@ -83,7 +99,11 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
         "date": chrono::Utc::now().format("%Y-%m-%d").to_string(),
         "lexical": lexical.summary,
     });
-    if !options.lexical_only && loadout_embed::builtin_available() {
+    let encoder_here = matches!(
+        options.embedder,
+        crate::eval::EmbedderChoice::Endpoint { .. }
+    ) || loadout_embed::builtin_available();
+    if !options.lexical_only && encoder_here {
         let mut dense_router = Router::new(registry.clone(), crate::eval::eval_config());
         crate::eval::attach_embedder(
             &dense_router,
@@ -93,6 +113,10 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
         let dense = fit_path(&mut dense_router, &folds, options, Path::Dense)?;
         weights.dense = dense.model;
         fitted["dense"] = dense.summary;
+        // The dense weights hold only for the encoder whose cosines they were fitted on.
+        if let Some(index) = dense_router.dense() {
+            fitted["dense"]["encoder"] = index.model_id().into();
+        }
     } else if let Some(old) = Weights::shipped().fitted.get("dense") {
         fitted["dense"] = old.clone();
     }
@@ -147,5 +171,20 @@ fn file_name(path: &std::path::Path) -> String {
     match parent {
         Some(parent) => format!("{parent}/{name}"),
         None => name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dense_path_takes_any_encoder_but_none() {
+        assert!(dense_embedder("none").is_err());
+        assert!(dense_embedder("builtin").is_ok());
+        assert!(matches!(
+            dense_embedder("http://127.0.0.1:8000/v1#e5-query"),
+            Ok(crate::eval::EmbedderChoice::Endpoint { .. })
+        ));
     }
 }
