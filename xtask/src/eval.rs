@@ -48,8 +48,8 @@ pub struct Args {
     #[arg(long, value_name = "builtin|static|none|URL#MODEL", value_parser = EmbedderChoice::parse,
           default_value_t = EmbedderChoice::default_for_build())]
     pub embedder: EmbedderChoice,
-    /// Where tool vectors are cached, or none (default target/vector-cache of this
-    /// workspace).
+    /// Where tool vectors are cached (one subdirectory a catalog), or none (default
+    /// target/vector-cache of this workspace).
     #[arg(long, value_name = "DIR|none", default_value_os_t = default_vector_cache(),
           hide_default_value = true)]
     pub vector_cache: PathBuf,
@@ -207,6 +207,19 @@ pub fn default_vector_cache() -> PathBuf {
         .join("vector-cache")
 }
 
+/// The tool vectors' cache of `router`'s catalog under `dir`: building an index drops
+/// the vectors of texts the catalog no longer has, so catalogs sharing one file would
+/// evict each other (dev, MetaTool and Seal-Tools in turn re-embedded 4,000 texts).
+fn catalog_dir(dir: &Path, router: &Router) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for domain in router.registry().domains() {
+        domain.name.hash(&mut hasher);
+    }
+    dir.join("catalogs")
+        .join(format!("{:016x}", hasher.finish()))
+}
+
 /// Every user message of `cases` embedded for `router`'s dense stage (all at once,
 /// through its encoder's queue and cache), as the server does per message; `None`
 /// without a dense stage.
@@ -252,8 +265,9 @@ pub fn attach_embedder(
         }
     };
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
-    let mut cache =
-        vector_cache.map(|dir| loadout_embed::VectorCache::open(dir, embedder.model_id()));
+    let mut cache = vector_cache.map(|dir| {
+        loadout_embed::VectorCache::open(&catalog_dir(dir, router), embedder.model_id())
+    });
     let (index, stats) = loadout_embed::build_dense_index(router, embedder.clone(), cache.as_mut())
         .map_err(anyhow::Error::msg)?;
     // Messages are embedded outside the router, by the model's shared encoder.
