@@ -221,11 +221,13 @@ fn catalog_dir(dir: &Path, router: &Router) -> PathBuf {
 }
 
 /// Every user message of `cases` embedded for `router`'s dense stage (all at once,
-/// through its encoder's queue and cache), as the server does per message; `None`
-/// without a dense stage.
+/// through its encoder's queue), as the server does per message; `None` without a
+/// dense stage. With `cache_dir`, each piece's vector is kept under `messages/`, so
+/// that a large history is encoded once, not on every eval and fit.
 pub fn case_vectors(
     router: &Router,
     cases: &[Case],
+    cache_dir: Option<&Path>,
 ) -> anyhow::Result<Option<HashMap<String, MessageVectors>>> {
     let Some(dense) = router.dense() else {
         return Ok(None);
@@ -235,11 +237,49 @@ pub fn case_vectors(
     let messages = cases
         .iter()
         .flat_map(|case| case.turns.iter().map(|turn| turn.user.as_str()));
-    Ok(Some(
-        encoder
-            .vectors_by_message(messages)
-            .map_err(anyhow::Error::msg)?,
-    ))
+    let Some(dir) = cache_dir else {
+        return Ok(Some(
+            encoder
+                .vectors_by_message(messages)
+                .map_err(anyhow::Error::msg)?,
+        ));
+    };
+    let mut cache = loadout_embed::VectorCache::open(&dir.join("messages"), dense.model_id());
+    let mut distinct: Vec<&str> = messages.collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let pieces: Vec<Vec<&str>> = distinct
+        .iter()
+        .map(|m| loadout_router::message_pieces(m))
+        .collect();
+    let mut missing: Vec<&str> = pieces
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|piece| cache.get(piece).is_none())
+        .collect();
+    missing.sort_unstable();
+    missing.dedup();
+    let encoded = encoder.encode(&missing).map_err(anyhow::Error::msg)?;
+    for (piece, vector) in missing.iter().zip(encoded) {
+        cache.insert(piece, vector);
+    }
+    let mut by_message = HashMap::with_capacity(distinct.len());
+    for (message, pieces) in distinct.iter().zip(&pieces) {
+        let own = pieces
+            .iter()
+            .map(|piece| cache.get(piece).map(<[f32]>::to_vec))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| anyhow::anyhow!("the encoder returned too few vectors"))?;
+        by_message.insert(
+            (*message).to_owned(),
+            MessageVectors::new(dense.model_id(), own),
+        );
+    }
+    cache
+        .save()
+        .with_context(|| format!("writing {}", cache.path().display()))?;
+    Ok(Some(by_message))
 }
 
 /// Attaches the chosen dense stage to `router`, synchronously. Returns a line for the
@@ -371,7 +411,7 @@ fn load(args: &Args, config: RouterConfig) -> anyhow::Result<Setup> {
     let cases = cases_from_json_lines(&cases_text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", args.cases.display()))?;
     let embedding = Instant::now();
-    let vectors = case_vectors(&router, &cases)?;
+    let vectors = case_vectors(&router, &cases, args.vector_cache())?;
     let embed_ms = embedding.elapsed().as_secs_f64() * 1e3;
 
     let mut header = vec![
@@ -506,7 +546,7 @@ fn compare(
 ) -> anyhow::Result<()> {
     let tried = Router::new(setup.registry.clone(), candidate);
     attach_embedder(&tried, &args.embedder, args.vector_cache())?;
-    let tried_vectors = case_vectors(&tried, &setup.cases)?;
+    let tried_vectors = case_vectors(&tried, &setup.cases, args.vector_cache())?;
     let tried = replay(
         &tried,
         &setup.cases,
@@ -624,7 +664,7 @@ fn learned_report(
                 );
             }
             let index = learned_index(router, &learned_turns(&history), args)?;
-            let vectors = case_vectors(router, cases)?;
+            let vectors = case_vectors(router, cases, args.vector_cache())?;
             let report = replay(
                 router,
                 cases,
@@ -652,7 +692,7 @@ fn learned_report(
                 let others = loadout_router::replay::all_but(&folds, f);
                 let index = learned_index(router, &learned_turns(&others), args)?;
                 n_learned += index.len();
-                let vectors = case_vectors(router, fold)?;
+                let vectors = case_vectors(router, fold, args.vector_cache())?;
                 let report = replay(
                     router,
                     fold,

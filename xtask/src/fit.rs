@@ -140,7 +140,8 @@ fn fit_path(
     path: Path,
 ) -> anyhow::Result<Fitted> {
     let all: Vec<Case> = folds.iter().flatten().cloned().collect();
-    let vectors = crate::eval::case_vectors(router, &all)?;
+    let vectors =
+        crate::eval::case_vectors(router, &all, Some(&crate::eval::default_vector_cache()))?;
     let fitted = loadout_router::fit::fit_path(
         router,
         folds,
