@@ -349,5 +349,5 @@ pub fn learned_index(
             ..turn.clone()
         })
         .collect();
-    LearnedIndex::new(router, model_id.as_deref(), &entries)
+    LearnedIndex::new(router, model_id.as_deref(), &entries).remembering()
 }

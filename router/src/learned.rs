@@ -9,6 +9,9 @@
 //! (a dot product with every entry, quantized to 8 bits) and, lexical-only, by BM25
 //! over their words. A tool no entry names keeps exactly the evidence it had.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
 use crate::Router;
 use crate::lexical::{Bm25Index, Field, query_words};
 
@@ -66,7 +69,17 @@ pub struct LearnedIndex {
     /// Per tool `u`: the tools `v` of the next entry of the same session, with the
     /// share of `u`'s entries followed by `v` (log in, then post).
     followed_by: Vec<Vec<(u32, f32)>>,
+    /// The dense matches found so far, by query, once [`LearnedIndex::remembering`]
+    /// asked for them: the fit routes each sampled turn once for every rule it tries.
+    remembered: Option<Mutex<HashMap<MatchQuery, Matches>>>,
 }
+
+/// Per query, the nearest past messages: `(entry, cosine)`.
+type Matches = Vec<Vec<(u32, f32)>>;
+
+/// What [`LearnedIndex::dense_matches`] was asked: every query's bits, then the
+/// floor's and how many to keep.
+type MatchQuery = (Vec<u32>, u32, usize);
 
 impl std::fmt::Debug for LearnedIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -96,6 +109,7 @@ impl LearnedIndex {
             tool_entries: vec![0; registry.all_tools().len()],
             co_used: vec![Vec::new(); registry.all_tools().len()],
             followed_by: vec![Vec::new(); registry.all_tools().len()],
+            remembered: None,
         };
         let mut follows: Vec<(u32, u32)> = Vec::new();
         let mut last_of_session: std::collections::HashMap<&str, u32> =
@@ -249,6 +263,32 @@ impl LearnedIndex {
         min_cosine: f32,
         keep: usize,
     ) -> Vec<Vec<(u32, f32)>> {
+        let Some(remembered) = &self.remembered else {
+            return self.scan(queries, min_cosine, keep);
+        };
+        let asked: MatchQuery = (
+            queries.iter().flatten().map(|x| x.to_bits()).collect(),
+            min_cosine.to_bits(),
+            keep,
+        );
+        let lock = || remembered.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = lock().get(&asked) {
+            return found.clone();
+        }
+        let found = self.scan(queries, min_cosine, keep);
+        lock().insert(asked, found.clone());
+        found
+    }
+
+    /// The same index, keeping every dense match it finds for the next time the same
+    /// queries come (a fit routes the same turns again and again; a server, never).
+    pub fn remembering(mut self) -> LearnedIndex {
+        self.remembered = Some(Mutex::new(HashMap::new()));
+        self
+    }
+
+    /// [`LearnedIndex::dense_matches`] by one pass over the rows.
+    fn scan(&self, queries: &[Vec<f32>], min_cosine: f32, keep: usize) -> Vec<Vec<(u32, f32)>> {
         let dims = self.dims;
         let quantized_queries: Vec<(Vec<i8>, f32)> = queries
             .iter()

@@ -1883,6 +1883,46 @@ fn the_scorer_sends_likely_tools_with_their_probability_and_features() {
 }
 
 #[test]
+fn a_remembering_index_finds_the_same_dense_matches_again() {
+    let router = router();
+    let tools: Vec<String> = router
+        .registry
+        .all_tools()
+        .iter()
+        .take(3)
+        .map(|t| t.name.to_owned())
+        .collect();
+    let entries: Vec<LearnedEntry> = (0..40)
+        .map(|i| LearnedEntry {
+            message: format!("message {i}"),
+            tools: vec![tools[i % tools.len()].clone()],
+            vector: Some(
+                (0..8)
+                    .map(|d| ((i * 7 + d * 3) % 11) as f32 - 5.0)
+                    .collect(),
+            ),
+            session: None,
+        })
+        .collect();
+    let plain = LearnedIndex::new(&router, Some("m"), &entries);
+    let remembering = LearnedIndex::new(&router, Some("m"), &entries).remembering();
+    let queries = vec![
+        (0..8).map(|d| (d % 3) as f32 - 1.0).collect::<Vec<f32>>(),
+        (0..8).map(|d| d as f32).collect(),
+    ];
+    for keep in [3, 10, 3] {
+        let expected = plain.dense_matches(&queries, 0.0, keep);
+        assert!(expected.iter().all(|m| !m.is_empty()));
+        assert_eq!(remembering.dense_matches(&queries, 0.0, keep), expected);
+        assert_eq!(remembering.dense_matches(&queries, 0.0, keep), expected);
+    }
+    assert_eq!(
+        remembering.dense_matches(&queries[..1], 0.0, 3),
+        plain.dense_matches(&queries[..1], 0.0, 3)
+    );
+}
+
+#[test]
 fn what_past_sessions_called_next_is_a_feature_of_the_next_turn() {
     let Some(router) = shared_catalog_scorer() else {
         return;
