@@ -95,11 +95,13 @@ pub fn fit_path(
     let shipped = router.weights().clone();
     let before = route_folds(router, folds, &data, vectors, |_| shipped.clone())?.0;
 
-    // Per fold, weights fitted on the other folds, each fold's fit on a core of its own.
-    let held_out: Vec<(f32, Row)> = on_cores(folds.len(), |f| {
-        let (rows, labels) = pooled(&data, Some(f));
-        scorer::fit(&rows, &labels, l2)
-    })?;
+    // Per fold, weights fitted on the other folds.
+    let held_out: Vec<(f32, Row)> = (0..folds.len())
+        .map(|f| {
+            let (rows, labels) = pooled(&data, Some(f));
+            scorer::fit(&rows, &labels, l2)
+        })
+        .collect();
     let weights_for = |rule: SelectionRule| {
         let shipped = &shipped;
         let held_out = &held_out;
@@ -230,44 +232,6 @@ fn sample_folds(folds: &[Vec<Case>], max_turns: usize) -> Vec<Vec<Case>> {
         .collect()
 }
 
-/// `job(i)` for each `i` in `0..n`, in order, on as many threads as there are cores
-/// (at most `n`): the folds' fits are independent and each holds a copy of the rows,
-/// so more threads than cores would only hold more copies.
-fn on_cores<T: Send>(n: usize, job: impl Fn(usize) -> T + Sync) -> Result<Vec<T>, String> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |c| c.get())
-        .clamp(1, n.max(1));
-    let next = AtomicUsize::new(0);
-    let done: Vec<Vec<(usize, T)>> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= n {
-                            return done;
-                        }
-                        done.push((i, job(i)));
-                    }
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|worker| {
-                worker
-                    .join()
-                    .map_err(|_| "a fold's fit panicked".to_owned())
-            })
-            .collect::<Result<_, _>>()
-    })?;
-    let mut results: Vec<(usize, T)> = done.into_iter().flatten().collect();
-    results.sort_by_key(|&(i, _)| i);
-    Ok(results.into_iter().map(|(_, t)| t).collect())
-}
-
 /// Every fold's rows and labels but `except`'s.
 fn pooled(data: &[FoldData], except: Option<usize>) -> (Vec<Row>, Vec<bool>) {
     let mut rows = Vec::new();
@@ -386,14 +350,4 @@ pub fn learned_index(
         })
         .collect();
     LearnedIndex::new(router, model_id.as_deref(), &entries).remembering()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn on_cores_returns_every_job_in_order() {
-        let squares: Vec<usize> = (0..7).map(|i| i * i).collect();
-        assert_eq!(super::on_cores(7, |i| i * i), Ok(squares));
-        assert_eq!(super::on_cores(0, |i| i), Ok(Vec::new()));
-    }
 }
