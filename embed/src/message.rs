@@ -289,12 +289,42 @@ impl MessageEncoder {
         &self,
         messages: impl IntoIterator<Item = &'a str>,
     ) -> Result<HashMap<String, MessageVectors>, EncodeError> {
+        self.vectors_by_message_kept(messages, None)
+    }
+
+    /// [`MessageEncoder::vectors_by_message`], with each piece's vector read from
+    /// `kept` when there and added to it when not: a file the eval and the fit reuse,
+    /// so that a large history is encoded once.
+    pub fn vectors_by_message_kept<'a>(
+        &self,
+        messages: impl IntoIterator<Item = &'a str>,
+        kept: Option<&mut crate::VectorCache>,
+    ) -> Result<HashMap<String, MessageVectors>, EncodeError> {
         let mut distinct: Vec<&str> = messages.into_iter().collect();
         distinct.sort_unstable();
         distinct.dedup();
         let pieces: Vec<Vec<&str>> = distinct.iter().map(|m| message_pieces(m)).collect();
         let flat: Vec<&str> = pieces.iter().flatten().copied().collect();
-        let mut vectors = self.encode(&flat)?.into_iter();
+        let vectors = match kept {
+            None => self.encode(&flat)?,
+            Some(kept) => {
+                let mut missing: Vec<&str> = flat
+                    .iter()
+                    .copied()
+                    .filter(|p| kept.get(p).is_none())
+                    .collect();
+                missing.sort_unstable();
+                missing.dedup();
+                for (piece, vector) in missing.iter().zip(self.encode(&missing)?) {
+                    kept.insert(piece, vector);
+                }
+                flat.iter()
+                    .map(|p| kept.get(p).map(<[f32]>::to_vec))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| EncodeError::Failed("too few vectors returned".to_owned()))?
+            }
+        };
+        let mut vectors = vectors.into_iter();
         let mut by_message = HashMap::with_capacity(distinct.len());
         for (message, pieces) in distinct.iter().zip(&pieces) {
             let own: Vec<Vec<f32>> = vectors.by_ref().take(pieces.len()).collect();
@@ -581,6 +611,32 @@ mod tests {
             "the retry hit the cache"
         );
         assert_eq!(encoder.stats().cache_hits, 3);
+    }
+
+    #[test]
+    fn kept_vectors_come_back_from_the_file_without_the_encoder() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let messages = ["check the weather in Busan and put a dentist appointment on friday"];
+        let slow = Slow::new("slow-kept", Duration::ZERO);
+        let encoder = MessageEncoder::new(slow.clone(), options(1, 8)).expect("encoder");
+        let mut kept = crate::VectorCache::open(dir.path(), "slow-kept");
+        let first = encoder
+            .vectors_by_message_kept(messages, Some(&mut kept))
+            .expect("encoded");
+        assert_eq!(
+            first,
+            encoder.vectors_by_message(messages).expect("encoded")
+        );
+        kept.save().expect("saved");
+        // A new encoder (an empty memory cache), the file reopened: nothing encoded.
+        let fresh = Slow::new("slow-kept", Duration::ZERO);
+        let encoder = MessageEncoder::new(fresh.clone(), options(1, 8)).expect("encoder");
+        let mut kept = crate::VectorCache::open(dir.path(), "slow-kept");
+        let again = encoder
+            .vectors_by_message_kept(messages, Some(&mut kept))
+            .expect("read");
+        assert_eq!(again, first);
+        assert_eq!(fresh.texts.load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -237,49 +237,16 @@ pub fn case_vectors(
     let messages = cases
         .iter()
         .flat_map(|case| case.turns.iter().map(|turn| turn.user.as_str()));
-    let Some(dir) = cache_dir else {
-        return Ok(Some(
-            encoder
-                .vectors_by_message(messages)
-                .map_err(anyhow::Error::msg)?,
-        ));
-    };
-    let mut cache = loadout_embed::VectorCache::open(&dir.join("messages"), dense.model_id());
-    let mut distinct: Vec<&str> = messages.collect();
-    distinct.sort_unstable();
-    distinct.dedup();
-    let pieces: Vec<Vec<&str>> = distinct
-        .iter()
-        .map(|m| loadout_router::message_pieces(m))
-        .collect();
-    let mut missing: Vec<&str> = pieces
-        .iter()
-        .flatten()
-        .copied()
-        .filter(|piece| cache.get(piece).is_none())
-        .collect();
-    missing.sort_unstable();
-    missing.dedup();
-    let encoded = encoder.encode(&missing).map_err(anyhow::Error::msg)?;
-    for (piece, vector) in missing.iter().zip(encoded) {
-        cache.insert(piece, vector);
+    let mut kept = cache_dir
+        .map(|dir| loadout_embed::VectorCache::open(&dir.join("messages"), dense.model_id()));
+    let vectors = encoder
+        .vectors_by_message_kept(messages, kept.as_mut())
+        .map_err(anyhow::Error::msg)?;
+    if let Some(kept) = &mut kept {
+        kept.save()
+            .with_context(|| format!("writing {}", kept.path().display()))?;
     }
-    let mut by_message = HashMap::with_capacity(distinct.len());
-    for (message, pieces) in distinct.iter().zip(&pieces) {
-        let own = pieces
-            .iter()
-            .map(|piece| cache.get(piece).map(<[f32]>::to_vec))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| anyhow::anyhow!("the encoder returned too few vectors"))?;
-        by_message.insert(
-            (*message).to_owned(),
-            MessageVectors::new(dense.model_id(), own),
-        );
-    }
-    cache
-        .save()
-        .with_context(|| format!("writing {}", cache.path().display()))?;
-    Ok(Some(by_message))
+    Ok(Some(vectors))
 }
 
 /// Attaches the chosen dense stage to `router`, synchronously. Returns a line for the

@@ -63,8 +63,7 @@ fn shipped_weights() -> PathBuf {
 
 pub fn run(options: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    let shipped = options.out == shipped_weights();
-    if shipped
+    if options.out == shipped_weights()
         && matches!(
             options.embedder,
             crate::eval::EmbedderChoice::Endpoint { .. }
