@@ -63,8 +63,9 @@ impl Pass<'_> {
     /// keywords; its verb and object; a destructive verb while its domain is what the
     /// message or the conversation is about; the best match of its domain's tools; the
     /// tool past messages like it called most in its domain), an explicit load or pin,
-    /// or the last turn sent it on such evidence (carry-over: "delete the 2023 backups" → "are you sure?" → "yes", or
-    /// "delete my account" → "my username is foo").
+    /// or the last turn sent it on such evidence (carry-over: "delete the 2023
+    /// backups" → "are you sure?" → "yes", or "delete my account" → "my username is
+    /// foo").
     /// A match of its domain alone never sends one.
     pub(crate) fn destructive_guard(&mut self) {
         let router = self.router;
