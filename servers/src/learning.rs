@@ -119,6 +119,9 @@ struct Inner {
     router: Arc<RwLock<Arc<Router>>>,
     queue: mpsc::Sender<Job>,
     built: RwLock<Option<Built>>,
+    /// Held through a refresh: two at once (the index task's and a caller's) could
+    /// finish out of order and leave the older index in force.
+    refreshing: tokio::sync::Mutex<()>,
     /// Wakes the index task before its next poll.
     rebuild: Notify,
     /// Index builds so far (tests wait on it).
@@ -150,6 +153,7 @@ impl Learner {
             router,
             queue,
             built: RwLock::new(None),
+            refreshing: tokio::sync::Mutex::new(()),
             rebuild: Notify::new(),
             n_builds: AtomicU64::new(0),
             n_dropped: AtomicU64::new(0),
@@ -350,6 +354,7 @@ async fn keep_index(inner: Weak<Inner>) {
 }
 
 async fn refresh(inner: &Inner) {
+    let _one_at_a_time = inner.refreshing.lock().await;
     let router = inner
         .router
         .read()
