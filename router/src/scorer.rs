@@ -326,6 +326,10 @@ fn fit_with(rows: &[Row], labels: &[bool], l2: f64, fixed: &[bool; N_FEATURES]) 
     for _ in 0..50 {
         let mut gradient = [0.0f64; N];
         let mut hessian = [[0.0f64; N]; N];
+        // The loss at `beta`, summed in the same pass and order as [`loss`] would.
+        let mut before = 0.0;
+        // A row's nonzero features: most rows have few, and the rest add nothing.
+        let mut nonzero = [0usize; N];
         for (row, &label) in rows.iter().zip(labels) {
             let mut x = extended(row);
             for (i, &held) in fixed.iter().enumerate() {
@@ -333,20 +337,27 @@ fn fit_with(rows: &[Row], labels: &[bool], l2: f64, fixed: &[bool; N_FEATURES]) 
                     x[i + 1] = 0.0;
                 }
             }
+            // A held feature's weight stays 0, so `z` is also what [`loss`] computes.
             let z: f64 = beta.iter().zip(&x).map(|(b, x)| b * x).sum();
+            before += softplus(z) - if label { z } else { 0.0 };
             let p = 1.0 / (1.0 + (-z).exp());
             let y = if label { 1.0 } else { 0.0 };
             let w = (p * (1.0 - p)).max(1e-9);
+            let mut n = 0;
             for i in 0..N {
-                if x[i] == 0.0 {
-                    continue;
+                if x[i] != 0.0 {
+                    nonzero[n] = i;
+                    n += 1;
                 }
+            }
+            for (a, &i) in nonzero[..n].iter().enumerate() {
                 gradient[i] += (p - y) * x[i];
-                for j in 0..=i {
+                for &j in &nonzero[..=a] {
                     hessian[i][j] += w * x[i] * x[j];
                 }
             }
         }
+        let before = before + 0.5 * l2 * beta[1..].iter().map(|b| b * b).sum::<f64>();
         for i in 0..N {
             for j in 0..i {
                 hessian[j][i] = hessian[i][j];
@@ -365,7 +376,6 @@ fn fit_with(rows: &[Row], labels: &[bool], l2: f64, fixed: &[bool; N_FEATURES]) 
         };
         // Damped: halve the step until the penalised loss goes down, so that rows a
         // feature separates perfectly cannot throw the weights off.
-        let before = loss(rows, labels, &beta, l2);
         let mut scale = 1.0;
         let mut moved = false;
         for _ in 0..30 {
@@ -398,15 +408,18 @@ fn loss(rows: &[Row], labels: &[bool], beta: &[f64; N_FEATURES + 1], l2: f64) ->
     for (row, &label) in rows.iter().zip(labels) {
         let x = extended(row);
         let z: f64 = beta.iter().zip(&x).map(|(b, x)| b * x).sum();
-        // log(1 + e^z) - y z, computed without overflow.
-        let softplus = if z > 0.0 {
-            z + (-z).exp().ln_1p()
-        } else {
-            z.exp().ln_1p()
-        };
-        total += softplus - if label { z } else { 0.0 };
+        total += softplus(z) - if label { z } else { 0.0 };
     }
     total + 0.5 * l2 * beta[1..].iter().map(|b| b * b).sum::<f64>()
+}
+
+/// log(1 + e^z), computed without overflow.
+fn softplus(z: f64) -> f64 {
+    if z > 0.0 {
+        z + (-z).exp().ln_1p()
+    } else {
+        z.exp().ln_1p()
+    }
 }
 
 fn extended(row: &Row) -> [f64; N_FEATURES + 1] {
