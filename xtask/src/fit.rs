@@ -87,8 +87,39 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     let folds = folds(&cases, options.folds);
 
     let mut weights = Weights::shipped();
-    let mut lexical_router = Router::new(registry.clone(), crate::eval::eval_config());
-    let lexical = fit_path(&mut lexical_router, &folds, options, Path::Lexical)?;
+    let encoder_here = matches!(
+        options.embedder,
+        crate::eval::EmbedderChoice::Endpoint { .. }
+    ) || loadout_embed::builtin_available();
+    let dense_router = if !options.lexical_only && encoder_here {
+        let router = Router::new(registry.clone(), crate::eval::eval_config());
+        crate::eval::attach_embedder(
+            &router,
+            &options.embedder,
+            Some(&crate::eval::default_vector_cache()),
+        )?;
+        Some(router)
+    } else {
+        None
+    };
+    // The two paths' fits side by side, one a core: neither reads the other's router.
+    let (lexical, dense) = std::thread::scope(|scope| {
+        let lexical = scope.spawn(|| {
+            let mut router = Router::new(registry.clone(), crate::eval::eval_config());
+            fit_path(&mut router, &folds, options, Path::Lexical)
+        });
+        let dense = dense_router.map(|mut router| {
+            let fitted = fit_path(&mut router, &folds, options, Path::Dense);
+            // The dense weights hold only for the encoder whose cosines they were fitted on.
+            let encoder = router.dense().map(|index| index.model_id().to_owned());
+            fitted.map(|fitted| (fitted, encoder))
+        });
+        let lexical = lexical
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the lexical fit panicked")));
+        (lexical, dense)
+    });
+    let lexical = lexical?;
     weights.lexical = lexical.model;
     let mut fitted = serde_json::json!({
         "cases": file_name(&options.cases),
@@ -98,23 +129,12 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
         "date": chrono::Utc::now().format("%Y-%m-%d").to_string(),
         "lexical": lexical.summary,
     });
-    let encoder_here = matches!(
-        options.embedder,
-        crate::eval::EmbedderChoice::Endpoint { .. }
-    ) || loadout_embed::builtin_available();
-    if !options.lexical_only && encoder_here {
-        let mut dense_router = Router::new(registry.clone(), crate::eval::eval_config());
-        crate::eval::attach_embedder(
-            &dense_router,
-            &options.embedder,
-            Some(&crate::eval::default_vector_cache()),
-        )?;
-        let dense = fit_path(&mut dense_router, &folds, options, Path::Dense)?;
+    if let Some(dense) = dense {
+        let (dense, encoder) = dense?;
         weights.dense = dense.model;
         fitted["dense"] = dense.summary;
-        // The dense weights hold only for the encoder whose cosines they were fitted on.
-        if let Some(index) = dense_router.dense() {
-            fitted["dense"]["encoder"] = index.model_id().into();
+        if let Some(encoder) = encoder {
+            fitted["dense"]["encoder"] = encoder.into();
         }
     } else if let Some(old) = Weights::shipped().fitted.get("dense") {
         fitted["dense"] = old.clone();
@@ -131,7 +151,8 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One path fitted, its figures printed.
+/// One path fitted, its figures printed as one block when it ends (the other path's
+/// fit runs beside it).
 fn fit_path(
     router: &mut Router,
     folds: &[Vec<Case>],
@@ -141,20 +162,25 @@ fn fit_path(
     let all: Vec<Case> = folds.iter().flatten().cloned().collect();
     let vectors =
         crate::eval::case_vectors(router, &all, Some(&crate::eval::default_vector_cache()))?;
+    let started = Instant::now();
+    let mut lines = Vec::new();
     let fitted = loadout_router::fit::fit_path(
         router,
         folds,
         options.l2,
         path,
         vectors.as_ref(),
-        &mut |line| println!("{line}"),
-    )
-    .map_err(anyhow::Error::msg)?;
-    for (name, w) in &fitted.model.weights {
-        println!("  {name:>22} {w:+.3}");
+        &mut |line| lines.push(format!("{line} ({:.0} s)", started.elapsed().as_secs_f64())),
+    );
+    let mut block = lines.join("\n");
+    if let Ok(fitted) = &fitted {
+        for (name, w) in &fitted.model.weights {
+            block.push_str(&format!("\n  {name:>22} {w:+.3}"));
+        }
+        block.push_str(&format!("\n  {:>22} {:+.3}", "bias", fitted.model.bias));
     }
-    println!("  {:>22} {:+.3}", "bias", fitted.model.bias);
-    Ok(fitted)
+    println!("{block}");
+    fitted.map_err(anyhow::Error::msg)
 }
 
 /// The last component of a path: the weights file names its data, not a machine's

@@ -173,6 +173,7 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
     } else {
         outln!("dense model not fitted: {dense}")?;
     }
+    let mut jobs = Vec::new();
     for path in paths {
         let mut router = app.new_router(app.registry.clone());
         let vectors = match path {
@@ -183,19 +184,39 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
                 super::replay::case_vectors(&router, cases)
             }
         };
-        let fitted = tokio::task::block_in_place(|| {
-            fit::fit_path(
-                &mut router,
-                &folds,
-                args.l2,
-                path,
-                vectors.as_ref(),
-                &mut |line| {
-                    let _ = outln!("{line}");
-                },
-            )
+        jobs.push((path, router, vectors));
+    }
+    // The paths' fits side by side, one a core; each prints its lines as one block.
+    let results = tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            let running: Vec<_> = jobs
+                .into_iter()
+                .map(|(path, mut router, vectors)| {
+                    let folds = &folds;
+                    scope.spawn(move || {
+                        let mut lines = Vec::new();
+                        let fitted = fit::fit_path(
+                            &mut router,
+                            folds,
+                            args.l2,
+                            path,
+                            vectors.as_ref(),
+                            &mut |line| lines.push(line),
+                        );
+                        let _ = outln!("{}", lines.join("\n"));
+                        (path, fitted)
+                    })
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|fit| fit.join().map_err(|_| "a fit panicked".to_owned()))
+                .collect::<Vec<_>>()
         })
-        .map_err(anyhow::Error::msg)?;
+    });
+    for result in results {
+        let (path, fitted) = result.map_err(anyhow::Error::msg)?;
+        let fitted = fitted.map_err(anyhow::Error::msg)?;
         better &= fit::objective(&fitted.held_out) >= fit::objective(&fitted.before);
         summaries.insert(format!("{path:?}").to_lowercase(), fitted.summary);
         weights = fit::with_model(&weights, path, fitted.model);
