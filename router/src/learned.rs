@@ -334,8 +334,8 @@ impl LearnedIndex {
         let mut touched = Vec::new();
         self.bm25
             .score_into_touched(&terms, &mut scores, &mut touched);
-        touched.sort_unstable();
-        touched.dedup();
+        // Each entry is listed once: BM25's terms all add (idf > 0), so a score leaves 0
+        // once. The order does not matter: the nearest are kept by a total order.
         let mut matches: Vec<(u32, f32)> = touched
             .into_iter()
             .filter_map(|e| {
