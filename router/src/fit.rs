@@ -46,9 +46,25 @@ pub fn objective(report: &Report) -> f64 {
     report.turn_recall() - TOOLS_PER_TURN_OF_RECALL * report.mean_tools()
 }
 
+/// A job of the fit: it runs once, on any thread.
+pub type Job<'j> = Box<dyn FnOnce() + Send + 'j>;
+
+/// Runs the fit's independent jobs and returns once every one has run: one after
+/// another ([`one_after_another`]), or side by side on threads the caller starts
+/// (the router starts none).
+pub type RunJobs<'r> = &'r (dyn for<'j> Fn(Vec<Job<'j>>) + Sync);
+
+/// Runs the jobs in order on this thread.
+pub fn one_after_another(jobs: Vec<Job<'_>>) {
+    for job in jobs {
+        job();
+    }
+}
+
 /// Fits `path`'s model on `folds` (see [`crate::replay::folds`]). `vectors`: each
 /// message's vectors (the dense path needs them; the lexical path ignores them).
-/// `log` sees a line per step. The router ends with the weights it started with.
+/// `log` sees a line per step; `run` runs the independent fits (see [`RunJobs`]). The
+/// router ends with the weights it started with.
 pub fn fit_path(
     router: &mut Router,
     folds: &[Vec<Case>],
@@ -56,6 +72,7 @@ pub fn fit_path(
     path: Path,
     vectors: Option<&HashMap<String, MessageVectors>>,
     log: &mut dyn FnMut(String),
+    run: RunJobs<'_>,
 ) -> Result<Fitted, String> {
     if folds.len() < 2 {
         return Err("a fit needs 2 folds or more".to_owned());
@@ -65,7 +82,7 @@ pub fn fit_path(
         Path::Dense => vectors,
     };
     let started = std::time::Instant::now();
-    let data = fold_data(router, folds, vectors)?;
+    let data = fold_data(router, folds, vectors, run)?;
     let n_rows: usize = data.iter().map(|d| d.rows.len()).sum();
     let n_positive: usize = data
         .iter()
@@ -95,13 +112,19 @@ pub fn fit_path(
     let shipped = router.weights().clone();
     let before = route_folds(router, folds, &data, vectors, |_| shipped.clone())?.0;
 
-    // Per fold, weights fitted on the other folds.
-    let held_out: Vec<(f32, Row)> = (0..folds.len())
-        .map(|f| {
-            let (rows, labels) = pooled(&data, Some(f));
-            scorer::fit(&rows, &labels, l2)
+    // Per fold, weights fitted on the other folds; last, on every fold (the weights
+    // written). Independent fits: `run` may run them side by side.
+    let mut held_out: Vec<(f32, Row)> = vec![(0.0, [0.0; scorer::N_FEATURES]); folds.len() + 1];
+    let jobs: Vec<Job<'_>> = held_out
+        .iter_mut()
+        .enumerate()
+        .map(|(f, fitted)| {
+            let parts = pooled(&data, Some(f));
+            Box::new(move || *fitted = scorer::fit_parts(&parts, l2)) as Job<'_>
         })
         .collect();
+    run(jobs);
+    let (bias, weights) = held_out.pop().unwrap_or((0.0, [0.0; scorer::N_FEATURES]));
     let weights_for = |rule: SelectionRule| {
         let shipped = &shipped;
         let held_out = &held_out;
@@ -123,8 +146,6 @@ pub fn fit_path(
     log(format!("{path:?}: chosen rule {rule:?} of {tried} tried"));
     let fold_lines = fold_lines(&per_fold, &total, &before, log);
 
-    let (rows, labels) = pooled(&data, None);
-    let (bias, weights) = scorer::fit(&rows, &labels, l2);
     let model = Model::from_row(bias, &weights, rule);
     let summary = serde_json::json!({
         "rows": n_rows,
@@ -181,41 +202,60 @@ struct FoldData {
 }
 
 /// Each fold routed with the router's weights, collecting its feature rows with the
-/// other folds as its learned memory.
+/// other folds as its learned memory; the folds are independent jobs for `run`.
 fn fold_data(
     router: &Router,
     folds: &[Vec<Case>],
     vectors: Option<&HashMap<String, MessageVectors>>,
+    run: RunJobs<'_>,
 ) -> Result<Vec<FoldData>, String> {
-    let mut data = Vec::with_capacity(folds.len());
-    for f in 0..folds.len() {
-        let others = all_but(folds, f);
-        let learned = learned_index(router, &learned_turns(&others), vectors);
-        let mut rows = Vec::new();
-        let mut labels = Vec::new();
-        replay(router, &folds[f], None, Some(&learned), vectors, |routed| {
-            let turn = &routed.case.turns[routed.turn_idx];
-            let input = RouteInput {
-                message: &turn.user,
-                settings: routed.settings,
-                session: routed.session,
-                token_budget: None,
-                learned: Some(&learned),
-                vectors: vectors.and_then(|v| v.get(&turn.user)),
-            };
-            for (t, row) in router.feature_rows(&input) {
-                let name = router.tool_name(t).unwrap_or("");
-                labels.push(turn.needed.iter().any(|n| n == name));
-                rows.push(row);
-            }
-        })?;
-        data.push(FoldData {
-            rows,
-            labels,
-            learned,
-        });
-    }
-    Ok(data)
+    let mut data: Vec<Option<Result<FoldData, String>>> = (0..folds.len()).map(|_| None).collect();
+    let jobs: Vec<Job<'_>> = data
+        .iter_mut()
+        .enumerate()
+        .map(|(f, slot)| {
+            Box::new(move || *slot = Some(one_fold_data(router, folds, f, vectors))) as Job<'_>
+        })
+        .collect();
+    run(jobs);
+    data.into_iter()
+        .map(|fold| fold.unwrap_or_else(|| Err("a fold's job did not run".to_owned())))
+        .collect()
+}
+
+/// Fold `f` routed with the router's weights and the other folds as its learned
+/// memory, with its feature rows.
+fn one_fold_data(
+    router: &Router,
+    folds: &[Vec<Case>],
+    f: usize,
+    vectors: Option<&HashMap<String, MessageVectors>>,
+) -> Result<FoldData, String> {
+    let others = all_but(folds, f);
+    let learned = learned_index(router, &learned_turns(&others), vectors);
+    let mut rows = Vec::new();
+    let mut labels = Vec::new();
+    replay(router, &folds[f], None, Some(&learned), vectors, |routed| {
+        let turn = &routed.case.turns[routed.turn_idx];
+        let input = RouteInput {
+            message: &turn.user,
+            settings: routed.settings,
+            session: routed.session,
+            token_budget: None,
+            learned: Some(&learned),
+            vectors: vectors.and_then(|v| v.get(&turn.user)),
+        };
+        for (t, row) in router.feature_rows(&input) {
+            let name = router.tool_name(t).unwrap_or("");
+            labels.push(turn.needed.iter().any(|n| n == name));
+            rows.push(row);
+        }
+    })?;
+    Ok(FoldData {
+        rows,
+        labels,
+        learned,
+    })
 }
 
 /// Each fold's conversations at an even stride, up to the fold's share of
@@ -232,17 +272,13 @@ fn sample_folds(folds: &[Vec<Case>], max_turns: usize) -> Vec<Vec<Case>> {
         .collect()
 }
 
-/// Every fold's rows and labels but `except`'s.
-fn pooled(data: &[FoldData], except: Option<usize>) -> (Vec<Row>, Vec<bool>) {
-    let mut rows = Vec::new();
-    let mut labels = Vec::new();
-    for (f, fold) in data.iter().enumerate() {
-        if Some(f) != except {
-            rows.extend_from_slice(&fold.rows);
-            labels.extend_from_slice(&fold.labels);
-        }
-    }
-    (rows, labels)
+/// Every fold's rows and labels but `except`'s (none past the last fold), in order.
+fn pooled(data: &[FoldData], except: Option<usize>) -> Vec<(&[Row], &[bool])> {
+    data.iter()
+        .enumerate()
+        .filter(|&(f, _)| Some(f) != except)
+        .map(|(_, fold)| (&fold.rows[..], &fold.labels[..]))
+        .collect()
 }
 
 /// Each fold routed with `weights(fold)` and its learned memory.

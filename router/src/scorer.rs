@@ -286,11 +286,17 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
 /// (not the bias). Returns the bias and the weights. Deterministic: the same rows
 /// give the same weights.
 pub fn fit(rows: &[Row], labels: &[bool], l2: f64) -> (f32, Row) {
+    fit_parts(&[(rows, labels)], l2)
+}
+
+/// [`fit`] on the rows of several parts, as if they were one slice in that order (the
+/// folds a held-out fit pools, without copying them).
+pub fn fit_parts(parts: &[(&[Row], &[bool])], l2: f64) -> (f32, Row) {
     // What history adds may only raise a tool's probability: a learned vote or a
     // companion that counted against a tool would let a history lower recall.
     let mut fixed = [false; N_FEATURES];
     loop {
-        let (bias, weights) = fit_with(rows, labels, l2, &fixed);
+        let (bias, weights) = fit_with(parts, l2, &fixed);
         let mut changed = false;
         for i in MONOTONE {
             if weights[i] < 0.0 && !fixed[i] {
@@ -316,12 +322,18 @@ const MONOTONE: [usize; 5] = [
 /// [`fit`] with the `fixed` features' weights held at 0.
 // Matrix code reads best with the indices the formulas use.
 #[allow(clippy::needless_range_loop)]
-fn fit_with(rows: &[Row], labels: &[bool], l2: f64, fixed: &[bool; N_FEATURES]) -> (f32, Row) {
+fn fit_with(parts: &[(&[Row], &[bool])], l2: f64, fixed: &[bool; N_FEATURES]) -> (f32, Row) {
+    let rows_labels = || {
+        parts
+            .iter()
+            .flat_map(|(rows, labels)| rows.iter().zip(labels.iter()))
+    };
     const N: usize = N_FEATURES + 1;
     let mut beta = [0.0f64; N];
     // Start at the base rate, so the first step is small.
-    let positives = labels.iter().filter(|&&l| l).count() as f64;
-    let rate = ((positives + 0.5) / (labels.len() as f64 + 1.0)).clamp(1e-6, 1.0 - 1e-6);
+    let positives = rows_labels().filter(|(_, l)| **l).count() as f64;
+    let n_rows = rows_labels().count() as f64;
+    let rate = ((positives + 0.5) / (n_rows + 1.0)).clamp(1e-6, 1.0 - 1e-6);
     beta[0] = (rate / (1.0 - rate)).ln();
     for _ in 0..50 {
         let mut gradient = [0.0f64; N];
@@ -330,7 +342,7 @@ fn fit_with(rows: &[Row], labels: &[bool], l2: f64, fixed: &[bool; N_FEATURES]) 
         let mut before = 0.0;
         // A row's nonzero features: most rows have few, and the rest add nothing.
         let mut nonzero = [0usize; N];
-        for (row, &label) in rows.iter().zip(labels) {
+        for (row, &label) in rows_labels() {
             let mut x = extended(row);
             for (i, &held) in fixed.iter().enumerate() {
                 if held {
@@ -383,7 +395,7 @@ fn fit_with(rows: &[Row], labels: &[bool], l2: f64, fixed: &[bool; N_FEATURES]) 
             for i in 0..N {
                 trial[i] -= scale * step[i];
             }
-            if loss(rows, labels, &trial, l2) <= before {
+            if loss(rows_labels(), &trial, l2) <= before {
                 let largest = (0..N).fold(0.0f64, |m, i| m.max((scale * step[i]).abs()));
                 beta = trial;
                 moved = largest >= 1e-6;
@@ -403,9 +415,13 @@ fn fit_with(rows: &[Row], labels: &[bool], l2: f64, fixed: &[bool; N_FEATURES]) 
 }
 
 /// The negative log-likelihood plus the L2 penalty on the weights.
-fn loss(rows: &[Row], labels: &[bool], beta: &[f64; N_FEATURES + 1], l2: f64) -> f64 {
+fn loss<'a>(
+    rows_labels: impl Iterator<Item = (&'a Row, &'a bool)>,
+    beta: &[f64; N_FEATURES + 1],
+    l2: f64,
+) -> f64 {
     let mut total = 0.0;
-    for (row, &label) in rows.iter().zip(labels) {
+    for (row, &label) in rows_labels {
         let x = extended(row);
         let z: f64 = beta.iter().zip(&x).map(|(b, x)| b * x).sum();
         total += softplus(z) - if label { z } else { 0.0 };

@@ -171,6 +171,7 @@ fn fit_path(
         path,
         vectors.as_ref(),
         &mut |line| lines.push(format!("{line} ({:.0} s)", started.elapsed().as_secs_f64())),
+        &side_by_side,
     );
     let mut block = lines.join("\n");
     if let Ok(fitted) = &fitted {
@@ -181,6 +182,15 @@ fn fit_path(
     }
     println!("{block}");
     fitted.map_err(anyhow::Error::msg)
+}
+
+/// The fit's jobs, a thread each (the fit's five or so independent fits).
+fn side_by_side(jobs: Vec<loadout_router::fit::Job<'_>>) {
+    std::thread::scope(|scope| {
+        for job in jobs {
+            scope.spawn(job);
+        }
+    });
 }
 
 /// The last component of a path: the weights file names its data, not a machine's

@@ -202,6 +202,13 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
                             path,
                             vectors.as_ref(),
                             &mut |line| lines.push(line),
+                            &|jobs| {
+                                std::thread::scope(|scope| {
+                                    for job in jobs {
+                                        scope.spawn(job);
+                                    }
+                                });
+                            },
                         );
                         let _ = outln!("{}", lines.join("\n"));
                         (path, fitted)
