@@ -173,6 +173,9 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
     } else {
         outln!("dense model not fitted: {dense}")?;
     }
+    // The vectors the learned memory keeps spare embedding those messages again.
+    let known =
+        super::replay::learned_vectors(app, dense_router.dense().map(|d| d.model_id())).await;
     let mut jobs = Vec::new();
     for path in paths {
         let mut router = app.new_router(app.registry.clone());
@@ -181,7 +184,7 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
             Path::Dense => {
                 // The dense stage's index, built once above, serves this router too.
                 router.set_dense(dense_router.dense().cloned());
-                super::replay::case_vectors(&router, cases)
+                super::replay::case_vectors(&router, cases, &known)
             }
         };
         jobs.push((path, router, vectors));

@@ -9,7 +9,7 @@
 //! to recover. Replaying with another `--config` shows what a change would do to
 //! this deployment's own traffic before it is deployed. Nothing is written.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -116,7 +116,7 @@ async fn replay_or_export(app: &App, args: &Args) -> anyhow::Result<ExitCode> {
     };
     // Each message embedded by the router's own encoder, then the cases routed.
     let replay_with = |router: &Router| {
-        let vectors = case_vectors(router, &cases);
+        let vectors = case_vectors(router, &cases, &HashMap::new());
         replay(router, &cases, args.budget, None, vectors.as_ref(), on_turn)
             .map_err(anyhow::Error::msg)
     };
@@ -246,16 +246,68 @@ pub(super) async fn router_for(app: &App, router: Router, lexical: bool) -> (Arc
 pub(super) fn case_vectors(
     router: &Router,
     cases: &[Case],
-) -> Option<std::collections::HashMap<String, loadout_router::MessageVectors>> {
+    known: &HashMap<String, Vec<f32>>,
+) -> Option<HashMap<String, loadout_router::MessageVectors>> {
     let encoder = loadout_embed::encoder_for(router.dense()?.model_id())?;
     let messages = cases
         .iter()
         .flat_map(|case| case.turns.iter().map(|turn| turn.user.as_str()));
-    match crate::routing::off_worker(|| encoder.vectors_by_message(messages)) {
-        Ok(vectors) => Some(vectors),
+    let (mut vectors, rest) = known_vectors(encoder.model_id(), messages, known);
+    match crate::routing::off_worker(|| encoder.vectors_by_message(rest)) {
+        Ok(embedded) => {
+            vectors.extend(embedded);
+            Some(vectors)
+        }
         Err(e) => {
             tracing::warn!("messages not embedded ({e}); replaying lexical-only");
             None
+        }
+    }
+}
+
+/// The vectors of the messages that are one piece and whose vector `known` holds (the
+/// learned memory keeps each entry's, of the dense stage's encoder), and the messages
+/// left to embed: a refit on 20,000 turns need not embed them all again.
+fn known_vectors<'a>(
+    model_id: &str,
+    messages: impl Iterator<Item = &'a str>,
+    known: &HashMap<String, Vec<f32>>,
+) -> (
+    HashMap<String, loadout_router::MessageVectors>,
+    Vec<&'a str>,
+) {
+    let mut vectors = HashMap::new();
+    let mut rest = Vec::new();
+    for message in messages {
+        let pieces = loadout_router::message_pieces(message);
+        match (pieces.as_slice(), known.get(message.trim())) {
+            ([_], Some(vector)) => {
+                let found = loadout_router::MessageVectors::new(model_id, vec![vector.clone()]);
+                vectors.insert(message.to_owned(), found);
+            }
+            _ => rest.push(message),
+        }
+    }
+    (vectors, rest)
+}
+
+/// The learned memory's vectors of `model_id`, by message (trimmed).
+pub(super) async fn learned_vectors(
+    app: &App,
+    model_id: Option<&str>,
+) -> HashMap<String, Vec<f32>> {
+    let Some(model_id) = model_id else {
+        return HashMap::new();
+    };
+    match app.store.learned_rows(None, Some(model_id)).await {
+        Ok(rows) => rows
+            .into_iter()
+            .filter(|row| row.model.as_deref() == Some(model_id))
+            .filter_map(|row| Some((row.message.trim().to_owned(), row.vector?)))
+            .collect(),
+        Err(e) => {
+            tracing::warn!("learned vectors not read ({e}); every message is embedded");
+            HashMap::new()
         }
     }
 }
@@ -424,6 +476,29 @@ fn turns_of(registry: &Registry, rows: &[MessageRow], unknown: &mut usize) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-piece message whose vector the learned memory keeps is not embedded
+    /// again; a message of several requests, or one never learned, is.
+    #[test]
+    fn learned_vectors_spare_embedding_one_piece_messages() {
+        let chained = "create a table of my runs, then send the summary to bob by email";
+        assert!(
+            loadout_router::message_pieces(chained).len() > 1,
+            "the test needs a message of several pieces"
+        );
+        let known: HashMap<String, Vec<f32>> = [
+            ("make a table of my runs".to_owned(), vec![3.0, 4.0]),
+            (chained.to_owned(), vec![1.0, 0.0]),
+        ]
+        .into();
+        let messages = ["  make a table of my runs ", chained, "never learned"];
+        let (vectors, rest) = super::known_vectors("m", messages.into_iter(), &known);
+        assert_eq!(rest, [chained, "never learned"]);
+        let found = &vectors["  make a table of my runs "];
+        assert_eq!(found.model_id(), "m");
+        assert_eq!(found.pieces(), [vec![0.6, 0.8]], "normalised");
+        assert_eq!(vectors.len(), 1);
+    }
 
     #[test]
     fn a_logged_decision_names_active_and_inactive_domains_in_every_form() {
