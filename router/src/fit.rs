@@ -114,17 +114,21 @@ pub fn fit_path(
 
     // Per fold, weights fitted on the other folds; last, on every fold (the weights
     // written). Independent fits: `run` may run them side by side.
-    let mut held_out: Vec<(f32, Row)> = vec![(0.0, [0.0; scorer::N_FEATURES]); folds.len() + 1];
-    let jobs: Vec<Job<'_>> = held_out
+    let mut fits: Vec<Option<(f32, Row)>> = vec![None; folds.len() + 1];
+    let jobs: Vec<Job<'_>> = fits
         .iter_mut()
         .enumerate()
         .map(|(f, fitted)| {
             let parts = pooled(&data, Some(f));
-            Box::new(move || *fitted = scorer::fit_parts(&parts, l2)) as Job<'_>
+            Box::new(move || *fitted = Some(scorer::fit_parts(&parts, l2))) as Job<'_>
         })
         .collect();
     run(jobs);
-    let (bias, weights) = held_out.pop().unwrap_or((0.0, [0.0; scorer::N_FEATURES]));
+    let mut held_out: Vec<(f32, Row)> = fits
+        .into_iter()
+        .collect::<Option<_>>()
+        .ok_or("a fit's job did not run")?;
+    let (bias, weights) = held_out.pop().ok_or("a fit's job did not run")?;
     let weights_for = |rule: SelectionRule| {
         let shipped = &shipped;
         let held_out = &held_out;

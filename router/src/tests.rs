@@ -2166,3 +2166,53 @@ fn a_destructive_tool_asked_for_last_turn_reaches_the_answer_to_the_models_quest
     // Without the ask, the same message has no direct evidence for it.
     assert!(!select("my account name is foo", &SessionView::new(2)).contains("delete_account"));
 }
+
+/// The fit's jobs are independent: run in order or in reverse they give the same
+/// weights, and a runner that drops them gets an error, not weights of zeros.
+#[test]
+fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_error() {
+    use crate::fit::{Job, Path, fit_path, one_after_another};
+    let Some(mut router) = shared_catalog_scorer() else {
+        return;
+    };
+    let dev = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/eval/dev.jsonl");
+    let text = std::fs::read_to_string(dev).expect("dev.jsonl beside the catalog");
+    let cases = replay::cases_from_json_lines(&text).expect("cases");
+    let folds = replay::folds(&cases[..cases.len().min(30)], 3);
+    let in_order = fit_path(
+        &mut router,
+        &folds,
+        1.0,
+        Path::Lexical,
+        None,
+        &mut |_| {},
+        &one_after_another,
+    )
+    .expect("fit");
+    let reversed = fit_path(
+        &mut router,
+        &folds,
+        1.0,
+        Path::Lexical,
+        None,
+        &mut |_| {},
+        &|jobs: Vec<Job<'_>>| jobs.into_iter().rev().for_each(|job| job()),
+    )
+    .expect("fit");
+    assert_eq!(in_order.model, reversed.model);
+    assert!(in_order.model.weights.values().any(|&w| w != 0.0));
+    let dropped = fit_path(
+        &mut router,
+        &folds,
+        1.0,
+        Path::Lexical,
+        None,
+        &mut |_| {},
+        &|jobs: Vec<Job<'_>>| drop(jobs),
+    );
+    assert!(
+        dropped.as_ref().is_err_and(|e| e.contains("did not run")),
+        "{:?}",
+        dropped.map(|f| f.model)
+    );
+}
