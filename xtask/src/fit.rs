@@ -102,7 +102,8 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    // The two paths' fits side by side, one a core: neither reads the other's router.
+    // The two paths' fits side by side (each spreading its own jobs over threads too):
+    // neither reads the other's router.
     let (lexical, dense) = std::thread::scope(|scope| {
         let lexical = scope.spawn(|| {
             let mut router = Router::new(registry.clone(), crate::eval::eval_config());
@@ -171,7 +172,7 @@ fn fit_path(
         path,
         vectors.as_ref(),
         &mut |line| lines.push(format!("{line} ({:.0} s)", started.elapsed().as_secs_f64())),
-        &side_by_side,
+        &loadout_server::cli::fit::side_by_side,
     );
     let mut block = lines.join("\n");
     if let Ok(fitted) = &fitted {
@@ -182,15 +183,6 @@ fn fit_path(
     }
     println!("{block}");
     fitted.map_err(anyhow::Error::msg)
-}
-
-/// The fit's jobs, a thread each (the fit's five or so independent fits).
-fn side_by_side(jobs: Vec<loadout_router::fit::Job<'_>>) {
-    std::thread::scope(|scope| {
-        for job in jobs {
-            scope.spawn(job);
-        }
-    });
 }
 
 /// The last component of a path: the weights file names its data, not a machine's

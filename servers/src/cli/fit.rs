@@ -189,7 +189,8 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
         };
         jobs.push((path, router, vectors));
     }
-    // The paths' fits side by side, one a core; each prints its lines as one block.
+    // The paths' fits side by side, each spreading its own jobs (`side_by_side`) and
+    // printing its lines as one block.
     let results = tokio::task::block_in_place(|| {
         std::thread::scope(|scope| {
             let running: Vec<_> = jobs
@@ -205,13 +206,7 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
                             path,
                             vectors.as_ref(),
                             &mut |line| lines.push(line),
-                            &|jobs| {
-                                std::thread::scope(|scope| {
-                                    for job in jobs {
-                                        scope.spawn(job);
-                                    }
-                                });
-                            },
+                            &side_by_side,
                         );
                         let _ = outln!("{}", lines.join("\n"));
                         (path, fitted)
@@ -248,6 +243,15 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
     }
     weights.fitted = fitted;
     Ok((weights, better))
+}
+
+/// Runs a fit's independent jobs (each fold's rows, the held-out fits) a thread each.
+pub fn side_by_side(jobs: Vec<fit::Job<'_>>) {
+    std::thread::scope(|scope| {
+        for job in jobs {
+            scope.spawn(job);
+        }
+    });
 }
 
 /// The learned entries of sessions `cases` does not hold, with today's settings:
