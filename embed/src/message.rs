@@ -617,24 +617,23 @@ mod tests {
     fn kept_vectors_come_back_from_the_file_without_the_encoder() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let messages = ["check the weather in Busan and put a dentist appointment on friday"];
-        let slow = Slow::new("slow-kept", Duration::ZERO);
-        let encoder = MessageEncoder::new(slow.clone(), options(1, 8)).expect("encoder");
-        let mut kept = crate::VectorCache::open(dir.path(), "slow-kept");
-        let first = encoder
-            .vectors_by_message_kept(messages, Some(&mut kept))
-            .expect("encoded");
+        // A new encoder each time (an empty memory cache), with the file reopened.
+        let encoded_with_the_file = |slow: &Arc<Slow>| {
+            let encoder = MessageEncoder::new(slow.clone(), options(1, 8)).expect("encoder");
+            let mut kept = crate::VectorCache::open(dir.path(), "slow-kept");
+            let vectors = encoder
+                .vectors_by_message_kept(messages, Some(&mut kept))
+                .expect("encoded");
+            kept.save().expect("saved");
+            (vectors, encoder)
+        };
+        let (first, encoder) = encoded_with_the_file(&Slow::new("slow-kept", Duration::ZERO));
         assert_eq!(
             first,
             encoder.vectors_by_message(messages).expect("encoded")
         );
-        kept.save().expect("saved");
-        // A new encoder (an empty memory cache), the file reopened: nothing encoded.
         let fresh = Slow::new("slow-kept", Duration::ZERO);
-        let encoder = MessageEncoder::new(fresh.clone(), options(1, 8)).expect("encoder");
-        let mut kept = crate::VectorCache::open(dir.path(), "slow-kept");
-        let again = encoder
-            .vectors_by_message_kept(messages, Some(&mut kept))
-            .expect("read");
+        let (again, _) = encoded_with_the_file(&fresh);
         assert_eq!(again, first);
         assert_eq!(fresh.texts.load(Ordering::SeqCst), 0);
     }

@@ -2171,7 +2171,7 @@ fn a_destructive_tool_asked_for_last_turn_reaches_the_answer_to_the_models_quest
 /// weights, and a runner that drops them gets an error, not weights of zeros.
 #[test]
 fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_error() {
-    use crate::fit::{Job, Path, fit_path, one_after_another};
+    use crate::fit::{Fitted, Job, Path, RunJobs, fit_path, one_after_another};
     let Some(mut router) = shared_catalog_scorer() else {
         return;
     };
@@ -2179,37 +2179,23 @@ fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_erro
     let text = std::fs::read_to_string(dev).expect("dev.jsonl beside the catalog");
     let cases = replay::cases_from_json_lines(&text).expect("cases");
     let folds = replay::folds(&cases[..cases.len().min(30)], 3);
-    let in_order = fit_path(
-        &mut router,
-        &folds,
-        1.0,
-        Path::Lexical,
-        None,
-        &mut |_| {},
-        &one_after_another,
-    )
-    .expect("fit");
-    let reversed = fit_path(
-        &mut router,
-        &folds,
-        1.0,
-        Path::Lexical,
-        None,
-        &mut |_| {},
-        &|jobs: Vec<Job<'_>>| jobs.into_iter().rev().for_each(|job| job()),
-    )
-    .expect("fit");
+    let mut fit = |run: RunJobs<'_>| -> Result<Fitted, String> {
+        fit_path(
+            &mut router,
+            &folds,
+            1.0,
+            Path::Lexical,
+            None,
+            &mut |_| {},
+            run,
+        )
+    };
+    let in_order = fit(&one_after_another).expect("fit");
+    let reversed =
+        fit(&|jobs: Vec<Job<'_>>| jobs.into_iter().rev().for_each(|job| job())).expect("fit");
     assert_eq!(in_order.model, reversed.model);
     assert!(in_order.model.weights.values().any(|&w| w != 0.0));
-    let dropped = fit_path(
-        &mut router,
-        &folds,
-        1.0,
-        Path::Lexical,
-        None,
-        &mut |_| {},
-        &|jobs: Vec<Job<'_>>| drop(jobs),
-    );
+    let dropped = fit(&|jobs: Vec<Job<'_>>| drop(jobs));
     assert!(
         dropped.as_ref().is_err_and(|e| e.contains("did not run")),
         "{:?}",
