@@ -332,7 +332,7 @@ fn fit_with(parts: &[(&[Row], &[bool])], l2: f64, fixed: &[bool; N_FEATURES]) ->
     let mut beta = [0.0f64; N];
     // Start at the base rate, so the first step is small.
     let positives = rows_labels().filter(|(_, l)| **l).count() as f64;
-    let n_rows = rows_labels().count() as f64;
+    let n_rows = parts.iter().map(|(_, labels)| labels.len()).sum::<usize>() as f64;
     let rate = ((positives + 0.5) / (n_rows + 1.0)).clamp(1e-6, 1.0 - 1e-6);
     beta[0] = (rate / (1.0 - rate)).ln();
     for _ in 0..50 {
