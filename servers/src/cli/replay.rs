@@ -300,9 +300,9 @@ pub(super) async fn learned_vectors(
         return HashMap::new();
     };
     match app.store.learned_rows(None, Some(model_id)).await {
+        // Vectors come only for entries of `model_id`.
         Ok(rows) => rows
             .into_iter()
-            .filter(|row| row.model.as_deref() == Some(model_id))
             .filter_map(|row| Some((row.message.trim().to_owned(), row.vector?)))
             .collect(),
         Err(e) => {
