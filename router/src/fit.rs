@@ -61,34 +61,19 @@ pub fn one_after_another(jobs: Vec<Job<'_>>) {
     }
 }
 
-/// What a fit fits and on what besides the folds it is judged on.
-#[derive(Clone, Copy)]
-pub struct Spec<'a> {
-    pub path: Path,
-    /// The L2 penalty on the weights.
-    pub l2: f64,
-    /// Other labeled sets' rows (see [`SetRows`]), pooled into every fit beside the
-    /// folds' own: the folds still judge the weights and choose the rule.
-    pub pooled_with: &'a [SetRows],
-}
-
-/// Fits `spec.path`'s model on `folds` (see [`crate::replay::folds`]). `vectors`: each
+/// Fits `path`'s model on `folds` (see [`crate::replay::folds`]). `vectors`: each
 /// message's vectors (the dense path needs them; the lexical path ignores them).
 /// `log` sees a line per step; `run` runs the independent fits (see [`RunJobs`]). The
 /// router ends with the weights it started with.
 pub fn fit_path(
     router: &mut Router,
     folds: &[Vec<Case>],
+    l2: f64,
+    path: Path,
     vectors: Option<&HashMap<String, MessageVectors>>,
-    spec: Spec<'_>,
     log: &mut dyn FnMut(String),
     run: RunJobs<'_>,
 ) -> Result<Fitted, String> {
-    let Spec {
-        path,
-        l2,
-        pooled_with,
-    } = spec;
     if folds.len() < 2 {
         return Err("a fit needs 2 folds or more".to_owned());
     }
@@ -97,8 +82,12 @@ pub fn fit_path(
         Path::Dense => vectors,
     };
     let started = std::time::Instant::now();
-    let data = SetRows::new(router, folds, vectors, run)?.0;
-    let (n_rows, n_positive) = counts(&data);
+    let data = fold_data(router, folds, vectors, run)?;
+    let n_rows: usize = data.iter().map(|d| d.rows.len()).sum();
+    let n_positive: usize = data
+        .iter()
+        .map(|d| d.labels.iter().filter(|&&l| l).count())
+        .sum();
     if n_positive == 0 {
         return Err("no turn called a tool: nothing to fit".to_owned());
     }
@@ -107,13 +96,6 @@ pub fn fit_path(
         folds.len(),
         started.elapsed().as_secs_f64()
     ));
-    for (i, set) in pooled_with.iter().enumerate() {
-        let (rows, positive) = counts(&set.0);
-        log(format!(
-            "{path:?}: pooled set {i}: {rows} rows ({positive} positive), {} turns",
-            set.1
-        ));
-    }
 
     // The rule is chosen on at most `RULE_TURNS` turns: six parameters need no more,
     // and routing every turn of a large history once per rule tried would be most of
@@ -137,10 +119,7 @@ pub fn fit_path(
         .iter_mut()
         .enumerate()
         .map(|(f, fitted)| {
-            let mut parts = pooled(&data, Some(f));
-            for set in pooled_with {
-                parts.extend(pooled(&set.0, None));
-            }
+            let parts = pooled(&data, Some(f));
             Box::new(move || *fitted = Some(scorer::fit_parts(&parts, l2))) as Job<'_>
         })
         .collect();
@@ -172,20 +151,13 @@ pub fn fit_path(
     let fold_lines = fold_lines(&per_fold, &total, &before, log);
 
     let model = Model::from_row(bias, &weights, rule);
-    let mut summary = serde_json::json!({
+    let summary = serde_json::json!({
         "rows": n_rows,
         "positive": n_positive,
         "turn_recall": (total.turn_recall() * 1000.0).round() / 1000.0,
         "mean_tools": (total.mean_tools() * 10.0).round() / 10.0,
         "folds": fold_lines,
     });
-    if !pooled_with.is_empty() {
-        summary["pooled_rows"] = pooled_with
-            .iter()
-            .map(|s| counts(&s.0).0)
-            .sum::<usize>()
-            .into();
-    }
     Ok(Fitted {
         model,
         held_out: total,
@@ -233,47 +205,26 @@ struct FoldData {
     learned: LearnedIndex,
 }
 
-/// A labeled set's feature rows and labels, each fold's computed with the set's other
-/// folds as its learned memory, and how many turns they come from.
-pub struct SetRows(Vec<FoldData>, usize);
-
-impl SetRows {
-    /// Each fold routed with the router's weights, collecting its feature rows with
-    /// the other folds as its learned memory; the folds are independent jobs for `run`.
-    /// `vectors` as [`fit_path`] takes them: `None` for the lexical path.
-    pub fn new(
-        router: &Router,
-        folds: &[Vec<Case>],
-        vectors: Option<&HashMap<String, MessageVectors>>,
-        run: RunJobs<'_>,
-    ) -> Result<SetRows, String> {
-        let mut data: Vec<Option<Result<FoldData, String>>> =
-            (0..folds.len()).map(|_| None).collect();
-        let jobs: Vec<Job<'_>> = data
-            .iter_mut()
-            .enumerate()
-            .map(|(f, slot)| {
-                Box::new(move || *slot = Some(one_fold_data(router, folds, f, vectors))) as Job<'_>
-            })
-            .collect();
-        run(jobs);
-        let turns = folds.iter().flatten().map(|c| c.turns.len()).sum();
-        let data = data
-            .into_iter()
-            .map(|fold| fold.unwrap_or_else(|| Err("a fold's job did not run".to_owned())))
-            .collect::<Result<_, _>>()?;
-        Ok(SetRows(data, turns))
-    }
-}
-
-/// Rows and positive rows over every fold.
-fn counts(data: &[FoldData]) -> (usize, usize) {
-    let rows = data.iter().map(|d| d.rows.len()).sum();
-    let positive = data
-        .iter()
-        .map(|d| d.labels.iter().filter(|&&l| l).count())
-        .sum();
-    (rows, positive)
+/// Each fold routed with the router's weights, collecting its feature rows with the
+/// other folds as its learned memory; the folds are independent jobs for `run`.
+fn fold_data(
+    router: &Router,
+    folds: &[Vec<Case>],
+    vectors: Option<&HashMap<String, MessageVectors>>,
+    run: RunJobs<'_>,
+) -> Result<Vec<FoldData>, String> {
+    let mut data: Vec<Option<Result<FoldData, String>>> = (0..folds.len()).map(|_| None).collect();
+    let jobs: Vec<Job<'_>> = data
+        .iter_mut()
+        .enumerate()
+        .map(|(f, slot)| {
+            Box::new(move || *slot = Some(one_fold_data(router, folds, f, vectors))) as Job<'_>
+        })
+        .collect();
+    run(jobs);
+    data.into_iter()
+        .map(|fold| fold.unwrap_or_else(|| Err("a fold's job did not run".to_owned())))
+        .collect()
 }
 
 /// Fold `f` routed with the router's weights and the other folds as its learned

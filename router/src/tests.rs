@@ -2171,7 +2171,7 @@ fn a_destructive_tool_asked_for_last_turn_reaches_the_answer_to_the_models_quest
 /// weights, and a runner that drops them gets an error, not weights of zeros.
 #[test]
 fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_error() {
-    use crate::fit::{Fitted, Job, Path, RunJobs, Spec, fit_path, one_after_another};
+    use crate::fit::{Fitted, Job, Path, RunJobs, fit_path, one_after_another};
     let Some(mut router) = shared_catalog_scorer() else {
         return;
     };
@@ -2180,12 +2180,15 @@ fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_erro
     let cases = replay::cases_from_json_lines(&text).expect("cases");
     let folds = replay::folds(&cases[..cases.len().min(30)], 3);
     let mut fit = |run: RunJobs<'_>| -> Result<Fitted, String> {
-        let spec = Spec {
-            path: Path::Lexical,
-            l2: 1.0,
-            pooled_with: &[],
-        };
-        fit_path(&mut router, &folds, None, spec, &mut |_| {}, run)
+        fit_path(
+            &mut router,
+            &folds,
+            1.0,
+            Path::Lexical,
+            None,
+            &mut |_| {},
+            run,
+        )
     };
     let in_order = fit(&one_after_another).expect("fit");
     let reversed =

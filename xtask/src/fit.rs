@@ -8,8 +8,8 @@ use std::time::Instant;
 use anyhow::Context;
 use loadout::Registry;
 use loadout_router::Router;
-use loadout_router::fit::{Fitted, Path, SetRows, Spec};
-use loadout_router::replay::{self, Case, cases_from_json_lines};
+use loadout_router::fit::{Fitted, Path};
+use loadout_router::replay::{Case, cases_from_json_lines, folds};
 use loadout_router::scorer::Weights;
 
 /// `cargo xtask fit`'s options.
@@ -41,64 +41,6 @@ pub struct Args {
     #[arg(long, value_name = "builtin|static|URL#MODEL", default_value = "builtin",
           value_parser = dense_embedder)]
     embedder: crate::eval::EmbedderChoice,
-    /// Another labeled set, `CATALOG=CASES`, whose rows are pooled into every fit
-    /// beside the folds' own (each of its folds with its other folds as learned
-    /// memory). The folds of `--cases` still judge the weights and choose the rule.
-    #[arg(long, value_name = "CATALOG=CASES", value_parser = pooled_set)]
-    pool: Vec<(PathBuf, PathBuf)>,
-    /// Most turns taken from each `--pool` set, whole conversations at an even stride.
-    #[arg(long, value_name = "N", default_value_t = 2000)]
-    pool_turns: usize,
-}
-
-fn pooled_set(text: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let (catalog, cases) = text
-        .split_once('=')
-        .ok_or_else(|| anyhow::anyhow!("--pool {text}: expected CATALOG=CASES"))?;
-    Ok((PathBuf::from(catalog), PathBuf::from(cases)))
-}
-
-/// A labeled set: its catalog's registry and its conversations.
-struct Set {
-    registry: Arc<Registry>,
-    cases: Vec<Case>,
-}
-
-impl Set {
-    fn load(catalog: &std::path::Path, cases: &std::path::Path) -> anyhow::Result<Set> {
-        let registry = Arc::new(
-            Registry::builder()
-                .toolkit_dir(catalog)
-                .with_context(|| format!("loading catalog {}", catalog.display()))?
-                .build()
-                .context("building the registry")?,
-        );
-        let text = std::fs::read_to_string(cases)
-            .with_context(|| format!("reading {}", cases.display()))?;
-        let cases = cases_from_json_lines(&text).map_err(anyhow::Error::msg)?;
-        Ok(Set { registry, cases })
-    }
-
-    /// Whole conversations at an even stride, up to about `max_turns` turns.
-    fn sampled(mut self, max_turns: usize) -> Set {
-        let turns: usize = self.cases.iter().map(|c| c.turns.len()).sum();
-        let stride = turns.div_ceil(max_turns.max(1)).max(1);
-        self.cases = self.cases.into_iter().step_by(stride).collect();
-        self
-    }
-
-    /// A router over the set's catalog, with the dense stage when `path` is dense.
-    fn router(&self, path: Path, embedder: &crate::eval::EmbedderChoice) -> anyhow::Result<Router> {
-        let router = Router::new(self.registry.clone(), crate::eval::eval_config());
-        if path == Path::Dense {
-            crate::eval::attach_embedder(
-                &router,
-                embedder,
-                Some(&crate::eval::default_vector_cache()),
-            )?;
-        }
-        Ok(router)
-    }
 }
 
 fn dense_embedder(text: &str) -> anyhow::Result<crate::eval::EmbedderChoice> {
@@ -132,13 +74,17 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
             options.embedder
         );
     }
-    let set = Set::load(&options.catalog, &options.cases)?;
-    let folds = replay::folds(&set.cases, options.folds);
-    let pooled = options
-        .pool
-        .iter()
-        .map(|(catalog, cases)| Ok(Set::load(catalog, cases)?.sampled(options.pool_turns)))
-        .collect::<anyhow::Result<Vec<Set>>>()?;
+    let registry = Arc::new(
+        Registry::builder()
+            .toolkit_dir(&options.catalog)
+            .with_context(|| format!("loading catalog {}", options.catalog.display()))?
+            .build()
+            .context("building the registry")?,
+    );
+    let text = std::fs::read_to_string(&options.cases)
+        .with_context(|| format!("reading {}", options.cases.display()))?;
+    let cases = cases_from_json_lines(&text).map_err(anyhow::Error::msg)?;
+    let folds = folds(&cases, options.folds);
 
     let mut weights = Weights::shipped();
     let encoder_here = matches!(
@@ -146,7 +92,13 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
         crate::eval::EmbedderChoice::Endpoint { .. }
     ) || loadout_embed::builtin_available();
     let dense_router = if !options.lexical_only && encoder_here {
-        Some(set.router(Path::Dense, &options.embedder)?)
+        let router = Router::new(registry.clone(), crate::eval::eval_config());
+        crate::eval::attach_embedder(
+            &router,
+            &options.embedder,
+            Some(&crate::eval::default_vector_cache()),
+        )?;
+        Some(router)
     } else {
         None
     };
@@ -154,11 +106,11 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     // neither reads the other's router.
     let (lexical, dense) = std::thread::scope(|scope| {
         let lexical = scope.spawn(|| {
-            let mut router = set.router(Path::Lexical, &options.embedder)?;
-            fit_path(&mut router, &folds, &pooled, options, Path::Lexical)
+            let mut router = Router::new(registry.clone(), crate::eval::eval_config());
+            fit_path(&mut router, &folds, options, Path::Lexical)
         });
         let dense = dense_router.map(|mut router| {
-            let fitted = fit_path(&mut router, &folds, &pooled, options, Path::Dense);
+            let fitted = fit_path(&mut router, &folds, options, Path::Dense);
             // The dense weights hold only for the encoder whose cosines they were fitted on.
             let encoder = router.dense().map(|index| index.model_id().to_owned());
             fitted.map(|fitted| (fitted, encoder))
@@ -178,15 +130,6 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
         "date": chrono::Utc::now().format("%Y-%m-%d").to_string(),
         "lexical": lexical.summary,
     });
-    if !pooled.is_empty() {
-        fitted["pooled"] = options
-            .pool
-            .iter()
-            .map(|(catalog, cases)| format!("{}={}", file_name(catalog), file_name(cases)))
-            .collect::<Vec<_>>()
-            .into();
-        fitted["pool_turns"] = options.pool_turns.into();
-    }
     if let Some(dense) = dense {
         let (dense, encoder) = dense?;
         weights.dense = dense.model;
@@ -214,36 +157,22 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
 fn fit_path(
     router: &mut Router,
     folds: &[Vec<Case>],
-    pooled: &[Set],
     options: &Args,
     path: Path,
 ) -> anyhow::Result<Fitted> {
-    let started = Instant::now();
-    let run = &loadout_server::cli::fit::side_by_side;
-    let pooled_with = pooled
-        .iter()
-        .map(|set| {
-            let router = set.router(path, &options.embedder)?;
-            let vectors = message_vectors(&router, &set.cases)?;
-            let folds = replay::folds(&set.cases, options.folds);
-            SetRows::new(&router, &folds, vectors.as_ref(), run).map_err(anyhow::Error::msg)
-        })
-        .collect::<anyhow::Result<Vec<SetRows>>>()?;
     let all: Vec<Case> = folds.iter().flatten().cloned().collect();
-    let vectors = message_vectors(router, &all)?;
+    let vectors =
+        crate::eval::case_vectors(router, &all, Some(&crate::eval::default_vector_cache()))?;
+    let started = Instant::now();
     let mut lines = Vec::new();
-    let spec = Spec {
-        path,
-        l2: options.l2,
-        pooled_with: &pooled_with,
-    };
     let fitted = loadout_router::fit::fit_path(
         router,
         folds,
+        options.l2,
+        path,
         vectors.as_ref(),
-        spec,
         &mut |line| lines.push(format!("{line} ({:.0} s)", started.elapsed().as_secs_f64())),
-        run,
+        &loadout_server::cli::fit::side_by_side,
     );
     let mut block = lines.join("\n");
     if let Ok(fitted) = &fitted {
@@ -254,14 +183,6 @@ fn fit_path(
     }
     println!("{block}");
     fitted.map_err(anyhow::Error::msg)
-}
-
-/// Every message's vectors for `router`'s dense stage, through the vector cache.
-fn message_vectors(
-    router: &Router,
-    cases: &[Case],
-) -> anyhow::Result<Option<std::collections::HashMap<String, loadout_router::MessageVectors>>> {
-    crate::eval::case_vectors(router, cases, Some(&crate::eval::default_vector_cache()))
 }
 
 /// The last component of a path: the weights file names its data, not a machine's

@@ -199,16 +199,12 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
                     let folds = &folds;
                     scope.spawn(move || {
                         let mut lines = Vec::new();
-                        let spec = fit::Spec {
-                            path,
-                            l2: args.l2,
-                            pooled_with: &[],
-                        };
                         let fitted = fit::fit_path(
                             &mut router,
                             folds,
+                            args.l2,
+                            path,
                             vectors.as_ref(),
-                            spec,
                             &mut |line| lines.push(line),
                             &side_by_side,
                         );
