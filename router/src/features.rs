@@ -195,6 +195,7 @@ impl Router {
         x[f::DOMAIN_DENSE_RANK] = domains.dense_rank[d];
         x[f::LEARNED_TOOL_RANK] = at(&per_tool.learned_rank, t);
         x[f::FOLLOWS] = per_tool.follows[t];
+        x[f::PENDING] = f32::from(per_tool.pending[t]);
         x
     }
 
@@ -357,6 +358,7 @@ impl Router {
             next_step: vec![0.0f32; n_tools],
             called_recently: vec![false; n_tools],
             carried: vec![false; n_tools],
+            pending: vec![false; n_tools],
             listed: Vec::new(),
         };
         let mut inherited: Vec<usize> = Vec::new();
@@ -415,10 +417,17 @@ impl Router {
         }
         let message_has_keyword = (0..self.names.domains.len())
             .any(|d| candidate_domain[d] && evidence.keyword_hits_in_domain[d] > 0);
-        if !message_has_keyword {
-            for name in &session.carried_tools {
-                if let Some(t) = self.registry.tool_idx(name) {
-                    features.carried[t] = true;
+        // The last turn called nothing (the model asked for what it lacked): what it
+        // sent on its evidence is still wanted, whatever this answer names.
+        let last_turn_called = session
+            .recent_calls
+            .iter()
+            .any(|(turn, _)| *turn == session.turn - 1);
+        for name in &session.carried_tools {
+            if let Some(t) = self.registry.tool_idx(name) {
+                features.carried[t] |= !message_has_keyword;
+                features.pending[t] = !last_turn_called;
+                if features.carried[t] || features.pending[t] {
                     inherited.push(t);
                 }
             }
@@ -472,6 +481,8 @@ struct ToolFeatures<'e> {
     next_step: Vec<f32>,
     called_recently: Vec<bool>,
     carried: Vec<bool>,
+    /// Carried, and the last turn called no tool.
+    pending: Vec<bool>,
     /// Every tool any of these may point at (unsorted, repeats): a superset of the
     /// tools they do point at.
     listed: Vec<usize>,
@@ -498,6 +509,7 @@ impl ToolFeatures<'_> {
             || self.next_step[t] > 0.0
             || self.called_recently[t]
             || self.carried[t]
+            || self.pending[t]
     }
 }
 

@@ -43,9 +43,10 @@ pub const FEATURES: [&str; N_FEATURES] = [
     "domain_dense_rank",
     "learned_tool_rank",
     "follows",
+    "pending",
 ];
 
-pub const N_FEATURES: usize = 28;
+pub const N_FEATURES: usize = 29;
 
 /// One feature row.
 pub type Row = [f32; N_FEATURES];
@@ -80,6 +81,7 @@ pub mod f {
     pub const DOMAIN_DENSE_RANK: usize = 25;
     pub const LEARNED_TOOL_RANK: usize = 26;
     pub const FOLLOWS: usize = 27;
+    pub const PENDING: usize = 28;
 }
 
 /// The fitted weights of both paths, as `router/weights.json` holds them.

@@ -2202,3 +2202,58 @@ fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_erro
         dropped.map(|f| f.model)
     );
 }
+
+/// A request the model answered with a question ("what are your username and
+/// password?") is still wanted when the answer comes, though the answer names another
+/// domain's words: the `pending` feature. Once the model called a tool, it is not.
+#[test]
+fn a_request_the_model_asked_about_is_pending_in_the_answer() {
+    let toolkits = [
+        json!({"domain": "meetings", "description": "Meetings on the team calendar.",
+               "keywords": ["meeting"],
+               "tools": [tool("add_meeting", "Add a meeting to the calendar.")]}),
+        json!({"domain": "auth", "description": "Sign-in.", "keywords": ["password", "username"],
+               "tools": [tool("get_user_token", "Get a user's token from their username and password.")]}),
+    ];
+    let router = Router::new(registry_of(&toolkits), RouterConfig::default());
+    let mut session = SessionView::new(1);
+    let asked = route(&router, "can you schedule a meeting for me?", &session);
+    assert!(asked.contains("add_meeting"), "{}", asked.summary_line());
+    let answer = "my username is foo and my password is bar";
+    let pending = |session: &SessionView| -> f32 {
+        let rows = router.feature_rows(&RouteInput {
+            message: answer,
+            settings: &all_settings(),
+            session,
+            token_budget: None,
+            learned: None,
+            vectors: None,
+        });
+        let t = router
+            .registry()
+            .tool_idx("add_meeting")
+            .expect("add_meeting");
+        rows.iter()
+            .find(|(u, _)| *u == t)
+            .map_or(0.0, |(_, row)| row[crate::scorer::f::PENDING])
+    };
+
+    // The model asked for the credentials: nothing was called.
+    session.begin_turn(2, Some(&asked));
+    assert_eq!(pending(&session), 1.0);
+    let selection = route(&router, answer, &session);
+    assert!(selection.contains("add_meeting"));
+    let meetings = selection.domain("meetings").map(|d| d.reason.to_string());
+    assert!(
+        meetings
+            .as_ref()
+            .is_some_and(|r| r.contains("pending 1.00")),
+        "{meetings:?}"
+    );
+
+    // The model called it on the first turn: the answer is something new.
+    let mut called = SessionView::new(1);
+    called.record_calls(&router, &["add_meeting"]);
+    called.begin_turn(2, Some(&asked));
+    assert_eq!(pending(&called), 0.0);
+}
