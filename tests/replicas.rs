@@ -949,10 +949,16 @@ async fn a_hangup_connects_and_stops_the_upstream_servers_of_the_file() {
     let config = data_dir.path().join("loadout.toml");
     std::fs::write(&config, "[router]\ntoken_budget = 4000\n").expect("write config");
     let replica = Replica::start_with("servers", data_dir, None, &[]).await;
+    // A session a message: what one check's turn carries must not decide the next.
+    let sessions = std::sync::atomic::AtomicUsize::new(0);
     let sends_echo_for = |message: &'static str| {
         let replica = &replica;
+        let session = format!(
+            "s{}",
+            sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         async move {
-            let routed = replica.route("s", message, &[]).await;
+            let routed = replica.route(&session, message, &[]).await;
             routed["tools"]
                 .as_array()
                 .into_iter()

@@ -419,14 +419,11 @@ impl Router {
             .any(|d| candidate_domain[d] && evidence.keyword_hits_in_domain[d] > 0);
         // The last turn called nothing (the model asked for what it lacked): what it
         // sent on its evidence is still wanted, whatever this answer names.
-        let last_turn_called = session
-            .recent_calls
-            .iter()
-            .any(|(turn, _)| *turn == session.turn - 1);
+        let pending = session.called_nothing_last_turn();
         for name in &session.carried_tools {
             if let Some(t) = self.registry.tool_idx(name) {
                 features.carried[t] |= !message_has_keyword;
-                features.pending[t] = !last_turn_called;
+                features.pending[t] = pending;
                 if features.carried[t] || features.pending[t] {
                     inherited.push(t);
                 }

@@ -74,11 +74,39 @@ impl SessionView {
     /// Moves the clock to a new user turn: per-turn loads end, and what `previous`
     /// sent on its message's evidence is carried into this turn.
     pub fn begin_turn(&mut self, turn: i64, previous: Option<&Selection>) {
+        // As the server does: carried at the end of the previous turn's routing.
+        self.carried_tools = previous
+            .map(|previous| self.carry_into_next(previous))
+            .unwrap_or_default();
         self.turn = turn;
         self.load_all_this_turn = false;
         self.loaded_tools.clear();
-        self.carried_tools = previous.map(carry_over).unwrap_or_default();
         self.recent_calls.retain(|(at, _)| *at >= turn - 1);
+    }
+
+    /// What this turn, routed as `selection`, carries into the next: its likeliest
+    /// tools ([`carry_over`]) and, while the model has called nothing since they were
+    /// asked for, the tools carried into this turn (a request the model answered with
+    /// questions stays open until it calls a tool).
+    pub fn carry_into_next(&self, selection: &Selection) -> Vec<String> {
+        let mut carry = carry_over(selection);
+        if self.called_nothing_last_turn() {
+            for name in &self.carried_tools {
+                if !carry.contains(name) {
+                    carry.push(name.clone());
+                }
+            }
+        }
+        carry
+    }
+
+    /// No call was recorded at the turn before this one: the model answered it with
+    /// words (a question, most often), and what it carried is still wanted.
+    pub fn called_nothing_last_turn(&self) -> bool {
+        !self
+            .recent_calls
+            .iter()
+            .any(|(turn, _)| *turn == self.turn - 1)
     }
 
     pub fn state(&self, domain: &str) -> Option<&DomainState> {

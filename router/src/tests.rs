@@ -2256,4 +2256,28 @@ fn a_request_the_model_asked_about_is_pending_in_the_answer() {
     called.record_calls(&router, &["add_meeting"]);
     called.begin_turn(2, Some(&asked));
     assert_eq!(pending(&called), 0.0);
+
+    // Two more questions, answered with details that name nothing: the request is
+    // still open when the credentials come, and once a tool is called it closes.
+    let mut session = SessionView::new(1);
+    let mut previous = asked;
+    for (turn, detail) in [(2, "it's about the budget"), (3, "friday at ten")] {
+        session.begin_turn(turn, Some(&previous));
+        previous = route(&router, detail, &session);
+    }
+    session.begin_turn(4, Some(&previous));
+    assert!(session.carried_tools.iter().any(|t| t == "add_meeting"));
+    assert_eq!(pending(&session), 1.0);
+    let answered = route(&router, answer, &session);
+    assert!(answered.contains("add_meeting"));
+    // The model logs in: what was carried into that turn is carried once more (the
+    // server stores the carry before the turn's calls come), and then no longer.
+    session.record_calls(&router, &["get_user_token"]);
+    session.begin_turn(5, Some(&answered));
+    assert!(session.carried_tools.iter().any(|t| t == "add_meeting"));
+    assert_eq!(pending(&session), 0.0);
+    let sure = route(&router, "yes, I am sure", &session);
+    assert!(sure.contains("add_meeting"), "{}", sure.summary_line());
+    session.begin_turn(6, Some(&sure));
+    assert!(!session.carried_tools.iter().any(|t| t == "add_meeting"));
 }

@@ -12,7 +12,6 @@ use std::time::Duration;
 use loadout::StoreError;
 use loadout_router::{
     DomainState, LearnedIndex, MessageVectors, RouteInput, Router, Selection, SessionView,
-    carry_over,
 };
 use loadout_store::Store;
 use loadout_store::{SessionDomainState, now_ms};
@@ -73,7 +72,7 @@ pub struct RoutedTurn {
     /// Shared, so that a meta-tool's result takes it under the turn's lock without
     /// copying it.
     pub selection: Arc<Selection>,
-    /// What the selection carries into the session's next turn ([`carry_over`];
+    /// What the selection carries into the session's next turn ([`SessionView::carry_into_next`];
     /// empty without a session).
     pub carry: Vec<String>,
     pub view: SessionView,
@@ -353,7 +352,7 @@ impl Routing {
             vectors: routed.vectors.as_deref(),
         };
         routed.selection = Arc::new(pass.select(&routed.view));
-        routed.carry = carry_over(&routed.selection);
+        routed.carry = routed.view.carry_into_next(&routed.selection);
         self.log(
             &routed.settings,
             &routed.selection,
@@ -468,7 +467,7 @@ fn select_turn(
     view.begin_turn(turn, None);
     view.carried_tools = carried;
     let selection = Arc::new(pass.select(view));
-    let carry = carry_over(&selection);
+    let carry = view.carry_into_next(&selection);
     (selection, carry)
 }
 
