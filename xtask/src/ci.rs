@@ -20,6 +20,8 @@ use crate::{eval, lint};
 pub const EVAL_GATE: f64 = 0.92;
 const METATOOL_GATE: f64 = 0.93;
 const SEALTOOLS_GATE: f64 = 0.88;
+/// API-Bank is multi-turn: it holds the answers to the model's questions (`pending`).
+const APIBANK_GATE: f64 = 0.93;
 
 const PHASES: [&str; 5] = ["fmt", "clippy", "lint", "test", "eval"];
 
@@ -117,7 +119,11 @@ fn eval_gates(shared: &Path) -> anyhow::Result<()> {
         min_turn_recall: Some(EVAL_GATE),
         ..eval::Args::new(eval_dir.join("catalog"), eval_dir.join("dev.jsonl"))
     })?;
-    for (set, gate) in [("metatool", METATOOL_GATE), ("sealtools", SEALTOOLS_GATE)] {
+    for (set, gate) in [
+        ("metatool", METATOOL_GATE),
+        ("sealtools", SEALTOOLS_GATE),
+        ("apibank", APIBANK_GATE),
+    ] {
         let dir = eval_dir.join("public").join(set);
         eval::run(&eval::Args {
             history: Some(dir.join("history.jsonl")),
