@@ -86,13 +86,14 @@ impl SessionView {
 
     /// What this turn, routed as `selection`, carries into the next: its likeliest
     /// tools ([`carry_over`]) and, while the model has called nothing since they were
-    /// asked for, the tools carried into this turn (a request the model answered with
-    /// questions stays open until it calls a tool).
+    /// asked for, the tools carried into this turn that it still sent (a request the
+    /// model answered with questions stays open until it calls a tool, or until the
+    /// conversation has moved so far that the router no longer sends it).
     pub fn carry_into_next(&self, selection: &Selection) -> Vec<String> {
         let mut carry = carry_over(selection);
         if self.called_nothing_last_turn() {
             for name in &self.carried_tools {
-                if !carry.contains(name) {
+                if selection.contains(name) && !carry.contains(name) {
                     carry.push(name.clone());
                 }
             }

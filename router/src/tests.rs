@@ -2260,7 +2260,7 @@ fn a_request_the_model_asked_about_is_pending_in_the_answer() {
     // Two more questions, answered with details that name nothing: the request is
     // still open when the credentials come, and once a tool is called it closes.
     let mut session = SessionView::new(1);
-    let mut previous = asked;
+    let mut previous = asked.clone();
     for (turn, detail) in [(2, "it's about the budget"), (3, "friday at ten")] {
         session.begin_turn(turn, Some(&previous));
         previous = route(&router, detail, &session);
@@ -2279,5 +2279,22 @@ fn a_request_the_model_asked_about_is_pending_in_the_answer() {
     let sure = route(&router, "yes, I am sure", &session);
     assert!(sure.contains("add_meeting"), "{}", sure.summary_line());
     session.begin_turn(6, Some(&sure));
+    assert!(!session.carried_tools.iter().any(|t| t == "add_meeting"));
+
+    // A request the router no longer sends (here a budget too small for it) is not
+    // carried on, called or not: a client that never reports calls does not pile up
+    // every tool it was ever sent.
+    let mut session = SessionView::new(1);
+    session.begin_turn(2, Some(&asked));
+    let moved_on = router.select(&RouteInput {
+        message: "it's about the budget",
+        settings: &all_settings(),
+        session: &session,
+        token_budget: Some(1),
+        learned: None,
+        vectors: None,
+    });
+    assert!(!moved_on.contains("add_meeting"));
+    session.begin_turn(3, Some(&moved_on));
     assert!(!session.carried_tools.iter().any(|t| t == "add_meeting"));
 }
