@@ -85,17 +85,19 @@ impl SessionView {
     }
 
     /// What this turn, routed as `selection`, carries into the next: its likeliest
-    /// tools ([`carry_over`]) and, while the model has called nothing since they were
-    /// asked for, the tools carried into this turn that it still sent (a request the
-    /// model answered with questions stays open until it calls a tool, or until the
-    /// conversation has moved so far that the router no longer sends it).
+    /// tools ([`carry_over`]) and the tools carried into this turn that it still sent
+    /// and the model did not call last turn (a request the model answered with
+    /// questions, or with a login first, stays open until its tool is called, or until
+    /// the conversation has moved so far that the router no longer sends it).
     pub fn carry_into_next(&self, selection: &Selection) -> Vec<String> {
         let mut carry = carry_over(selection);
-        if self.called_nothing_last_turn() {
-            for name in &self.carried_tools {
-                if selection.contains(name) && !carry.contains(name) {
-                    carry.push(name.clone());
-                }
+        for name in &self.carried_tools {
+            let called = self
+                .recent_calls
+                .iter()
+                .any(|(turn, c)| *turn == self.turn - 1 && c == name);
+            if !called && selection.contains(name) && !carry.contains(name) {
+                carry.push(name.clone());
             }
         }
         carry

@@ -2270,15 +2270,20 @@ fn a_request_the_model_asked_about_is_pending_in_the_answer() {
     assert_eq!(pending(&session), 1.0);
     let answered = route(&router, answer, &session);
     assert!(answered.contains("add_meeting"));
-    // The model logs in: what was carried into that turn is carried once more (the
-    // server stores the carry before the turn's calls come), and then no longer.
+    // The model logs in: the request is still open, though no longer pending.
     session.record_calls(&router, &["get_user_token"]);
     session.begin_turn(5, Some(&answered));
     assert!(session.carried_tools.iter().any(|t| t == "add_meeting"));
     assert_eq!(pending(&session), 0.0);
     let sure = route(&router, "yes, I am sure", &session);
     assert!(sure.contains("add_meeting"), "{}", sure.summary_line());
+    // It calls the tool: carried once more (the server stores the carry before the
+    // turn's calls come), and then no longer.
+    session.record_calls(&router, &["add_meeting"]);
     session.begin_turn(6, Some(&sure));
+    assert!(session.carried_tools.iter().any(|t| t == "add_meeting"));
+    let next = route(&router, "yes, I am sure", &session);
+    session.begin_turn(7, Some(&next));
     assert!(!session.carried_tools.iter().any(|t| t == "add_meeting"));
 
     // A request the router no longer sends (here a budget too small for it) is not
