@@ -63,7 +63,7 @@ pub fn spec() -> Value {
             "/api/route": {"post": {"summary": "The router's selection for a message (no model call)",
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "required": ["message"], "additionalProperties": false,
                     "properties": {"session": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "message": {"type": "string", "minLength": 1, "maxLength": 32768},
-                                   "called": {"type": "array", "items": {"type": "string"}}, "token_budget": {"type": "integer", "minimum": 0}}}}}},
+                                   "called": {"type": "array", "items": {"type": "string"}, "description": "The tools the client's model called since the session's last turn. None: the model answered with words (a question), and what the last turn was about stays wanted."}, "token_budget": {"type": "integer", "minimum": 0}}}}}},
                 "responses": {"200": {"description": "Selection: tools (OpenAI format), hints, per-domain reasons, tokens", "content": {"application/json": {"schema": {"type": "object"}}}},
                               "400": error_response("Empty message, unknown called tool, malformed body"), "403": error_response("The session belongs to another client"), "413": error_response("Message too large"), "503": error_response("State backend unavailable")}}},
             "/api/chat": {"post": {"summary": "Run one chat turn: route, call the model, run its tool calls (meta-tools included), loop until it answers",
