@@ -1441,3 +1441,45 @@ async fn the_clients_and_their_calls_are_listed_for_the_operator() {
         "{text}"
     );
 }
+
+/// A turn the client reports with no calls is one its model answered with words: what
+/// that turn was asked is still wanted in the answer, though the answer names another
+/// domain (feature `pending`, from the calls the store keeps per turn). Reported with
+/// the call, the same answer is something new.
+#[tokio::test]
+async fn an_answer_to_the_models_question_keeps_the_request_it_answers() {
+    let (_dir, app) = http_app(None).await;
+    let ask = "forget what I told you about my dentist";
+    let answer = "the one in the table of appointments";
+    let mut answers = Vec::new();
+    for (session, called) in [("asked", json!([])), ("called", json!(["forget"]))] {
+        let mut last = Value::Null;
+        for (message, called) in [(ask, json!([])), (answer, called)] {
+            let (status, body) = send(
+                &app,
+                "POST",
+                "/api/route",
+                Some(json!({"session": session, "message": message, "called": called})),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            last = body;
+        }
+        answers.push(last);
+    }
+    let [asked, called] = &answers[..] else {
+        panic!("two sessions");
+    };
+    assert!(sent_tools(asked).iter().any(|t| t == "forget"), "{asked}");
+    let memory = domain_decision(&asked["selection"], "memory");
+    assert!(
+        memory["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("pending")),
+        "{memory}"
+    );
+    assert!(
+        !sent_tools(called).iter().any(|t| t == "forget"),
+        "{called}"
+    );
+}
