@@ -2203,11 +2203,9 @@ fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_erro
     );
 }
 
-/// A request the model answered with a question ("what are your username and
-/// password?") is still wanted when the answer comes, though the answer names another
-/// domain's words: the `pending` feature. Once the model called a tool, it is not.
-#[test]
-fn a_request_the_model_asked_about_is_pending_in_the_answer() {
+/// A meetings domain and a sign-in domain: the request and the answer to the
+/// model's question ("your username and password?").
+fn meetings_router() -> Router {
     let toolkits = [
         json!({"domain": "meetings", "description": "Meetings on the team calendar.",
                "keywords": ["meeting"],
@@ -2215,33 +2213,45 @@ fn a_request_the_model_asked_about_is_pending_in_the_answer() {
         json!({"domain": "auth", "description": "Sign-in.", "keywords": ["password", "username"],
                "tools": [tool("get_user_token", "Get a user's token from their username and password.")]}),
     ];
-    let router = Router::new(registry_of(&toolkits), RouterConfig::default());
+    Router::new(registry_of(&toolkits), RouterConfig::default())
+}
+
+const MEETING_ASK: &str = "can you schedule a meeting for me?";
+const CREDENTIALS: &str = "my username is foo and my password is bar";
+
+/// `add_meeting`'s `pending` feature for the credentials in `session`.
+fn add_meeting_pending(router: &Router, session: &SessionView) -> f32 {
+    let rows = router.feature_rows(&RouteInput {
+        message: CREDENTIALS,
+        settings: &all_settings(),
+        session,
+        token_budget: None,
+        learned: None,
+        vectors: None,
+    });
+    let t = router
+        .registry()
+        .tool_idx("add_meeting")
+        .expect("add_meeting");
+    rows.iter()
+        .find(|(u, _)| *u == t)
+        .map_or(0.0, |(_, row)| row[crate::scorer::f::PENDING])
+}
+
+/// A request the model answered with a question is still wanted when the answer
+/// comes, though the answer names another domain's words: the `pending` feature.
+/// Once the model called a tool, it is not.
+#[test]
+fn a_request_the_model_asked_about_is_pending_in_the_answer() {
+    let router = meetings_router();
     let mut session = SessionView::new(1);
-    let asked = route(&router, "can you schedule a meeting for me?", &session);
+    let asked = route(&router, MEETING_ASK, &session);
     assert!(asked.contains("add_meeting"), "{}", asked.summary_line());
-    let answer = "my username is foo and my password is bar";
-    let pending = |session: &SessionView| -> f32 {
-        let rows = router.feature_rows(&RouteInput {
-            message: answer,
-            settings: &all_settings(),
-            session,
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        });
-        let t = router
-            .registry()
-            .tool_idx("add_meeting")
-            .expect("add_meeting");
-        rows.iter()
-            .find(|(u, _)| *u == t)
-            .map_or(0.0, |(_, row)| row[crate::scorer::f::PENDING])
-    };
 
     // The model asked for the credentials: nothing was called.
     session.begin_turn(2, Some(&asked));
-    assert_eq!(pending(&session), 1.0);
-    let selection = route(&router, answer, &session);
+    assert_eq!(add_meeting_pending(&router, &session), 1.0);
+    let selection = route(&router, CREDENTIALS, &session);
     assert!(selection.contains("add_meeting"));
     let meetings = selection.domain("meetings").map(|d| d.reason.to_string());
     assert!(
@@ -2255,10 +2265,18 @@ fn a_request_the_model_asked_about_is_pending_in_the_answer() {
     let mut called = SessionView::new(1);
     called.record_calls(&router, &["add_meeting"]);
     called.begin_turn(2, Some(&asked));
-    assert_eq!(pending(&called), 0.0);
+    assert_eq!(add_meeting_pending(&router, &called), 0.0);
+}
 
-    // Two more questions, answered with details that name nothing: the request is
-    // still open when the credentials come, and once a tool is called it closes.
+/// A request stays carried over the model's questions and a login call until its
+/// own tool is called, or until the router no longer sends it.
+#[test]
+fn a_request_stays_open_until_its_tool_is_called_or_no_longer_sent() {
+    let router = meetings_router();
+    let carried = |session: &SessionView| session.carried_tools.iter().any(|t| t == "add_meeting");
+    let asked = route(&router, MEETING_ASK, &SessionView::new(1));
+
+    // Two more questions, answered with details that name nothing.
     let mut session = SessionView::new(1);
     let mut previous = asked.clone();
     for (turn, detail) in [(2, "it's about the budget"), (3, "friday at ten")] {
@@ -2266,25 +2284,25 @@ fn a_request_the_model_asked_about_is_pending_in_the_answer() {
         previous = route(&router, detail, &session);
     }
     session.begin_turn(4, Some(&previous));
-    assert!(session.carried_tools.iter().any(|t| t == "add_meeting"));
-    assert_eq!(pending(&session), 1.0);
-    let answered = route(&router, answer, &session);
+    assert!(carried(&session));
+    assert_eq!(add_meeting_pending(&router, &session), 1.0);
+    let answered = route(&router, CREDENTIALS, &session);
     assert!(answered.contains("add_meeting"));
     // The model logs in: the request is still open, though no longer pending.
     session.record_calls(&router, &["get_user_token"]);
     session.begin_turn(5, Some(&answered));
-    assert!(session.carried_tools.iter().any(|t| t == "add_meeting"));
-    assert_eq!(pending(&session), 0.0);
+    assert!(carried(&session));
+    assert_eq!(add_meeting_pending(&router, &session), 0.0);
     let sure = route(&router, "yes, I am sure", &session);
     assert!(sure.contains("add_meeting"), "{}", sure.summary_line());
     // It calls the tool: carried once more (the server stores the carry before the
     // turn's calls come), and then no longer.
     session.record_calls(&router, &["add_meeting"]);
     session.begin_turn(6, Some(&sure));
-    assert!(session.carried_tools.iter().any(|t| t == "add_meeting"));
+    assert!(carried(&session));
     let next = route(&router, "yes, I am sure", &session);
     session.begin_turn(7, Some(&next));
-    assert!(!session.carried_tools.iter().any(|t| t == "add_meeting"));
+    assert!(!carried(&session));
 
     // A request the router no longer sends (here a budget too small for it) is not
     // carried on, called or not: a client that never reports calls does not pile up
@@ -2301,5 +2319,5 @@ fn a_request_the_model_asked_about_is_pending_in_the_answer() {
     });
     assert!(!moved_on.contains("add_meeting"));
     session.begin_turn(3, Some(&moved_on));
-    assert!(!session.carried_tools.iter().any(|t| t == "add_meeting"));
+    assert!(!carried(&session));
 }
