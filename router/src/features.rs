@@ -422,7 +422,7 @@ impl Router {
         let pending = session.called_nothing_last_turn();
         for name in &session.carried_tools {
             if let Some(t) = self.registry.tool_idx(name) {
-                features.carried[t] |= !message_has_keyword;
+                features.carried[t] = !message_has_keyword;
                 features.pending[t] = pending;
                 if features.carried[t] || features.pending[t] {
                     inherited.push(t);

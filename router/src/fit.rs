@@ -114,21 +114,10 @@ pub fn fit_path(
 
     // Per fold, weights fitted on the other folds; last, on every fold (the weights
     // written). Independent fits: `run` may run them side by side.
-    let mut fits: Vec<Option<(f32, Row)>> = vec![None; folds.len() + 1];
-    let jobs: Vec<Job<'_>> = fits
-        .iter_mut()
-        .enumerate()
-        .map(|(f, fitted)| {
-            let parts = pooled(&data, Some(f));
-            Box::new(move || *fitted = Some(scorer::fit_parts(&parts, l2))) as Job<'_>
-        })
-        .collect();
-    run(jobs);
-    let mut held_out: Vec<(f32, Row)> = fits
-        .into_iter()
-        .collect::<Option<_>>()
-        .ok_or("a fit's job did not run")?;
-    let (bias, weights) = held_out.pop().ok_or("a fit's job did not run")?;
+    let mut held_out: Vec<(f32, Row)> = each(folds.len() + 1, run, |f| {
+        scorer::fit_parts(&pooled(&data, Some(f)), l2)
+    })?;
+    let (bias, weights) = held_out.pop().ok_or("a job of the fit did not run")?;
     let weights_for = |rule: SelectionRule| {
         let shipped = &shipped;
         let held_out = &held_out;
@@ -213,18 +202,31 @@ fn fold_data(
     vectors: Option<&HashMap<String, MessageVectors>>,
     run: RunJobs<'_>,
 ) -> Result<Vec<FoldData>, String> {
-    let mut data: Vec<Option<Result<FoldData, String>>> = (0..folds.len()).map(|_| None).collect();
-    let jobs: Vec<Job<'_>> = data
+    each(folds.len(), run, |f| {
+        one_fold_data(router, folds, f, vectors)
+    })?
+    .into_iter()
+    .collect()
+}
+
+/// `job(i)` for each `i` below `n`, as jobs for `run`; an error if one did not run.
+fn each<T: Send>(
+    n: usize,
+    run: RunJobs<'_>,
+    job: impl Fn(usize) -> T + Sync,
+) -> Result<Vec<T>, String> {
+    let mut slots: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    let job = &job;
+    let jobs: Vec<Job<'_>> = slots
         .iter_mut()
         .enumerate()
-        .map(|(f, slot)| {
-            Box::new(move || *slot = Some(one_fold_data(router, folds, f, vectors))) as Job<'_>
-        })
+        .map(|(i, slot)| Box::new(move || *slot = Some(job(i))) as Job<'_>)
         .collect();
     run(jobs);
-    data.into_iter()
-        .map(|fold| fold.unwrap_or_else(|| Err("a fold's job did not run".to_owned())))
-        .collect()
+    slots
+        .into_iter()
+        .collect::<Option<_>>()
+        .ok_or_else(|| "a job of the fit did not run".to_owned())
 }
 
 /// Fold `f` routed with the router's weights and the other folds as its learned

@@ -371,7 +371,7 @@ fn fit_with(parts: &[(&[Row], &[bool])], l2: f64, fixed: &[bool; N_FEATURES]) ->
                 }
             }
         }
-        let before = before + 0.5 * l2 * beta[1..].iter().map(|b| b * b).sum::<f64>();
+        let before = before + penalty(&beta, l2);
         for i in 0..N {
             for j in 0..i {
                 hessian[j][i] = hessian[i][j];
@@ -428,7 +428,12 @@ fn loss<'a>(
         let z: f64 = beta.iter().zip(&x).map(|(b, x)| b * x).sum();
         total += softplus(z) - if label { z } else { 0.0 };
     }
-    total + 0.5 * l2 * beta[1..].iter().map(|b| b * b).sum::<f64>()
+    total + penalty(beta, l2)
+}
+
+/// The L2 penalty on the weights (not the bias).
+fn penalty(beta: &[f64; N_FEATURES + 1], l2: f64) -> f64 {
+    0.5 * l2 * beta[1..].iter().map(|b| b * b).sum::<f64>()
 }
 
 /// log(1 + e^z), computed without overflow.
