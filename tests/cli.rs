@@ -1205,7 +1205,7 @@ fn clients_are_added_with_a_token_shown_once_listed_and_revoked() {
 }
 
 /// Issue 37: `loadout fit` replays a session's learned entries as one conversation
-/// in the order the session taught them (what the `follows` feature learns from), and
+/// in the order the session taught them (what the `next_step` feature learns from), and
 /// an entry of no session as a conversation of its own.
 #[tokio::test(flavor = "multi_thread")]
 async fn fit_replays_a_sessions_learned_entries_as_one_conversation() {

@@ -177,8 +177,7 @@ impl Router {
         x[f::TOOL_CALLED_RECENTLY] = f32::from(per_tool.called_recently[t]);
         x[f::CARRIED] = f32::from(per_tool.carried[t]);
         x[f::NEXT_STEP] = per_tool.next_step[t];
-        x[f::PREREQUISITE] = per_tool.prerequisite[t];
-        x[f::CO_USAGE] = per_tool.co_usage[t];
+        x[f::COMPANION] = per_tool.companion[t];
         x[f::LEARNED_TOOL] = at(&evidence.tool_learned, t);
         x[f::LEARNED_DOMAIN] = domains.learned[d];
         // A small domain the turn points at: its tools travel together. Without
@@ -194,7 +193,6 @@ impl Router {
         x[f::DOMAIN_DENSE_REL] = domains.dense_rel[d];
         x[f::DOMAIN_DENSE_RANK] = domains.dense_rank[d];
         x[f::LEARNED_TOOL_RANK] = at(&per_tool.learned_rank, t);
-        x[f::FOLLOWS] = per_tool.follows[t];
         x[f::PENDING] = f32::from(per_tool.pending[t]);
         x
     }
@@ -352,9 +350,7 @@ impl Router {
             bm25_rank: &evidence.tool_bm25_rank,
             dense_rank: &evidence.tool_dense_rank,
             learned_rank,
-            prerequisite: vec![0.0f32; n_tools],
-            co_usage: vec![0.0f32; n_tools],
-            follows: vec![0.0f32; n_tools],
+            companion: vec![0.0f32; n_tools],
             next_step: vec![0.0f32; n_tools],
             called_recently: vec![false; n_tools],
             carried: vec![false; n_tools],
@@ -363,8 +359,9 @@ impl Router {
         };
         let mut inherited: Vec<usize> = Vec::new();
 
-        // How directly the message points at a tool: what its prerequisites and
-        // companions inherit.
+        // How directly the message points at a tool: what its companions inherit,
+        // declared (prerequisites) or learned from use (co-usage), as one feature so
+        // that either earns the weight the other is fitted to.
         let strength = |t: usize| -> f32 {
             at(&evidence.tool_bm25_rank, t)
                 .max(at(&evidence.tool_dense_rank, t))
@@ -377,18 +374,19 @@ impl Router {
                 continue;
             }
             for &p in &self.prerequisites[u] {
-                features.prerequisite[p] = features.prerequisite[p].max(s);
+                features.companion[p] = features.companion[p].max(s);
                 inherited.push(p);
             }
             if let Some(index) = learned {
                 for &(v, share) in index.co_used(u) {
-                    let slot = &mut features.co_usage[v as usize];
+                    let slot = &mut features.companion[v as usize];
                     *slot = slot.max(s * share);
                     inherited.push(v as usize);
                 }
             }
         }
-        // What past sessions called after the tools of the last turn that called any.
+        // What past sessions called after the tools of the last turn that called any:
+        // a next step learned from use, beside the declared ones below.
         let last_calls = session.recent_calls.iter().map(|(turn, _)| *turn).max();
         if let Some(index) = learned {
             for (turn, name) in &session.recent_calls {
@@ -399,7 +397,7 @@ impl Router {
                     continue;
                 }
                 for &(v, share) in index.followed_by(u) {
-                    let slot = &mut features.follows[v as usize];
+                    let slot = &mut features.next_step[v as usize];
                     *slot = slot.max(share);
                     inherited.push(v as usize);
                 }
@@ -471,10 +469,11 @@ struct ToolFeatures<'e> {
     dense_rank: &'e [f32],
     /// Empty without a learned index.
     learned_rank: Vec<f32>,
-    prerequisite: Vec<f32>,
-    co_usage: Vec<f32>,
-    /// The most of the last turn's calls' past sessions whose next turn called it.
-    follows: Vec<f32>,
+    /// A prerequisite of a tool the message points at, or a tool past turns called
+    /// beside it (its share of them), by how directly the message points there.
+    companion: Vec<f32>,
+    /// A declared next step of a tool called recently (1), or what past sessions
+    /// called next after the last turn's calls (the largest share).
     next_step: Vec<f32>,
     called_recently: Vec<bool>,
     carried: Vec<bool>,
@@ -500,9 +499,7 @@ impl ToolFeatures<'_> {
             || self.dense(t) > 0.0
             || evidence.tool_keyword_hits[t] > 0
             || at(&evidence.tool_learned, t) > 0.0
-            || self.prerequisite[t] > 0.0
-            || self.co_usage[t] > 0.0
-            || self.follows[t] > 0.0
+            || self.companion[t] > 0.0
             || self.next_step[t] > 0.0
             || self.called_recently[t]
             || self.carried[t]

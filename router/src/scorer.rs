@@ -1,6 +1,6 @@
 //! The fitted scorer: per tool, the features the stages gather (keyword hits, BM25,
-//! dense cosines and ranks, the session, learned votes, co-usage, prerequisites and
-//! workflow steps, the domain's size, ...) turned into the probability that this
+//! dense cosines and ranks, the session, learned votes, companions and next steps
+//! (declared or learned from use), the domain's size, ...) turned into the probability that this
 //! turn calls the tool, by a logistic regression fitted on labeled turns with folds
 //! by conversation (`cargo xtask fit`, `loadout fit`). The weights are data
 //! (`router/weights.json`), not code: a deployment refits them on its own learned
@@ -28,8 +28,7 @@ pub const FEATURES: [&str; N_FEATURES] = [
     "tool_called_recently",
     "carried",
     "next_step",
-    "prerequisite",
-    "co_usage",
+    "companion",
     "learned_tool",
     "learned_domain",
     "small_domain_evidence",
@@ -42,11 +41,18 @@ pub const FEATURES: [&str; N_FEATURES] = [
     "domain_dense_rel",
     "domain_dense_rank",
     "learned_tool_rank",
-    "follows",
     "pending",
 ];
 
-pub const N_FEATURES: usize = 29;
+pub const N_FEATURES: usize = 27;
+
+/// Names that weights files of earlier versions may hold: a feature renamed (read as
+/// its new name) or merged into another (read as nothing: refit to weigh it).
+const RETIRED: [(&str, Option<&str>); 3] = [
+    ("prerequisite", Some("companion")),
+    ("co_usage", None),
+    ("follows", None),
+];
 
 /// One feature row.
 pub type Row = [f32; N_FEATURES];
@@ -66,22 +72,20 @@ pub mod f {
     pub const TOOL_CALLED_RECENTLY: usize = 10;
     pub const CARRIED: usize = 11;
     pub const NEXT_STEP: usize = 12;
-    pub const PREREQUISITE: usize = 13;
-    pub const CO_USAGE: usize = 14;
-    pub const LEARNED_TOOL: usize = 15;
-    pub const LEARNED_DOMAIN: usize = 16;
-    pub const SMALL_DOMAIN_EVIDENCE: usize = 17;
-    pub const DESTRUCTIVE: usize = 18;
-    pub const READ_FIRST: usize = 19;
-    pub const NAMES_ACTION: usize = 20;
-    pub const TOOL_DENSE: usize = 21;
-    pub const TOOL_DENSE_REL: usize = 22;
-    pub const TOOL_DENSE_RANK: usize = 23;
-    pub const DOMAIN_DENSE_REL: usize = 24;
-    pub const DOMAIN_DENSE_RANK: usize = 25;
-    pub const LEARNED_TOOL_RANK: usize = 26;
-    pub const FOLLOWS: usize = 27;
-    pub const PENDING: usize = 28;
+    pub const COMPANION: usize = 13;
+    pub const LEARNED_TOOL: usize = 14;
+    pub const LEARNED_DOMAIN: usize = 15;
+    pub const SMALL_DOMAIN_EVIDENCE: usize = 16;
+    pub const DESTRUCTIVE: usize = 17;
+    pub const READ_FIRST: usize = 18;
+    pub const NAMES_ACTION: usize = 19;
+    pub const TOOL_DENSE: usize = 20;
+    pub const TOOL_DENSE_REL: usize = 21;
+    pub const TOOL_DENSE_RANK: usize = 22;
+    pub const DOMAIN_DENSE_REL: usize = 23;
+    pub const DOMAIN_DENSE_RANK: usize = 24;
+    pub const LEARNED_TOOL_RANK: usize = 25;
+    pub const PENDING: usize = 26;
 }
 
 /// The fitted weights of both paths, as `router/weights.json` holds them.
@@ -161,7 +165,13 @@ impl Model {
     fn row(&self) -> Row {
         let mut row = [0.0; N_FEATURES];
         for (slot, name) in row.iter_mut().zip(FEATURES) {
-            *slot = self.weights.get(name).copied().unwrap_or(0.0);
+            let old = RETIRED.iter().find(|(_, new)| *new == Some(name));
+            *slot = self
+                .weights
+                .get(name)
+                .or_else(|| old.and_then(|(old, _)| self.weights.get(*old)))
+                .copied()
+                .unwrap_or(0.0);
         }
         row
     }
@@ -183,7 +193,9 @@ impl Weights {
         [&self.lexical, &self.dense]
             .iter()
             .flat_map(|m| m.weights.keys())
-            .filter(|name| !FEATURES.contains(&name.as_str()))
+            .filter(|name| {
+                !FEATURES.contains(&name.as_str()) && !RETIRED.iter().any(|(old, _)| old == name)
+            })
             .cloned()
             .collect()
     }
@@ -317,8 +329,8 @@ const MONOTONE: [usize; 5] = [
     f::LEARNED_TOOL,
     f::LEARNED_DOMAIN,
     f::LEARNED_TOOL_RANK,
-    f::CO_USAGE,
-    f::FOLLOWS,
+    f::COMPANION,
+    f::NEXT_STEP,
 ];
 
 /// [`fit`] with the `fixed` features' weights held at 0.
@@ -521,6 +533,31 @@ mod tests {
             serde_json::from_str(include_str!("../weights.json")).expect("weights.json parses");
         assert_eq!(weights.unknown_features(), Vec::<String>::new());
         assert_eq!(FEATURES.len(), N_FEATURES);
+    }
+
+    #[test]
+    fn a_weights_file_of_an_earlier_version_reads_its_retired_names() {
+        let mut model = Model::from_row(-1.0, &[0.0; N_FEATURES], SelectionRule::default());
+        model.weights.remove("companion");
+        model.weights.insert("prerequisite".to_owned(), 2.0);
+        model.weights.insert("co_usage".to_owned(), 0.5);
+        model.weights.insert("follows".to_owned(), 0.5);
+        model.weights.insert("tool_bm25_rank".to_owned(), 1.5);
+        let weights = Weights {
+            lexical: model.clone(),
+            dense: model,
+            fitted: serde_json::Value::Null,
+        };
+        assert_eq!(weights.unknown_features(), Vec::<String>::new());
+        let row = weights.lexical.row();
+        // Renamed: read as its new name. Merged into another: weighs nothing.
+        assert_eq!(row[f::COMPANION], 2.0);
+        assert_eq!(row[f::TOOL_BM25_RANK], 1.5);
+        assert_eq!(row.iter().sum::<f32>(), 3.5);
+
+        let mut typo = weights.clone();
+        typo.dense.weights.insert("companoin".to_owned(), 1.0);
+        assert_eq!(typo.unknown_features(), vec!["companoin".to_owned()]);
     }
 
     #[test]

@@ -1036,9 +1036,9 @@ fn recipients_are_found_in_the_address_book() {
     let selection = router.select(&input);
     assert!(selection.contains("forward_email"));
     assert!(selection.contains("search_contacts"));
-    let prerequisite = |tool| feature_of(&router, &input, tool, crate::scorer::f::PREREQUISITE);
-    assert_eq!(prerequisite("search_contacts"), 1.0);
-    assert_eq!(prerequisite("forward_email"), 0.0);
+    let companion = |tool| feature_of(&router, &input, tool, crate::scorer::f::COMPANION);
+    assert_eq!(companion("search_contacts"), 1.0);
+    assert_eq!(companion("forward_email"), 0.0);
 }
 
 #[test]
@@ -1062,7 +1062,7 @@ fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
             &router,
             &input,
             "media_list_series",
-            crate::scorer::f::PREREQUISITE
+            crate::scorer::f::COMPANION
         ),
         1.0
     );
@@ -1929,7 +1929,8 @@ fn what_past_sessions_called_next_is_a_feature_of_the_next_turn() {
     let Some(router) = shared_catalog_scorer() else {
         return;
     };
-    // Past sessions: after the turn that looked a film up, the next one added it.
+    // Past sessions: after the turn that asked for the forecast, the next one asked
+    // for the air quality. No schema declares that step: it is learned from use.
     let entry = |message: &str, tool: &str, session: Option<&str>| LearnedEntry {
         message: message.to_owned(),
         tools: vec![tool.to_owned()],
@@ -1942,39 +1943,39 @@ fn what_past_sessions_called_next_is_a_feature_of_the_next_turn() {
             None,
             &[
                 entry(
-                    "look up past lives",
-                    "arr_lookup_movie",
+                    "what's the forecast for busan",
+                    "get_weather_forecast",
                     session.map(|_| "a"),
                 ),
                 entry(
-                    "the 2023 one, grab it",
-                    "arr_add_movie",
+                    "is it safe to run outside",
+                    "get_air_quality",
                     session.map(|_| "a"),
                 ),
                 entry(
-                    "find the movie dune",
-                    "arr_lookup_movie",
+                    "forecast for the weekend in seoul",
+                    "get_weather_forecast",
                     session.map(|_| "b"),
                 ),
                 entry(
-                    "the newer one please",
-                    "arr_add_movie",
+                    "and the pollution?",
+                    "get_air_quality",
                     session.map(|_| "b"),
                 ),
             ],
         )
     };
-    let follows = |index: &LearnedIndex| {
+    let next_step = |index: &LearnedIndex| {
         let mut view = SessionView::new(2);
-        view.recent_calls = vec![(1, "arr_lookup_movie".to_owned())];
+        view.recent_calls = vec![(1, "get_weather_forecast".to_owned())];
         let settings = crate::replay::every_setting(router.registry());
-        let add = router
+        let air = router
             .registry()
-            .tool_idx("arr_add_movie")
+            .tool_idx("get_air_quality")
             .expect("in the catalog");
         router
             .feature_rows(&RouteInput {
-                message: "yes, that one",
+                message: "ok thanks",
                 settings: &settings,
                 session: &view,
                 token_budget: None,
@@ -1982,13 +1983,67 @@ fn what_past_sessions_called_next_is_a_feature_of_the_next_turn() {
                 vectors: None,
             })
             .into_iter()
-            .find(|(t, _)| *t == add)
-            .map_or(0.0, |(_, row)| row[crate::scorer::f::FOLLOWS])
+            .find(|(t, _)| *t == air)
+            .map_or(0.0, |(_, row)| row[crate::scorer::f::NEXT_STEP])
     };
-    // Both turns that called the lookup were followed by the add.
-    assert_eq!(follows(&taught(Some("session"))), 1.0);
+    // Both turns that asked for the forecast were followed by the air quality.
+    assert_eq!(next_step(&taught(Some("session"))), 1.0);
     // Entries of no session follow nothing.
-    assert_eq!(follows(&taught(None)), 0.0);
+    assert_eq!(next_step(&taught(None)), 0.0);
+}
+
+#[test]
+fn what_past_turns_called_together_is_a_companion() {
+    let Some(router) = shared_catalog_scorer() else {
+        return;
+    };
+    // Past turns that asked for the forecast also called the air quality. No schema
+    // declares them companions: the feature a declared prerequisite earns counts it.
+    let taught = |together: bool| {
+        let entry = |message: &str| LearnedEntry {
+            message: message.to_owned(),
+            tools: if together {
+                vec![
+                    "get_weather_forecast".to_owned(),
+                    "get_air_quality".to_owned(),
+                ]
+            } else {
+                vec!["get_weather_forecast".to_owned()]
+            },
+            vector: None,
+            session: None,
+        };
+        LearnedIndex::new(
+            &router,
+            None,
+            &[
+                entry("what's the forecast for busan"),
+                entry("forecast for the weekend in seoul"),
+            ],
+        )
+    };
+    let companion = |index: &LearnedIndex| {
+        let settings = crate::replay::every_setting(router.registry());
+        let session = SessionView::new(1);
+        let air = router
+            .registry()
+            .tool_idx("get_air_quality")
+            .expect("in the catalog");
+        router
+            .feature_rows(&RouteInput {
+                message: "weather forecast for daegu tomorrow",
+                settings: &settings,
+                session: &session,
+                token_budget: None,
+                learned: Some(index),
+                vectors: None,
+            })
+            .into_iter()
+            .find(|(t, _)| *t == air)
+            .map_or(0.0, |(_, row)| row[crate::scorer::f::COMPANION])
+    };
+    assert!(companion(&taught(true)) > 0.0);
+    assert_eq!(companion(&taught(false)), 0.0);
 }
 
 #[test]

@@ -256,7 +256,7 @@ pub fn side_by_side(jobs: Vec<fit::Job<'_>>) {
 
 /// The learned entries of sessions `cases` does not hold, with today's settings:
 /// a session's entries one conversation, in the order it taught them (what the
-/// `follows` feature learns from); an entry of no session a conversation of its own.
+/// `next_step` feature learns from); an entry of no session a conversation of its own.
 async fn learned_cases(app: &App, cases: &[Case]) -> anyhow::Result<Vec<Case>> {
     let stored: BTreeSet<&str> = cases.iter().map(|case| case.id.as_str()).collect();
     let settings = app.settings.snapshot().await?;
