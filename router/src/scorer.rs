@@ -1,10 +1,10 @@
 //! The fitted scorer: per tool, the features the stages gather (keyword hits, BM25,
 //! dense cosines and ranks, the session, learned votes, companions and next steps
-//! (declared or learned from use), the domain's size, ...) turned into the probability that this
-//! turn calls the tool, by a logistic regression fitted on labeled turns with folds
-//! by conversation (`cargo xtask fit`, `loadout fit`). The weights are data
-//! (`router/weights.json`), not code: a deployment refits them on its own learned
-//! memory.
+//! declared or learned from use, the domain's size, ...) turned into the probability
+//! that this turn calls the tool, by a logistic regression fitted on labeled turns
+//! with folds by conversation (`cargo xtask fit`, `loadout fit`). The weights are
+//! data (`router/weights.json`), not code: a deployment refits them on its own
+//! learned memory.
 //!
 //! The lexical and dense paths have a model each: a feature the path lacks would
 //! otherwise read as evidence against every tool.
