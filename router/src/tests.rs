@@ -1969,22 +1969,20 @@ fn what_past_sessions_called_next_is_a_feature_of_the_next_turn() {
         let mut view = SessionView::new(2);
         view.recent_calls = vec![(1, "get_weather_forecast".to_owned())];
         let settings = crate::replay::every_setting(router.registry());
-        let air = router
-            .registry()
-            .tool_idx("get_air_quality")
-            .expect("in the catalog");
-        router
-            .feature_rows(&RouteInput {
-                message: "ok thanks",
-                settings: &settings,
-                session: &view,
-                token_budget: None,
-                learned: Some(index),
-                vectors: None,
-            })
-            .into_iter()
-            .find(|(t, _)| *t == air)
-            .map_or(0.0, |(_, row)| row[crate::scorer::f::NEXT_STEP])
+        let input = RouteInput {
+            message: "ok thanks",
+            settings: &settings,
+            session: &view,
+            token_budget: None,
+            learned: Some(index),
+            vectors: None,
+        };
+        feature_of(
+            &router,
+            &input,
+            "get_air_quality",
+            crate::scorer::f::NEXT_STEP,
+        )
     };
     // Both turns that asked for the forecast were followed by the air quality.
     assert_eq!(next_step(&taught(Some("session"))), 1.0);
@@ -2025,22 +2023,20 @@ fn what_past_turns_called_together_is_a_companion() {
     let companion = |index: &LearnedIndex| {
         let settings = crate::replay::every_setting(router.registry());
         let session = SessionView::new(1);
-        let air = router
-            .registry()
-            .tool_idx("get_air_quality")
-            .expect("in the catalog");
-        router
-            .feature_rows(&RouteInput {
-                message: "weather forecast for daegu tomorrow",
-                settings: &settings,
-                session: &session,
-                token_budget: None,
-                learned: Some(index),
-                vectors: None,
-            })
-            .into_iter()
-            .find(|(t, _)| *t == air)
-            .map_or(0.0, |(_, row)| row[crate::scorer::f::COMPANION])
+        let input = RouteInput {
+            message: "weather forecast for daegu tomorrow",
+            settings: &settings,
+            session: &session,
+            token_budget: None,
+            learned: Some(index),
+            vectors: None,
+        };
+        feature_of(
+            &router,
+            &input,
+            "get_air_quality",
+            crate::scorer::f::COMPANION,
+        )
     };
     assert!(companion(&taught(true)) > 0.0);
     assert_eq!(companion(&taught(false)), 0.0);
@@ -2276,21 +2272,15 @@ const CREDENTIALS: &str = "my username is foo and my password is bar";
 
 /// `add_meeting`'s `pending` feature for the credentials in `session`.
 fn add_meeting_pending(router: &Router, session: &SessionView) -> f32 {
-    let rows = router.feature_rows(&RouteInput {
+    let input = RouteInput {
         message: CREDENTIALS,
         settings: &all_settings(),
         session,
         token_budget: None,
         learned: None,
         vectors: None,
-    });
-    let t = router
-        .registry()
-        .tool_idx("add_meeting")
-        .expect("add_meeting");
-    rows.iter()
-        .find(|(u, _)| *u == t)
-        .map_or(0.0, |(_, row)| row[crate::scorer::f::PENDING])
+    };
+    feature_of(router, &input, "add_meeting", crate::scorer::f::PENDING)
 }
 
 /// A request the model answered with a question is still wanted when the answer
