@@ -117,6 +117,7 @@ fn eval_gates(shared: &Path) -> anyhow::Result<()> {
         folds: Some(5),
         json: true,
         min_turn_recall: Some(EVAL_GATE),
+        gate_learning: true,
         ..eval::Args::new(eval_dir.join("catalog"), eval_dir.join("dev.jsonl"))
     })?;
     for (set, gate) in [
@@ -130,6 +131,7 @@ fn eval_gates(shared: &Path) -> anyhow::Result<()> {
             embedder: eval::EmbedderChoice::None,
             json: true,
             min_turn_recall: Some(gate),
+            gate_learning: true,
             ..eval::Args::new(dir.join("catalog"), dir.join("cases.jsonl"))
         })?;
     }
