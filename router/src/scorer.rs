@@ -133,11 +133,6 @@ pub struct SelectionRule {
     /// stays under it: unsure, the router uses the room it has.
     #[serde(default)]
     pub fill_tokens: usize,
-    /// Tools are taken in order of probability over their tokens to this power: 0
-    /// orders by probability alone, 1 by probability per token (a knapsack's greedy
-    /// order, where tools cost differently).
-    #[serde(default)]
-    pub per_token: f32,
 }
 
 impl Default for SelectionRule {
@@ -149,7 +144,6 @@ impl Default for SelectionRule {
             whole_domain_ratio: 0.5,
             whole_domain_share: 0.5,
             fill_tokens: 0,
-            per_token: 0.0,
         }
     }
 }

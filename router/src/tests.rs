@@ -508,67 +508,6 @@ fn large_domains_send_their_best_tools_and_hint_the_rest() {
     }
 }
 
-/// With `per_token` at 1 the likeliest tools per token go first: a costly tool no
-/// longer takes the room of two cheap ones that are together about as likely.
-#[test]
-fn a_rule_per_token_sends_the_likeliest_tools_per_token_first() {
-    let mut toolkits = catalog();
-    toolkits[5]["tools"][0]["description"] =
-        json!("Search recent news articles and headlines. ".repeat(40));
-    let mut router = Router::new(registry_of(&toolkits), RouterConfig::default());
-    let tools = router.registry().all_tools();
-    let tokens_of = |names: &[&str]| -> usize {
-        (0..tools.len())
-            .filter(|&i| names.contains(&tools[i].name.as_str()))
-            .map(|i| router.tool_tokens(i))
-            .sum()
-    };
-    // Room for core, the forecast and the costly news search, not one tool more.
-    let budget = tokens_of(&[
-        "list_domains",
-        "get_setting",
-        "get_weather_forecast",
-        "search_news",
-    ]);
-    let mut selection_with = |per_token: f32| {
-        let mut weights = router.weights().clone();
-        // The rule sends while the budget lasts, so that only the order decides.
-        weights.lexical.selection = scorer::SelectionRule {
-            coverage: 1.0,
-            min_ratio: 0.0,
-            min_probability: 0.0,
-            whole_domain_share: 0.0,
-            fill_tokens: 0,
-            per_token,
-            ..weights.lexical.selection
-        };
-        router.set_weights(weights);
-        router.select(&RouteInput {
-            message: "weather forecast news headlines",
-            settings: &all_settings(),
-            session: &SessionView::new(1),
-            token_budget: Some(budget),
-            learned: None,
-            vectors: None,
-        })
-    };
-    let by_probability = selection_with(0.0);
-    assert!(
-        by_probability.contains("search_news"),
-        "{}",
-        by_probability.summary_line()
-    );
-    assert!(!by_probability.contains("get_current_weather"));
-    let per_token = selection_with(1.0);
-    assert!(
-        !per_token.contains("search_news"),
-        "{}",
-        per_token.summary_line()
-    );
-    assert!(per_token.contains("get_weather_forecast"));
-    assert!(per_token.contains("get_current_weather") && per_token.contains("get_article"));
-}
-
 #[test]
 fn meta_tools_load_unload_and_load_all() {
     let router = router();

@@ -110,23 +110,11 @@ impl<'a> Pass<'a> {
         let budget = self.budget;
         let mut tokens = self.sent_tokens();
         let probability = &self.probability;
-        let mut order = if rule.per_token > 0.0 {
-            let tool_tokens = &router.tool_tokens;
-            BestFirst::new(&self.candidates.tools, |t| {
-                probability[t] / (tool_tokens[t].max(1) as f32).powf(rule.per_token)
-            })
-        } else {
-            BestFirst::new(&self.candidates.tools, |t| probability[t])
-        };
+        let mut order = BestFirst::new(&self.candidates.tools, |t| probability[t]);
         let Some(first) = order.next() else {
             return;
         };
-        let best = self
-            .candidates
-            .tools
-            .iter()
-            .map(|&t| probability[t])
-            .fold(probability[first], f32::max);
+        let best = probability[first];
         let mass: f32 = self
             .candidates
             .tools
