@@ -1746,6 +1746,28 @@ fn route_configured(router: &Router, message: &str, session: &SessionView) -> Se
     })
 }
 
+/// `tool`'s `feature` for `message`, with every settings key of the router's
+/// registry set and `learned` as the learned memory.
+fn learned_feature(
+    router: &Router,
+    learned: &LearnedIndex,
+    session: &SessionView,
+    message: &str,
+    tool: &str,
+    feature: usize,
+) -> f32 {
+    let settings = crate::replay::every_setting(router.registry());
+    let input = RouteInput {
+        message,
+        settings: &settings,
+        session,
+        token_budget: None,
+        learned: Some(learned),
+        vectors: None,
+    };
+    feature_of(router, &input, tool, feature)
+}
+
 /// Everyday requests never send a destructive tool.
 fn sends_no_destructive_tool_for_everyday_asks(router: &Router, view: &SessionView) {
     for message in [
@@ -1965,21 +1987,14 @@ fn what_past_sessions_called_next_is_a_feature_of_the_next_turn() {
             ],
         )
     };
+    let mut view = SessionView::new(2);
+    view.recent_calls = vec![(1, "get_weather_forecast".to_owned())];
     let next_step = |index: &LearnedIndex| {
-        let mut view = SessionView::new(2);
-        view.recent_calls = vec![(1, "get_weather_forecast".to_owned())];
-        let settings = crate::replay::every_setting(router.registry());
-        let input = RouteInput {
-            message: "ok thanks",
-            settings: &settings,
-            session: &view,
-            token_budget: None,
-            learned: Some(index),
-            vectors: None,
-        };
-        feature_of(
+        learned_feature(
             &router,
-            &input,
+            index,
+            &view,
+            "ok thanks",
             "get_air_quality",
             crate::scorer::f::NEXT_STEP,
         )
@@ -2020,20 +2035,13 @@ fn what_past_turns_called_together_is_a_companion() {
             ],
         )
     };
+    let session = SessionView::new(1);
     let companion = |index: &LearnedIndex| {
-        let settings = crate::replay::every_setting(router.registry());
-        let session = SessionView::new(1);
-        let input = RouteInput {
-            message: "weather forecast for daegu tomorrow",
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: Some(index),
-            vectors: None,
-        };
-        feature_of(
+        learned_feature(
             &router,
-            &input,
+            index,
+            &session,
+            "weather forecast for daegu tomorrow",
             "get_air_quality",
             crate::scorer::f::COMPANION,
         )
