@@ -12,6 +12,7 @@ use crate::learned::LearnedIndex;
 use crate::{Router, lexical};
 
 /// Per-message evidence, gathered before any decision.
+#[derive(Clone)]
 pub(crate) struct Evidence {
     pub(crate) active: Vec<bool>,
     /// Per domain: hits of its own keywords.
@@ -250,6 +251,7 @@ pub(crate) struct LearnedVote {
 }
 
 /// Domain scores for one piece of the message.
+#[derive(Clone)]
 pub(crate) struct PieceScores {
     /// BM25 share, 0..1.
     pub(crate) domain_bm25: Vec<f32>,

@@ -8,7 +8,7 @@ use crate::scorer::{N_FEATURES, Row, f};
 use crate::{LearnedIndex, Router, SessionView};
 
 /// The tools a turn may send by probability, with their feature rows.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Candidates {
     pub(crate) tools: Vec<usize>,
     /// Per candidate tool: the index of its feature row in `rows`. Tools the turn

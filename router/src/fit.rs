@@ -10,9 +10,10 @@
 
 use std::collections::HashMap;
 
-use crate::replay::{Case, Report, all_but, learned_turns, replay};
+use crate::replay::{Case, Replayed, Report, all_but, learned_turns, replay, replay_by};
 use crate::scorer::{self, Model, Row, SelectionRule, Weights};
-use crate::{LearnedEntry, LearnedIndex, MessageVectors, RouteInput, Router};
+use crate::stages::Pass;
+use crate::{LearnedEntry, LearnedIndex, MessageVectors, RouteInput, Router, Scorers, SessionView};
 
 /// A turn of recall is worth this many tools sent when the selection rule is chosen:
 /// recall first, but a rule that sends 15 more tools for one turn in 300 loses.
@@ -63,10 +64,9 @@ pub fn one_after_another(jobs: Vec<Job<'_>>) {
 
 /// Fits `path`'s model on `folds` (see [`crate::replay::folds`]). `vectors`: each
 /// message's vectors (the dense path needs them; the lexical path ignores them).
-/// `log` sees a line per step; `run` runs the independent fits (see [`RunJobs`]). The
-/// router ends with the weights it started with.
+/// `log` sees a line per step; `run` runs the independent fits (see [`RunJobs`]).
 pub fn fit_path(
-    router: &mut Router,
+    router: &Router,
     folds: &[Vec<Case>],
     l2: f64,
     path: Path,
@@ -110,7 +110,7 @@ pub fn fit_path(
     }
     let folds = &sample[..];
     let shipped = router.weights().clone();
-    let before = route_folds(router, folds, &data, vectors, |_| shipped.clone())?.0;
+    let before = route_folds(router, folds, &data, vectors)?;
 
     // Per fold, weights fitted on the other folds; last, on every fold (the weights
     // written). Independent fits: `run` may run them side by side.
@@ -118,24 +118,20 @@ pub fn fit_path(
         scorer::fit_parts(&pooled(&data, Some(f)), l2)
     })?;
     let (bias, weights) = held_out.pop().ok_or("a job of the fit did not run")?;
-    let weights_for = |rule: SelectionRule| {
-        let shipped = &shipped;
-        let held_out = &held_out;
-        move |f: usize| {
-            let (bias, row) = &held_out[f];
-            with_model(shipped, path, Model::from_row(*bias, row, rule))
-        }
+    let weights_for = |f: usize, rule: SelectionRule| {
+        let (bias, row) = &held_out[f];
+        with_model(&shipped, path, Model::from_row(*bias, row, rule))
     };
     let start = match path {
         Path::Lexical => shipped.lexical.selection,
         Path::Dense => shipped.dense.selection,
     };
-    let mut tried = 0;
-    let (rule, (total, per_fold)) = choose_rule(start, |rule| {
-        tried += 1;
-        route_folds(router, folds, &data, vectors, weights_for(rule))
-    })?;
-    router.set_weights(shipped.clone());
+    let RuleFound {
+        rule,
+        total,
+        per_fold,
+        tried,
+    } = search_rule(router, folds, &data, vectors, start, weights_for)?;
     log(format!("{path:?}: chosen rule {rule:?} of {tried} tried"));
     let fold_lines = fold_lines(&per_fold, &total, &before, log);
 
@@ -241,22 +237,36 @@ fn one_fold_data(
     let learned = learned_index(router, &learned_turns(&others), vectors);
     let mut rows = Vec::new();
     let mut labels = Vec::new();
-    replay(router, &folds[f], None, Some(&learned), vectors, |routed| {
-        let turn = &routed.case.turns[routed.turn_idx];
-        let input = RouteInput {
-            message: &turn.user,
-            settings: routed.settings,
-            session: routed.session,
-            token_budget: None,
-            learned: Some(&learned),
-            vectors: vectors.and_then(|v| v.get(&turn.user)),
-        };
-        for (t, row) in router.feature_rows(&input) {
-            let name = router.tool_name(t).unwrap_or("");
-            labels.push(turn.needed.iter().any(|n| n == name));
-            rows.push(row);
-        }
-    })?;
+    let replayed = Replayed {
+        cases: &folds[f],
+        token_budget: None,
+        learned: Some(&learned),
+        vectors,
+    };
+    // Each turn's rows are those it is scored on; a chit-chat turn is scored on none,
+    // yet its tools' rows are training data too.
+    replay_by(
+        router,
+        &replayed,
+        |case, turn, input| {
+            let needed = &folds[f][case].turns[turn].needed;
+            let scored = router.scored(input, &router.scorer);
+            let mut push = |t: usize, row: &Row| {
+                let name = router.tool_name(t).unwrap_or("");
+                labels.push(needed.iter().any(|n| n == name));
+                rows.push(*row);
+            };
+            match scored.scored_rows() {
+                Some(scored_rows) => scored_rows.for_each(|(t, row)| push(t, row)),
+                None => router
+                    .feature_rows(input)
+                    .iter()
+                    .for_each(|(t, row)| push(*t, row)),
+            }
+            scored.select(&router.scorer)
+        },
+        |_| {},
+    )?;
     Ok(FoldData {
         rows,
         labels,
@@ -287,23 +297,126 @@ fn pooled(data: &[FoldData], except: Option<usize>) -> Vec<(&[Row], &[bool])> {
         .collect()
 }
 
-/// Each fold routed with `weights(fold)` and its learned memory.
+/// Each fold routed with the router's weights and its learned memory.
 fn route_folds(
-    router: &mut Router,
+    router: &Router,
     folds: &[Vec<Case>],
     data: &[FoldData],
     vectors: Option<&HashMap<String, MessageVectors>>,
-    weights: impl Fn(usize) -> Weights,
-) -> Result<(Report, Vec<Report>), String> {
+) -> Result<Report, String> {
     let mut total = Report::default();
-    let mut per_fold = Vec::new();
     for (f, fold) in folds.iter().enumerate() {
-        router.set_weights(weights(f));
-        let report = replay(router, fold, None, Some(&data[f].learned), vectors, |_| {})?;
-        per_fold.push(report.clone());
-        total.absorb(report);
+        total.absorb(replay(
+            router,
+            fold,
+            None,
+            Some(&data[f].learned),
+            vectors,
+            |_| {},
+        )?);
     }
-    Ok((total, per_fold))
+    Ok(total)
+}
+
+/// The selection rule a search chose, with its figures.
+struct RuleFound {
+    rule: SelectionRule,
+    /// Every fold routed with the rule.
+    total: Report,
+    per_fold: Vec<Report>,
+    /// How many rules were tried.
+    tried: usize,
+}
+
+/// The selection rule ([`choose_rule`] from `start`), each fold routed with
+/// `weights(fold, rule)` and its learned memory.
+///
+/// A case's first turn is scored once a fold and each rule selects from a copy: its
+/// session is empty whatever the rule, so only the selection differs. Later turns
+/// are routed whole, since what the last turn sent is carried into them.
+fn search_rule(
+    router: &Router,
+    folds: &[Vec<Case>],
+    data: &[FoldData],
+    vectors: Option<&HashMap<String, MessageVectors>>,
+    start: SelectionRule,
+    weights: impl Fn(usize, SelectionRule) -> Weights,
+) -> Result<RuleFound, String> {
+    let settings = folds
+        .iter()
+        .map(|fold| {
+            fold.iter()
+                .map(|case| case.settings(router.registry()))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // As `replay` begins every case.
+    let mut session = SessionView::new(0);
+    session.begin_turn(1, None);
+    let first_inputs: Vec<Vec<Option<RouteInput<'_>>>> = (0..folds.len())
+        .map(|f| {
+            folds[f]
+                .iter()
+                .zip(&settings[f])
+                .map(|(case, settings)| {
+                    case.turns.first().map(|turn| RouteInput {
+                        message: &turn.user,
+                        settings,
+                        session: &session,
+                        token_budget: None,
+                        learned: Some(&data[f].learned),
+                        vectors: vectors.and_then(|v| v.get(&turn.user)),
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    let start_scorers: Vec<Scorers> = (0..folds.len())
+        .map(|f| Scorers::new(&weights(f, start)))
+        .collect();
+    let first_scored: Vec<Vec<Option<Pass<'_>>>> = first_inputs
+        .iter()
+        .zip(&start_scorers)
+        .map(|(inputs, scorers)| {
+            inputs
+                .iter()
+                .map(|input| input.as_ref().map(|input| router.scored(input, scorers)))
+                .collect()
+        })
+        .collect();
+
+    let mut tried = 0;
+    let (rule, (total, per_fold)) = choose_rule(start, |rule| {
+        tried += 1;
+        let mut total = Report::default();
+        let mut per_fold = Vec::new();
+        for (f, fold) in folds.iter().enumerate() {
+            let scorers = Scorers::new(&weights(f, rule));
+            let replayed = Replayed {
+                cases: fold,
+                token_budget: None,
+                learned: Some(&data[f].learned),
+                vectors,
+            };
+            let select = |case: usize, turn: usize, input: &RouteInput<'_>| {
+                let first = first_scored[f].get(case).and_then(Option::as_ref);
+                match first.filter(|_| turn == 0) {
+                    Some(scored) => scored.clone().select(&scorers),
+                    None => router.scored(input, &scorers).select(&scorers),
+                }
+            };
+            let report = replay_by(router, &replayed, select, |_| {})?;
+            per_fold.push(report.clone());
+            total.absorb(report);
+        }
+        Ok((total, per_fold))
+    })?;
+    Ok(RuleFound {
+        rule,
+        total,
+        per_fold,
+        tried,
+    })
 }
 
 /// The values each parameter of the selection rule may take.

@@ -256,17 +256,25 @@ pub struct Router {
     weights: scorer::Weights,
 }
 
-struct Scorers {
+#[derive(Clone)]
+pub(crate) struct Scorers {
     lexical: scorer::Compiled,
     dense: scorer::Compiled,
 }
 
 impl Scorers {
-    fn new(weights: &scorer::Weights) -> Scorers {
+    pub(crate) fn new(weights: &scorer::Weights) -> Scorers {
         Scorers {
             lexical: scorer::Compiled::new(&weights.lexical),
             dense: scorer::Compiled::new(&weights.dense),
         }
+    }
+
+    /// Both models score alike: the selection rules may differ.
+    fn same_weights(&self, other: &Scorers) -> bool {
+        let same =
+            |a: &scorer::Compiled, b: &scorer::Compiled| a.bias == b.bias && a.weights == b.weights;
+        same(&self.lexical, &other.lexical) && same(&self.dense, &other.dense)
     }
 }
 
@@ -595,18 +603,24 @@ impl Router {
     /// Routes one message: the stages in order over one [`stages::Pass`]. Pure: the
     /// same input gives the same selection.
     pub fn select(&self, input: &RouteInput<'_>) -> Selection {
-        let mut pass = stages::Pass::new(self, input);
+        self.scored(input, &self.scorer).select(&self.scorer)
+    }
+
+    /// The stages of [`Router::select`] before the selection rule: every tool's
+    /// probability under `scorers`' weights and the hard rules. The fit scores a turn
+    /// once and tries each rule on a clone ([`stages::Pass::select`]).
+    pub(crate) fn scored<'a>(
+        &'a self,
+        input: &'a RouteInput<'a>,
+        scorers: &'a Scorers,
+    ) -> stages::Pass<'a> {
+        let mut pass = stages::Pass::new(self, input, scorers);
         pass.decide_domains();
         pass.score_tools();
         pass.send_held();
         pass.loaded_tools();
         pass.carry_over();
-        pass.send_by_probability();
-        pass.domain_collisions();
-        pass.tool_collisions();
-        pass.destructive_guard();
-        pass.token_budget();
-        pass.finish()
+        pass
     }
 }
 

@@ -376,14 +376,45 @@ pub fn replay(
     token_budget: Option<usize>,
     learned: Option<&LearnedIndex>,
     vectors: Option<&HashMap<String, MessageVectors>>,
+    on_turn: impl FnMut(&Routed<'_>),
+) -> Result<Report, String> {
+    let input = Replayed {
+        cases,
+        token_budget,
+        learned,
+        vectors,
+    };
+    replay_by(router, &input, |_, _, input| router.select(input), on_turn)
+}
+
+/// What [`replay_by`] replays, and with what.
+pub(crate) struct Replayed<'c> {
+    pub(crate) cases: &'c [Case],
+    pub(crate) token_budget: Option<usize>,
+    pub(crate) learned: Option<&'c LearnedIndex>,
+    pub(crate) vectors: Option<&'c HashMap<String, MessageVectors>>,
+}
+
+/// [`replay`], each turn routed by `select(case index, turn index, input)`: the fit
+/// routes the first turns of its cases from a scoring it keeps.
+pub(crate) fn replay_by(
+    router: &Router,
+    replayed: &Replayed<'_>,
+    mut select: impl FnMut(usize, usize, &RouteInput<'_>) -> Selection,
     mut on_turn: impl FnMut(&Routed<'_>),
 ) -> Result<Report, String> {
+    let Replayed {
+        cases,
+        token_budget,
+        learned,
+        vectors,
+    } = *replayed;
     let registry = router.registry();
     let mut report = Report {
         all_tools_tokens: router.all_tools_tokens(),
         ..Report::default()
     };
-    for case in cases {
+    for (case_idx, case) in cases.iter().enumerate() {
         let settings = case.settings(registry)?;
         let mut view = SessionView::new(0);
         let mut previous: Option<Selection> = None;
@@ -398,7 +429,7 @@ pub fn replay(
                 vectors: vectors.and_then(|v| v.get(&turn.user)),
             };
             let routed_at = Instant::now();
-            let selection = router.select(&input);
+            let selection = select(case_idx, turn_idx, &input);
             report.route_time += routed_at.elapsed();
 
             report.turns += 1;

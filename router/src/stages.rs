@@ -7,10 +7,11 @@ use std::borrow::Cow;
 
 use crate::evidence::{Evidence, best_first};
 use crate::features::Candidates;
+use crate::scorer::Row;
 use crate::selection::{
     DomainDecision, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
 };
-use crate::{RouteInput, Router, chitchat};
+use crate::{RouteInput, Router, Scorers, chitchat};
 
 mod domains;
 mod finish;
@@ -19,9 +20,12 @@ mod scored;
 mod tools;
 
 /// One message being routed.
+#[derive(Clone)]
 pub(crate) struct Pass<'a> {
     router: &'a Router,
     input: &'a RouteInput<'a>,
+    /// The models that score the tools and whose rule selects them.
+    scorers: &'a Scorers,
     /// The token budget of this message.
     budget: usize,
     evidence: Evidence,
@@ -56,7 +60,11 @@ pub(crate) struct Pass<'a> {
 }
 
 impl<'a> Pass<'a> {
-    pub(crate) fn new(router: &'a Router, input: &'a RouteInput<'a>) -> Pass<'a> {
+    pub(crate) fn new(
+        router: &'a Router,
+        input: &'a RouteInput<'a>,
+        scorers: &'a Scorers,
+    ) -> Pass<'a> {
         let evidence = router.gather_evidence(
             input.message,
             Some(input.settings),
@@ -75,6 +83,7 @@ impl<'a> Pass<'a> {
         Pass {
             router,
             input,
+            scorers,
             budget: input.token_budget.unwrap_or(router.config.token_budget),
             notes: evidence.notes.clone(),
             evidence,
@@ -92,6 +101,26 @@ impl<'a> Pass<'a> {
             rest_mass: 0.0,
             scored_reason: Vec::new(),
         }
+    }
+
+    /// The stages after [`Router::scored`]: the selection by `scorers`' rule, then
+    /// the guards and the budget. `scorers` has the weights the pass was scored with
+    /// (the fit tries rules on one scoring; only the rule may differ).
+    pub(crate) fn select(mut self, scorers: &'a Scorers) -> Selection {
+        debug_assert!(scorers.same_weights(self.scorers));
+        self.scorers = scorers;
+        self.send_by_probability();
+        self.domain_collisions();
+        self.tool_collisions();
+        self.destructive_guard();
+        self.token_budget();
+        self.finish()
+    }
+
+    /// The candidate tools with the feature rows they were scored on; none for
+    /// chit-chat, which is not scored.
+    pub(crate) fn scored_rows(&self) -> Option<impl Iterator<Item = (usize, &Row)>> {
+        (!self.chit_chat).then(|| self.candidates.iter())
     }
 
     fn send(&mut self, t: usize, stage: Stage) {
@@ -130,6 +159,7 @@ impl Router {
 /// Per-tool slots of a selection being made, and the tools whose slot was ever set:
 /// a selection goes over the few tools it touched, not over every tool of the
 /// registry.
+#[derive(Clone)]
 struct ToolSlots<T: Copy> {
     slots: Vec<Option<T>>,
     listed: Vec<bool>,
@@ -194,6 +224,7 @@ enum Send {
     Ranked,
 }
 
+#[derive(Clone)]
 struct DomainVerdict {
     stage: Stage,
     send: Send,

@@ -2226,28 +2226,79 @@ fn a_destructive_tool_asked_for_last_turn_reaches_the_answer_to_the_models_quest
     assert!(!select("my account name is foo", &SessionView::new(2)).contains("delete_account"));
 }
 
+/// The fit scores a turn once and tries each selection rule on a copy: that gives
+/// the selection a router with the rule in its weights gives.
+#[test]
+fn one_scoring_selected_by_each_rule_is_what_each_rule_routes() {
+    use crate::scorer::SelectionRule;
+    let Some(router) = shared_catalog_scorer() else {
+        return;
+    };
+    let shipped = router.weights().clone();
+    let rules = [
+        shipped.lexical.selection,
+        SelectionRule {
+            coverage: 0.97,
+            min_ratio: 0.002,
+            min_probability: 0.0,
+            fill_tokens: 3500,
+            ..shipped.lexical.selection
+        },
+        SelectionRule {
+            coverage: 0.5,
+            min_ratio: 0.5,
+            whole_domain_share: 0.0,
+            fill_tokens: 0,
+            ..shipped.lexical.selection
+        },
+    ];
+    let settings = crate::replay::every_setting(router.registry());
+    let session = SessionView::new(1);
+    for message in [
+        "reboot the server now",
+        "delete all my notes and email bob the summary",
+        "what's on my calendar tomorrow?",
+    ] {
+        let input = RouteInput {
+            message,
+            settings: &settings,
+            session: &session,
+            token_budget: None,
+            learned: None,
+            vectors: None,
+        };
+        let scored = router.scored(&input, &router.scorer);
+        let mut sent = std::collections::BTreeSet::new();
+        for rule in rules {
+            let mut weights = shipped.clone();
+            weights.lexical.selection = rule;
+            let mut by_rule = Router::new(router.registry().clone(), RouterConfig::default());
+            by_rule.set_weights(weights.clone());
+            let scorers = crate::Scorers::new(&weights);
+            let from_scoring = scored.clone().select(&scorers);
+            let routed = by_rule.select(&input);
+            assert_eq!(from_scoring, routed, "{message}, {rule:?}");
+            sent.insert(routed.n_tools);
+        }
+        // The rules differ where it counts: the copy is not the first rule's selection.
+        assert!(sent.len() > 1, "{message}: every rule sent {sent:?} tools");
+    }
+}
+
 /// The fit's jobs are independent: run in order or in reverse they give the same
 /// weights, and a runner that drops them gets an error, not weights of zeros.
 #[test]
 fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_error() {
     use crate::fit::{Fitted, Job, Path, RunJobs, fit_path, one_after_another};
-    let Some(mut router) = shared_catalog_scorer() else {
+    let Some(router) = shared_catalog_scorer() else {
         return;
     };
     let dev = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/eval/dev.jsonl");
     let text = std::fs::read_to_string(dev).expect("dev.jsonl beside the catalog");
     let cases = replay::cases_from_json_lines(&text).expect("cases");
     let folds = replay::folds(&cases[..cases.len().min(30)], 3);
-    let mut fit = |run: RunJobs<'_>| -> Result<Fitted, String> {
-        fit_path(
-            &mut router,
-            &folds,
-            1.0,
-            Path::Lexical,
-            None,
-            &mut |_| {},
-            run,
-        )
+    let fit = |run: RunJobs<'_>| -> Result<Fitted, String> {
+        fit_path(&router, &folds, 1.0, Path::Lexical, None, &mut |_| {}, run)
     };
     let in_order = fit(&one_after_another).expect("fit");
     let reversed =

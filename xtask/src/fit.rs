@@ -106,11 +106,11 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     // neither reads the other's router.
     let (lexical, dense) = std::thread::scope(|scope| {
         let lexical = scope.spawn(|| {
-            let mut router = Router::new(registry.clone(), crate::eval::eval_config());
-            fit_path(&mut router, &folds, options, Path::Lexical)
+            let router = Router::new(registry.clone(), crate::eval::eval_config());
+            fit_path(&router, &folds, options, Path::Lexical)
         });
-        let dense = dense_router.map(|mut router| {
-            let fitted = fit_path(&mut router, &folds, options, Path::Dense);
+        let dense = dense_router.map(|router| {
+            let fitted = fit_path(&router, &folds, options, Path::Dense);
             // The dense weights hold only for the encoder whose cosines they were fitted on.
             let encoder = router.dense().map(|index| index.model_id().to_owned());
             fitted.map(|fitted| (fitted, encoder))
@@ -155,7 +155,7 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
 /// One path fitted, its figures printed as one block when it ends (the other path's
 /// fit runs beside it).
 fn fit_path(
-    router: &mut Router,
+    router: &Router,
     folds: &[Vec<Case>],
     options: &Args,
     path: Path,

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use super::{DomainVerdict, Pass, Send};
-use crate::Router;
+use crate::Scorers;
 use crate::evidence::BestFirst;
 use crate::scorer::Compiled;
 use crate::selection::Stage;
@@ -14,11 +14,11 @@ impl<'a> Pass<'a> {
     /// The path's model, borrowed from the router rather than the pass, so that the
     /// pass can change while it is read.
     fn model(&self) -> &'a Compiled {
-        let router: &'a Router = self.router;
+        let scorers: &'a Scorers = self.scorers;
         if self.evidence.dense_on {
-            &router.scorer.dense
+            &scorers.dense
         } else {
-            &router.scorer.lexical
+            &scorers.lexical
         }
     }
 

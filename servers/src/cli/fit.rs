@@ -195,12 +195,12 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
         std::thread::scope(|scope| {
             let running: Vec<_> = jobs
                 .into_iter()
-                .map(|(path, mut router, vectors)| {
+                .map(|(path, router, vectors)| {
                     let folds = &folds;
                     scope.spawn(move || {
                         let mut lines = Vec::new();
                         let fitted = fit::fit_path(
-                            &mut router,
+                            &router,
                             folds,
                             args.l2,
                             path,
