@@ -112,12 +112,13 @@ pub fn fit_path(
     let shipped = router.weights().clone();
     let before = route_folds(router, folds, &data, vectors)?;
 
-    // Per fold, weights fitted on the other folds; last, on every fold (the weights
-    // written). Independent fits: `run` may run them side by side.
-    let mut held_out: Vec<(f32, Row)> = each(folds.len() + 1, run, |f| {
-        scorer::fit_parts(&pooled(&data, Some(f)), l2)
+    // The weights written, fitted on every fold; then per fold, weights fitted on the
+    // other folds, each starting from those (independent fits: `run` may run them
+    // side by side).
+    let (bias, weights) = scorer::fit_parts(&pooled(&data, None), l2);
+    let held_out: Vec<(f32, Row)> = each(folds.len(), run, |f| {
+        scorer::fit_parts_from(&pooled(&data, Some(f)), l2, Some((bias, &weights)))
     })?;
-    let (bias, weights) = held_out.pop().ok_or("a job of the fit did not run")?;
     let weights_for = |f: usize, rule: SelectionRule| {
         let (bias, row) = &held_out[f];
         with_model(&shipped, path, Model::from_row(*bias, row, rule))
