@@ -1,7 +1,8 @@
 //! The stages of [`Router::select`](crate::Router::select), each a method of one
 //! [`Pass`]: the message's evidence, the verdict on each domain, the tools being sent
-//! and why. Stages run in the order `select` calls them; each reads what the earlier
-//! ones decided and may only add to or trim the selection as its own doc says.
+//! and why. Stages run in the order `Router::scored`, then `Pass::select`, call them;
+//! each reads what the earlier ones decided and may only add to or trim the selection
+//! as its own doc says.
 
 use std::borrow::Cow;
 
