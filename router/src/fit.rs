@@ -162,14 +162,14 @@ fn fold_lines(
 ) -> Vec<String> {
     let mut lines = Vec::new();
     for (f, report) in per_fold.iter().enumerate() {
-        let line = format!("fold {f}: {}", report.summary_line());
+        let line = format!("fold {f}: {}", report.figures_line());
         log(format!("  {line}"));
         lines.push(line);
     }
-    log(format!("  all folds: {}", total.summary_line()));
+    log(format!("  all folds: {}", total.figures_line()));
     log(format!(
         "  with the weights before the fit: {}",
-        before.summary_line()
+        before.figures_line()
     ));
     lines
 }

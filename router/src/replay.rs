@@ -223,9 +223,18 @@ impl Report {
     /// The one-line summary both `cargo xtask eval` and `loadout replay` print.
     pub fn summary_line(&self) -> String {
         format!(
+            "{}  route {:.0} us/turn (this build)",
+            self.figures_line(),
+            self.mean_route_us()
+        )
+    }
+
+    /// [`Report::summary_line`] without the route time: what a fit writes, whose
+    /// selections are timed apart from their scoring (see `fit.rs`).
+    pub fn figures_line(&self) -> String {
+        format!(
             "turns {}  turn_recall {:.3}  tool_recall {:.3}  mean_tools {:.1}  p95_tools {}  \
-             mean_tokens {:.0} ({:.1}% of {})  p95_tokens {}  mean_hint_tokens {:.0}  \
-             route {:.0} us/turn (this build)",
+             mean_tokens {:.0} ({:.1}% of {})  p95_tokens {}  mean_hint_tokens {:.0}",
             self.turns,
             self.turn_recall(),
             self.tool_recall(),
@@ -236,7 +245,6 @@ impl Report {
             self.all_tools_tokens,
             self.p95_tokens(),
             self.mean_hint_tokens(),
-            self.mean_route_us(),
         )
     }
 
