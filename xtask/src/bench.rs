@@ -14,8 +14,9 @@
 //! the shared catalog (262 tools) and of Seal-Tools (4,077 tools), and cold start
 //! (router + encoder + vectors) with and without the vector cache.
 //!
-//! Then the decision log's writes on SQLite, per row, for one-off and session rows
-//! (see `bench_log.rs`).
+//! Without `--quick`, the fit on 20,000 labeled turns (`cargo xtask fit` on MetaTool's
+//! history). Then the decision log's writes on SQLite, per row, for one-off and session
+//! rows (see `bench_log.rs`).
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -32,6 +33,10 @@ use crate::eval::{EmbedderChoice, attach_embedder};
 
 const SHARED_CATALOG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/eval/catalog");
 const SHARED_CASES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/eval/dev.jsonl");
+const METATOOL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/eval/public/metatool"
+);
 const SEAL_CATALOG: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../shared/eval/public/sealtools/catalog"
@@ -138,7 +143,54 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
             rounds,
         )?;
     }
+    if !options.quick {
+        bench_fit(options)?;
+    }
     crate::bench_log::run(&decision_rows, if options.quick { 40 } else { 200 })?;
+    Ok(())
+}
+
+/// The fit on 20,000 entries: `cargo xtask fit` on MetaTool's history (20,431
+/// labeled past queries), 5 folds, both paths side by side as the command runs them.
+/// The messages' vectors come from the vector cache, filled first and timed apart.
+fn bench_fit(options: &Args) -> anyhow::Result<()> {
+    let catalog = std::path::Path::new(METATOOL).join("catalog");
+    let history = std::path::Path::new(METATOOL).join("history.jsonl");
+    if !catalog.is_dir() || !history.is_file() {
+        println!("fit: skipped, no MetaTool history beside this workspace");
+        return Ok(());
+    }
+    let registry = Arc::new(Registry::builder().toolkit_dir(&catalog)?.build()?);
+    let text = std::fs::read_to_string(&history)?;
+    let cases = loadout_router::replay::cases_from_json_lines(&text).map_err(anyhow::Error::msg)?;
+    let n_turns: usize = cases.iter().map(|c| c.turns.len()).sum();
+    let lexical_only = options.embedder == EmbedderChoice::None;
+    let mut vectors_time = Duration::ZERO;
+    if !lexical_only {
+        let router = Router::new(registry, crate::eval::eval_config());
+        let cache = crate::eval::default_vector_cache();
+        attach_embedder(&router, &EmbedderChoice::Builtin, Some(&cache))?;
+        let started = Instant::now();
+        crate::eval::case_vectors(&router, &cases, Some(&cache))?;
+        vectors_time = started.elapsed();
+    }
+    let out = std::env::temp_dir().join(format!("loadout-bench-fit-{}.json", std::process::id()));
+    let args = crate::fit::Args::for_bench(catalog, history, out.clone(), lexical_only);
+    let started = Instant::now();
+    let fitted = crate::fit::run(&args);
+    let fit_time = started.elapsed();
+    let _ = std::fs::remove_file(&out);
+    fitted?;
+    println!(
+        "fit, MetaTool's history ({n_turns} turns, 5 folds, {}): {:.1} s wall (the message vectors: {:.1} s, from the cache when it holds them)",
+        if lexical_only {
+            "lexical only"
+        } else {
+            "both paths"
+        },
+        fit_time.as_secs_f64(),
+        vectors_time.as_secs_f64(),
+    );
     Ok(())
 }
 

@@ -41,6 +41,26 @@ pub struct Args {
     #[arg(long, value_name = "builtin|static|URL#MODEL", default_value = "builtin",
           value_parser = dense_embedder)]
     embedder: crate::eval::EmbedderChoice,
+    /// Print nothing (`cargo xtask bench` times the fit).
+    #[arg(skip)]
+    quiet: bool,
+}
+
+impl Args {
+    /// The fit `cargo xtask bench` times: 5 folds, both paths unless `lexical_only`,
+    /// written to `out`, printing nothing.
+    pub fn for_bench(catalog: PathBuf, cases: PathBuf, out: PathBuf, lexical_only: bool) -> Args {
+        Args {
+            catalog,
+            cases,
+            folds: 5,
+            out,
+            l2: 1.0,
+            lexical_only,
+            embedder: crate::eval::EmbedderChoice::Builtin,
+            quiet: true,
+        }
+    }
 }
 
 fn dense_embedder(text: &str) -> anyhow::Result<crate::eval::EmbedderChoice> {
@@ -144,6 +164,9 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     let json = serde_json::to_string_pretty(&weights)? + "\n";
     std::fs::write(&options.out, json)
         .with_context(|| format!("writing {}", options.out.display()))?;
+    if options.quiet {
+        return Ok(());
+    }
     println!(
         "wrote {} in {:.1} s",
         options.out.display(),
@@ -181,7 +204,9 @@ fn fit_path(
         }
         block.push_str(&format!("\n  {:>22} {:+.3}", "bias", fitted.model.bias));
     }
-    println!("{block}");
+    if !options.quiet {
+        println!("{block}");
+    }
     fitted.map_err(anyhow::Error::msg)
 }
 
