@@ -22,6 +22,9 @@ pub const TOOLS_PER_TURN_OF_RECALL: f64 = 0.002;
 /// Most turns the selection rule is chosen on (see [`sample_folds`]).
 const RULE_TURNS: usize = 4000;
 
+/// Most bytes of first-turn scorings the rule search keeps (see `search_rule`).
+const KEPT_SCORING_BYTES: usize = 512 << 20;
+
 /// Which of the router's two models a fit replaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
@@ -332,8 +335,9 @@ struct RuleFound {
 /// The selection rule ([`choose_rule`] from `start`), each fold routed with
 /// `weights(fold, rule)` and its learned memory.
 ///
-/// A case's first turn is scored once a fold and each rule selects from a copy: its
-/// session is empty whatever the rule, so only the selection differs. Later turns
+/// A case's first turn is scored once a fold and each rule selects from a copy (up to
+/// [`KEPT_SCORING_BYTES`] of them): its session is empty whatever the rule, so only
+/// the selection differs. Later turns
 /// are routed whole, since what the last turn sent is carried into them.
 fn search_rule(
     router: &Router,
@@ -375,13 +379,20 @@ fn search_rule(
     let start_scorers: Vec<Scorers> = (0..folds.len())
         .map(|f| Scorers::new(&weights(f, start)))
         .collect();
+    // Kept up to `KEPT_SCORING_BYTES`: on a catalog of thousands a scoring holds about
+    // a megabyte, and the turns past the bound are routed whole.
+    let mut kept_bytes = 0;
     let first_scored: Vec<Vec<Option<Pass<'_>>>> = first_inputs
         .iter()
         .zip(&start_scorers)
         .map(|(inputs, scorers)| {
             inputs
                 .iter()
-                .map(|input| input.as_ref().map(|input| router.scored(input, scorers)))
+                .map(|input| {
+                    let scored = router.scored(input.as_ref()?, scorers);
+                    kept_bytes += scored.heap_bytes();
+                    (kept_bytes <= KEPT_SCORING_BYTES).then_some(scored)
+                })
                 .collect()
         })
         .collect();

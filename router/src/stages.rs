@@ -118,6 +118,17 @@ impl<'a> Pass<'a> {
         self.finish()
     }
 
+    /// About the bytes the pass holds: what a fit that keeps many pays. Each tool has
+    /// its evidence, probability and slots (about 60 bytes); each candidate its row.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        const PER_TOOL: usize = 64;
+        let candidates = &self.candidates;
+        self.probability.len() * PER_TOOL
+            + candidates.rows.capacity() * std::mem::size_of::<Row>()
+            + candidates.tools.capacity() * std::mem::size_of::<usize>()
+            + candidates.row_of.capacity() * std::mem::size_of::<u32>()
+    }
+
     /// The candidate tools with the feature rows they were scored on; none for
     /// chit-chat, which is not scored.
     pub(crate) fn scored_rows(&self) -> Option<impl Iterator<Item = (usize, &Row)>> {
