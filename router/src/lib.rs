@@ -524,7 +524,7 @@ impl Router {
     }
 
     /// Required id arguments no tool is found to find, as `(tool, argument)`; see
-    /// [`prerequisite`].
+    /// `prerequisite.rs`.
     pub fn unfound_ids(&self) -> Vec<(String, String)> {
         prerequisite::unfound_ids(
             self.registry.all_tools(),
@@ -600,7 +600,7 @@ impl Router {
         matched
     }
 
-    /// Routes one message: the stages in order over one [`stages::Pass`]. Pure: the
+    /// Routes one message: the stages in order over one `stages::Pass`. Pure: the
     /// same input gives the same selection.
     pub fn select(&self, input: &RouteInput<'_>) -> Selection {
         self.scored(input, &self.scorer).select(&self.scorer)
