@@ -337,8 +337,9 @@ struct RuleFound {
 ///
 /// A case's first turn is scored once a fold and each rule selects from a copy (up to
 /// [`KEPT_SCORING_BYTES`] of them): its session is empty whatever the rule, so only
-/// the selection differs. Later turns
-/// are routed whole, since what the last turn sent is carried into them.
+/// the selection differs. Later turns are routed whole, since what the last turn sent
+/// is carried into them. The first turns' inputs are built here as `replay_by` builds
+/// them, because a scoring borrows its input and the replay's do not outlive a turn.
 fn search_rule(
     router: &Router,
     folds: &[Vec<Case>],

@@ -231,6 +231,29 @@ fn file_name(path: &std::path::Path) -> String {
 mod tests {
     use super::*;
 
+    /// The fit `cargo xtask bench` times is the command's, with its defaults.
+    #[test]
+    fn the_bench_fit_has_the_command_line_defaults() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let argv = ["fit", "--catalog", "c", "--cases", "d", "--out", "o"];
+        let parsed = <Cli as clap::Parser>::parse_from(argv).args;
+        let bench = Args::for_bench("c".into(), "d".into(), "o".into(), false);
+        assert_eq!(
+            (
+                parsed.folds,
+                parsed.l2,
+                &parsed.embedder,
+                parsed.lexical_only
+            ),
+            (bench.folds, bench.l2, &bench.embedder, bench.lexical_only)
+        );
+        assert!(bench.quiet && !parsed.quiet);
+    }
+
     #[test]
     fn the_dense_path_takes_any_encoder_but_none() {
         assert!(dense_embedder("none").is_err());

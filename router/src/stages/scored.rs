@@ -11,7 +11,7 @@ use crate::scorer::Compiled;
 use crate::selection::Stage;
 
 impl<'a> Pass<'a> {
-    /// The path's model, borrowed from the router rather than the pass, so that the
+    /// The path's model, borrowed from the scorers rather than the pass, so that the
     /// pass can change while it is read.
     fn model(&self) -> &'a Compiled {
         let scorers: &'a Scorers = self.scorers;
