@@ -645,14 +645,7 @@ mod tests {
         assert!(router.dense().is_none());
         let settings = BTreeMap::new();
         let session = SessionView::new(1);
-        let selection = router.select(&RouteInput {
-            message: "weather please",
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        });
+        let selection = router.select(&RouteInput::new("weather please", &settings, &session));
         assert!(selection.contains("get_current_weather"));
         assert!(selection.notes.is_empty(), "{:?}", selection.notes);
     }
@@ -770,12 +763,8 @@ mod tests {
         let message = "check the weather in Busan and put a dentist appointment on friday";
         let vectors = encoder.message_vectors(message);
         let selection = router.select(&RouteInput {
-            message,
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: None,
             vectors: Some(&vectors),
+            ..RouteInput::new(message, &settings, &session)
         });
         assert!(selection.notes.is_empty(), "{:?}", selection.notes);
         for tool in ["get_current_weather", "create_event"] {
@@ -789,12 +778,8 @@ mod tests {
         let message = "book me in with the dentist on friday at 3";
         let vectors = encoder.message_vectors(message);
         let selection = router.select(&RouteInput {
-            message,
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: None,
             vectors: Some(&vectors),
+            ..RouteInput::new(message, &settings, &session)
         });
         assert!(
             selection.contains("create_event"),

@@ -199,6 +199,25 @@ pub struct RouteInput<'a> {
     pub vectors: Option<&'a MessageVectors>,
 }
 
+impl<'a> RouteInput<'a> {
+    /// `message` with these settings and session, the config's token budget, no
+    /// learned memory and no vectors; set the other fields with struct update syntax.
+    pub fn new(
+        message: &'a str,
+        settings: &'a BTreeMap<String, String>,
+        session: &'a SessionView,
+    ) -> RouteInput<'a> {
+        RouteInput {
+            message,
+            settings,
+            session,
+            token_budget: None,
+            learned: None,
+            vectors: None,
+        }
+    }
+}
+
 /// Picks the tools each message needs. Cheap to share (`Arc`); rebuild when the
 /// registry changes.
 pub struct Router {

@@ -90,12 +90,8 @@ fn all_settings() -> BTreeMap<String, String> {
 fn route(router: &Router, message: &str, session: &SessionView) -> Selection {
     let vectors = vectors_for(router, message);
     router.select(&RouteInput {
-        message,
-        settings: &all_settings(),
-        session,
-        token_budget: None,
-        learned: None,
         vectors: vectors.as_ref(),
+        ..RouteInput::new(message, &all_settings(), session)
     })
 }
 
@@ -152,14 +148,11 @@ fn core_is_always_sent_and_first() {
 #[test]
 fn inactive_domains_are_never_sent_and_name_their_missing_settings() {
     let router = router();
-    let selection = router.select(&RouteInput {
-        message: "weather forecast please",
-        settings: &BTreeMap::from([("weather_key".to_owned(), "  ".to_owned())]),
-        session: &SessionView::new(1),
-        token_budget: None,
-        learned: None,
-        vectors: None,
-    });
+    let selection = router.select(&RouteInput::new(
+        "weather forecast please",
+        &BTreeMap::from([("weather_key".to_owned(), "  ".to_owned())]),
+        &SessionView::new(1),
+    ));
     let weather = selection
         .domain("weather")
         .map(|d| (d.included, d.stage, d.reason.to_string()));
@@ -179,14 +172,7 @@ fn an_unconfigured_domain_that_fits_the_message_is_named_with_its_keys() {
     let router = router();
     let unset = BTreeMap::new();
     let route_with = |message: &str, settings: &BTreeMap<String, String>| {
-        router.select(&RouteInput {
-            message,
-            settings,
-            session: &SessionView::new(1),
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        })
+        router.select(&RouteInput::new(message, settings, &SessionView::new(1)))
     };
     let selection = route_with("what's the weather in Seoul tomorrow", &unset);
     let named: Vec<String> = selection
@@ -228,14 +214,7 @@ fn a_follow_up_names_an_unconfigured_domain_only_by_keyword() {
     let router = router();
     let unset = BTreeMap::new();
     let route_with = |message: &str, session: &SessionView| {
-        router.select(&RouteInput {
-            message,
-            settings: &unset,
-            session,
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        })
+        router.select(&RouteInput::new(message, &unset, session))
     };
     let mut view = SessionView::new(1);
     let first = route_with("restart the redis container", &view);
@@ -261,14 +240,11 @@ fn an_unconfigured_domain_is_not_named_when_the_always_on_tools_explain_the_mess
     // "current" is in a weather tool's description and passes the BM25 gate, but
     // the core tools explain the message better: naming weather would make the
     // model ask for a key the user does not need.
-    let selection = router.select(&RouteInput {
-        message: "read the current setting by key",
-        settings: &BTreeMap::new(),
-        session: &SessionView::new(1),
-        token_budget: None,
-        learned: None,
-        vectors: None,
-    });
+    let selection = router.select(&RouteInput::new(
+        "read the current setting by key",
+        &BTreeMap::new(),
+        &SessionView::new(1),
+    ));
     assert!(
         selection.unconfigured.is_empty(),
         "{:?}",
@@ -441,12 +417,12 @@ fn budget_trims_optional_tools_but_never_core_or_pinned() {
         .map(|i| router.tool_tokens(i))
         .sum();
     let selection = router.select(&RouteInput {
-        message: "docker container weather forecast news headlines",
-        settings: &all_settings(),
-        session: &view,
         token_budget: Some(core_and_pinned + 1),
-        learned: None,
-        vectors: None,
+        ..RouteInput::new(
+            "docker container weather forecast news headlines",
+            &all_settings(),
+            &view,
+        )
     });
     for tool in tools.iter().filter(|t| held(&t.domain)) {
         assert!(selection.contains(&tool.name), "{} trimmed", tool.name);
@@ -481,12 +457,12 @@ fn large_domains_send_their_best_tools_and_hint_the_rest() {
             .all(|&i| whole.contains(&router.registry().all_tools()[i].name))
     );
     let selection = router.select(&RouteInput {
-        message: "restart the redis container",
-        settings: &all_settings(),
-        session: &SessionView::new(1),
         token_budget: Some(docker_tokens),
-        learned: None,
-        vectors: None,
+        ..RouteInput::new(
+            "restart the redis container",
+            &all_settings(),
+            &SessionView::new(1),
+        )
     });
     assert!(selection.contains("restart_container"));
     let docker_sent = selection
@@ -623,12 +599,8 @@ fn outside_pieces() -> Vec<Vec<f32>> {
 /// [`OUTSIDE`] routed with `vectors`, every setting set, in a new session.
 fn route_outside(router: &Router, vectors: Option<&MessageVectors>) -> Selection {
     router.select(&RouteInput {
-        message: OUTSIDE,
-        settings: &all_settings(),
-        session: &SessionView::new(1),
-        token_budget: None,
-        learned: None,
         vectors,
+        ..RouteInput::new(OUTSIDE, &all_settings(), &SessionView::new(1))
     })
 }
 
@@ -1025,14 +997,11 @@ fn recipients_are_found_in_the_address_book() {
     // "to my accountant" names a person: the address book goes along.
     let settings = BTreeMap::new();
     let session = SessionView::new(1);
-    let input = RouteInput {
-        message: "forward the invoice email to my accountant",
-        settings: &settings,
-        session: &session,
-        token_budget: None,
-        learned: None,
-        vectors: None,
-    };
+    let input = RouteInput::new(
+        "forward the invoice email to my accountant",
+        &settings,
+        &session,
+    );
     let selection = router.select(&input);
     assert!(selection.contains("forward_email"));
     assert!(selection.contains("search_contacts"));
@@ -1046,14 +1015,11 @@ fn a_tool_is_sent_with_the_tool_that_finds_its_ids() {
     let router = media_router(RouterConfig::default());
     let settings = BTreeMap::new();
     let session = SessionView::new(1);
-    let input = RouteInput {
-        message: "delete the walking dead series, keep the files",
-        settings: &settings,
-        session: &session,
-        token_budget: None,
-        learned: None,
-        vectors: None,
-    };
+    let input = RouteInput::new(
+        "delete the walking dead series, keep the files",
+        &settings,
+        &session,
+    );
     let selection = router.select(&input);
     assert!(selection.contains("media_delete_series"));
     assert!(selection.contains("media_list_series"));
@@ -1083,14 +1049,7 @@ fn after_a_finder_is_called_its_next_steps_are_sent_for_a_turn() {
         settings: &'a BTreeMap<String, String>,
         message: &'a str,
     ) -> RouteInput<'a> {
-        RouteInput {
-            message,
-            settings,
-            session: view,
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        }
+        RouteInput::new(message, settings, view)
     }
     let mut view = SessionView::new(1);
     let first = router.select(&input(&view, &settings, "which series do I have?"));
@@ -1441,12 +1400,9 @@ fn random_messages_sessions_and_configs_keep_the_selection_promises() {
                 let budget = rng.chance(30).then(|| rng.below(5000));
                 let vectors = vectors_for(&router, &message);
                 let input = RouteInput {
-                    message: &message,
-                    settings: &settings,
-                    session: &session,
                     token_budget: budget,
-                    learned: None,
                     vectors: vectors.as_ref(),
+                    ..RouteInput::new(&message, &settings, &session)
                 };
                 let selection = router.select(&input);
                 check_selection(
@@ -1602,12 +1558,8 @@ fn learned(router: &Router, entries: &[(&str, &[&str])]) -> LearnedIndex {
 
 fn route_learned(router: &Router, message: &str, index: Option<&LearnedIndex>) -> Selection {
     router.select(&RouteInput {
-        message,
-        settings: &all_settings(),
-        session: &SessionView::new(1),
-        token_budget: None,
         learned: index,
-        vectors: None,
+        ..RouteInput::new(message, &all_settings(), &SessionView::new(1))
     })
 }
 
@@ -1736,14 +1688,7 @@ fn shared_catalog_router() -> Option<Router> {
 /// Routes with every settings key of the router's registry set.
 fn route_configured(router: &Router, message: &str, session: &SessionView) -> Selection {
     let settings = crate::replay::every_setting(router.registry());
-    router.select(&RouteInput {
-        message,
-        settings: &settings,
-        session,
-        token_budget: None,
-        learned: None,
-        vectors: None,
-    })
+    router.select(&RouteInput::new(message, &settings, session))
 }
 
 /// `tool`'s `feature` for `message`, with every settings key of the router's
@@ -1758,12 +1703,8 @@ fn learned_feature(
 ) -> f32 {
     let settings = crate::replay::every_setting(router.registry());
     let input = RouteInput {
-        message,
-        settings: &settings,
-        session,
-        token_budget: None,
         learned: Some(learned),
-        vectors: None,
+        ..RouteInput::new(message, &settings, session)
     };
     feature_of(router, &input, tool, feature)
 }
@@ -2259,14 +2200,7 @@ fn one_scoring_selected_by_each_rule_is_what_each_rule_routes() {
         "delete all my notes and email bob the summary",
         "what's on my calendar tomorrow?",
     ] {
-        let input = RouteInput {
-            message,
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        };
+        let input = RouteInput::new(message, &settings, &session);
         let scored = router.scored(&input, &router.scorer);
         let mut sent = std::collections::BTreeSet::new();
         for rule in rules {
@@ -2331,14 +2265,8 @@ const CREDENTIALS: &str = "my username is foo and my password is bar";
 
 /// `add_meeting`'s `pending` feature for the credentials in `session`.
 fn add_meeting_pending(router: &Router, session: &SessionView) -> f32 {
-    let input = RouteInput {
-        message: CREDENTIALS,
-        settings: &all_settings(),
-        session,
-        token_budget: None,
-        learned: None,
-        vectors: None,
-    };
+    let settings = all_settings();
+    let input = RouteInput::new(CREDENTIALS, &settings, session);
     feature_of(router, &input, "add_meeting", crate::scorer::f::PENDING)
 }
 
@@ -2414,12 +2342,8 @@ fn a_request_stays_open_until_its_tool_is_called_or_no_longer_sent() {
     let mut session = SessionView::new(1);
     session.begin_turn(2, Some(&asked));
     let moved_on = router.select(&RouteInput {
-        message: "it's about the budget",
-        settings: &all_settings(),
-        session: &session,
         token_budget: Some(1),
-        learned: None,
-        vectors: None,
+        ..RouteInput::new("it's about the budget", &all_settings(), &session)
     });
     assert!(!moved_on.contains("add_meeting"));
     session.begin_turn(3, Some(&moved_on));

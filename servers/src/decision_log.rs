@@ -162,16 +162,7 @@ mod tests {
         ]);
         let settings = BTreeMap::new();
         let session = SessionView::new(1);
-        let select = |message| {
-            router.select(&RouteInput {
-                message,
-                settings: &settings,
-                session: &session,
-                token_budget: None,
-                learned: None,
-                vectors: None,
-            })
-        };
+        let select = |message| router.select(&RouteInput::new(message, &settings, &session));
         for message in [
             "weather and mail please",
             "mail then calendar",

@@ -212,16 +212,7 @@ fn bench_one(
         .collect();
     let n_keywords: usize = keywords_by_domain.iter().map(Vec::len).sum();
 
-    let route = |message: &str| {
-        router.select(&RouteInput {
-            message,
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        })
-    };
+    let route = |message: &str| router.select(&RouteInput::new(message, &settings, &session));
     // Round by round in turn, so that a machine slowing down mid-run slows both; the
     // spread is that of the rounds' ratios.
     let mut router_times = Vec::with_capacity(messages.len() * rounds);
@@ -337,12 +328,8 @@ fn bench_dense(
     let rounds = if options.quick { 1 } else { 3 };
     let select = |m: &str, vectors: &loadout_router::MessageVectors| {
         black_box(router.select(&RouteInput {
-            message: m,
-            settings: &settings,
-            session: &session,
-            token_budget: None,
-            learned: None,
             vectors: Some(vectors),
+            ..RouteInput::new(m, &settings, &session)
         }));
     };
     let given = encoder
@@ -488,12 +475,9 @@ fn bench_learned(
         let time = |learned: Option<&loadout_router::LearnedIndex>| {
             time_per_message(messages, rounds, |m| {
                 black_box(router.select(&RouteInput {
-                    message: m,
-                    settings: &settings,
-                    session: &session,
-                    token_budget: None,
                     learned,
                     vectors: message_vectors.as_ref().and_then(|v| v.get(m)),
+                    ..RouteInput::new(m, &settings, &session)
                 }));
             })
         };

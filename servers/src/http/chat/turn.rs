@@ -752,14 +752,11 @@ mod tests {
     fn the_prompt_says_where_an_unconfigured_domains_keys_are_set() {
         let registry = std::sync::Arc::new(loadout_domains::registry().expect("registry"));
         let router = loadout_router::Router::new(registry.clone(), Default::default());
-        let selection = router.select(&loadout_router::RouteInput {
-            message: "read the file notes.txt from my documents folder",
-            settings: &Default::default(),
-            session: &loadout_router::SessionView::new(1),
-            token_budget: None,
-            learned: None,
-            vectors: None,
-        });
+        let selection = router.select(&loadout_router::RouteInput::new(
+            "read the file notes.txt from my documents folder",
+            &Default::default(),
+            &loadout_router::SessionView::new(1),
+        ));
         let prompt = system_prompt(&selection, &registry, None);
         assert!(
             prompt.contains(
