@@ -34,6 +34,10 @@ pub struct Args {
     /// Fail when turn recall is below X.
     #[arg(long, value_name = "X")]
     pub min_turn_recall: Option<f64>,
+    /// Fail when the mean number of tools sent is above N: recall bought with tools
+    /// is no gain.
+    #[arg(long, value_name = "N")]
+    pub max_mean_tools: Option<f64>,
     /// Fail when the history (`--history`, `--folds`) lowers turn recall; without
     /// it the eval says so and measures on.
     #[arg(long)]
@@ -90,6 +94,7 @@ impl Args {
             json: false,
             verbose: false,
             min_turn_recall: None,
+            max_mean_tools: None,
             gate_learning: false,
             config: None,
             budget: None,
@@ -558,8 +563,9 @@ fn print_learned(without: &Report, with: &Report, line: &str) {
     }
 }
 
-/// `--json`'s summary and the gates: `--min-turn-recall` on the learned report when
-/// there is one, and with `--gate-learning` learning must not lower turn recall.
+/// `--json`'s summary and the gates: `--min-turn-recall` and `--max-mean-tools` on the
+/// learned report when there is one, and with `--gate-learning` learning must not
+/// lower turn recall.
 fn gate(args: &Args, report: &Report, learned: Option<&Report>) -> anyhow::Result<()> {
     let gated = learned.unwrap_or(report);
     let turn_recall = gated.turn_recall();
@@ -577,6 +583,14 @@ fn gate(args: &Args, report: &Report, learned: Option<&Report>) -> anyhow::Resul
         && turn_recall < min
     {
         bail!("turn recall {turn_recall:.3} is below the gate {min:.3}");
+    }
+    if let Some(max) = args.max_mean_tools
+        && gated.mean_tools() > max
+    {
+        bail!(
+            "{:.1} tools sent on average, above the gate {max:.1}",
+            gated.mean_tools()
+        );
     }
     if let Some(with) = learned
         && with.turn_recall() < report.turn_recall()
@@ -773,6 +787,29 @@ mod tests {
             "{err:?}"
         );
         assert!(gate(&gated, &without, Some(&report(9))).is_ok());
+    }
+
+    #[test]
+    fn more_tools_than_the_gate_fail_it_with_history_or_without() {
+        let report = |tools: usize| Report {
+            turns: 2,
+            hits: 2,
+            tools_per_turn: vec![tools; 2],
+            ..Report::default()
+        };
+        let args = Args {
+            max_mean_tools: Some(20.0),
+            ..Args::new("c".into(), "d.jsonl".into())
+        };
+        assert!(gate(&args, &report(20), None).is_ok());
+        let err = gate(&args, &report(21), None).err().map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("21.0 tools sent on average, above the gate 20.0")
+        );
+        // With a history, the learned figures are gated.
+        assert!(gate(&args, &report(21), Some(&report(20))).is_ok());
+        assert!(gate(&args, &report(20), Some(&report(21))).is_err());
     }
 
     #[test]
