@@ -7,9 +7,9 @@
 //! the learned entries no stored session holds (imports, examples, sessions since
 //! purged), a session's entries as one conversation in the order it taught them and
 //! an entry of no session as a one-turn conversation. The file is written only when the
-//! fitted weights route the held-out folds at least as well as the weights in force
-//! (recall first, then fewer tools); `--dry-run` only prints, `--reset` goes back to
-//! the shipped weights. Running servers take the file at their next reload (SIGHUP).
+//! fitted weights route the held-out folds at least as well as the weights in force,
+//! by `fit::objective` (turn recall less 0.002 a tool); `--dry-run` only prints,
+//! `--reset` goes back to the shipped weights. Running servers take the file at their next reload (SIGHUP).
 //! The fit is deterministic: replicas over one PostgreSQL store that fit the same
 //! sessions write the same file.
 
