@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 pub use embed::{DenseIndex, MessageVectors, message_pieces};
 pub use learned::{LearnedEntry, LearnedIndex};
 pub use selection::{
-    DomainDecision, Hint, Name, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
+    DomainDecision, Hint, Name, SelectedTool, Selection, Stage, ToolDecision, Unconfigured, Why,
     not_configured, thousands,
 };
 pub use session::{DomainState, SessionError, SessionView, carry_over};

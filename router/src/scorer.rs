@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::selection::Why;
+
 /// The features, in the order of a feature row.
 pub const FEATURES: [&str; N_FEATURES] = [
     "tool_bm25",
@@ -232,26 +234,40 @@ impl Compiled {
                 .sum::<f32>()
     }
 
+    /// The three features that raised this row's logit most, with their values.
+    pub(crate) fn why(&self, row: &Row) -> Why {
+        // The three largest contributions, kept in order as the row is read (every
+        // sent tool has its why: no sort of the whole row).
+        let mut top = [(0.0f32, usize::MAX); 3];
+        for (i, (w, x)) in self.weights.iter().zip(row).enumerate() {
+            let contribution = w * x;
+            if *x == 0.0 || contribution <= 0.0 || contribution <= top[2].0 {
+                continue;
+            }
+            let mut at = 2;
+            while at > 0 && contribution > top[at - 1].0 {
+                top[at] = top[at - 1];
+                at -= 1;
+            }
+            top[at] = (contribution, i);
+        }
+        Why::new(
+            top.iter()
+                .filter(|&&(_, i)| i != usize::MAX)
+                .map(|&(_, i)| (i, row[i])),
+        )
+    }
+
     /// Writes the features that raised this row's logit most, with their values,
     /// after its probability: a sent tool's reason.
     pub(crate) fn explain_into(&self, reason: &mut String, row: &Row, probability: f32) {
-        let mut parts = [(0.0f32, 0usize); N_FEATURES];
-        let mut n = 0;
-        for (i, (w, x)) in self.weights.iter().zip(row).enumerate() {
-            if *x != 0.0 && w * x > 0.0 {
-                parts[n] = (w * x, i);
-                n += 1;
-            }
-        }
-        let parts = &mut parts[..n];
-        parts.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         reason.push_str("p ");
         push_two_decimals(reason, probability);
-        for (n, &(_, i)) in parts.iter().take(3).enumerate() {
+        for (n, (name, value)) in self.why(row).iter().enumerate() {
             reason.push_str(if n == 0 { ": " } else { ", " });
-            reason.push_str(FEATURES[i]);
+            reason.push_str(name);
             reason.push(' ');
-            push_two_decimals(reason, row[i]);
+            push_two_decimals(reason, value);
         }
     }
 }

@@ -181,8 +181,64 @@ pub struct SelectedTool {
     pub score: f32,
     /// Tokens of its OpenAI-format definition.
     pub tokens: usize,
+    /// The features that raised its probability most (none for a tool the scorer did
+    /// not weigh: core, and what a pin or a load sends whole).
+    #[serde(skip_serializing_if = "Why::is_empty")]
+    pub why: Why,
     #[serde(skip)]
     pub(crate) tool_idx: usize,
+}
+
+/// Up to three features that raised a tool's logit most, largest first, with their
+/// values: `tool_dense_rel 1.00, tool_bm25_rank 0.50`. Kept as indices and values,
+/// written only when read.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Why {
+    n: u8,
+    parts: [(u8, f32); 3],
+}
+
+impl Why {
+    pub(crate) fn new(parts: impl IntoIterator<Item = (usize, f32)>) -> Why {
+        let mut why = Why::default();
+        for (slot, (feature, value)) in why.parts.iter_mut().zip(parts) {
+            *slot = (feature as u8, value);
+            why.n += 1;
+        }
+        why
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Each feature's name and value, largest contribution first.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, f32)> + '_ {
+        self.parts[..usize::from(self.n)]
+            .iter()
+            .map(|&(feature, value)| (crate::scorer::FEATURES[usize::from(feature)], value))
+    }
+}
+
+impl std::fmt::Display for Why {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (name, value)) in self.iter().enumerate() {
+            write!(f, "{}{name} {value:.2}", if i == 0 { "" } else { ", " })?;
+        }
+        Ok(())
+    }
+}
+
+/// `{"tool_dense_rel": 1.0, ...}`, written largest contribution first.
+impl Serialize for Why {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = serializer.serialize_map(Some(usize::from(self.n)))?;
+        for (name, value) in self.iter() {
+            map.serialize_entry(name, &value)?;
+        }
+        map.end()
+    }
 }
 
 /// A domain that is not configured but fits the message at least as well as what was

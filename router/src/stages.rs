@@ -10,7 +10,7 @@ use crate::evidence::{Evidence, best_first};
 use crate::features::Candidates;
 use crate::scorer::Row;
 use crate::selection::{
-    DomainDecision, SelectedTool, Selection, Stage, ToolDecision, Unconfigured,
+    DomainDecision, SelectedTool, Selection, Stage, ToolDecision, Unconfigured, Why,
 };
 use crate::{RouteInput, Router, Scorers, chitchat};
 

@@ -253,6 +253,52 @@ fn an_unconfigured_domain_is_not_named_when_the_always_on_tools_explain_the_mess
 }
 
 #[test]
+fn every_tool_the_scorer_weighed_says_which_features_sent_it() {
+    let router = router();
+    let message = "make a table of my expenses";
+    let session = SessionView::new(1);
+    let selection = route(&router, message, &session);
+    let settings = all_settings();
+    let input = RouteInput::new(message, &settings, &session);
+    let mut weighed = 0;
+    for tool in &selection.tools {
+        if tool.stage == Stage::AlwaysOn {
+            assert!(tool.why.is_empty(), "{}: {}", tool.name, tool.why);
+            continue;
+        }
+        assert!(!tool.why.is_empty(), "{} says nothing", tool.name);
+        weighed += 1;
+        // Each named feature with the value of the tool's row.
+        for (name, value) in tool.why.iter() {
+            let feature = crate::scorer::FEATURES.iter().position(|f| *f == name);
+            let row_value = feature.map(|f| feature_of(&router, &input, &tool.name, f));
+            assert_eq!(row_value, Some(value), "{}: {name}", tool.name);
+            assert!(value > 0.0, "{}: {name} {value}", tool.name);
+        }
+        // In the JSON, as an object whose keys come largest contribution first.
+        let json = serde_json::to_string(tool).unwrap_or_default();
+        let at: Vec<Option<usize>> = tool
+            .why
+            .iter()
+            .map(|(name, _)| json.find(&format!("\"{name}\":")))
+            .collect();
+        assert!(at.iter().all(Option::is_some), "{json}");
+        assert!(at.is_sorted(), "{json}");
+    }
+    assert!(weighed > 0, "{}", selection.summary_line());
+    // The domain's reason explains its likeliest tool by the same features.
+    let likeliest = selection.tools.iter().find(|t| t.domain == "scratchpad");
+    let reason = selection.domain("scratchpad").map(|d| d.reason.to_string());
+    assert!(
+        likeliest
+            .zip(reason.as_deref())
+            .is_some_and(|(tool, reason)| reason
+                .contains(&format!("{} p {:.2}: {}", tool.name, tool.score, tool.why))),
+        "{likeliest:?} {reason:?}"
+    );
+}
+
+#[test]
 fn a_keyword_verdict_names_its_keywords() {
     let router = router();
     let selection = route(&router, "make a table of my expenses", &SessionView::new(1));

@@ -168,6 +168,14 @@ impl Pass<'_> {
     fn selected_tools(&self) -> Vec<SelectedTool> {
         let router = self.router;
         let names = &router.names;
+        let model = self.model();
+        let candidates = &self.candidates;
+        // The row the scorer weighed the tool on, if it did (candidates are in tool
+        // order).
+        let why = |t: usize| match candidates.tools.binary_search(&t) {
+            Ok(i) => model.why(&candidates.rows[candidates.row_of[i] as usize]),
+            Err(_) => Why::default(),
+        };
         let mut selected: Vec<SelectedTool> = self
             .sent
             .iter()
@@ -177,6 +185,7 @@ impl Pass<'_> {
                 stage,
                 score,
                 tokens: router.tool_tokens[t],
+                why: why(t),
                 tool_idx: t,
             })
             .collect();

@@ -13,7 +13,7 @@ use crate::selection::Stage;
 impl<'a> Pass<'a> {
     /// The path's model, borrowed from the scorers rather than the pass, so that the
     /// pass can change while it is read.
-    fn model(&self) -> &'a Compiled {
+    pub(super) fn model(&self) -> &'a Compiled {
         let scorers: &'a Scorers = self.scorers;
         if self.evidence.dense_on {
             &scorers.dense

@@ -90,12 +90,14 @@ async fn route_and_print(app: &App, args: &Args) -> anyhow::Result<()> {
         }
         for tool in &selection.tools {
             outln!(
-                "  {:<28} {:<14} {:<10} {:.2} {:>5} tokens",
+                "  {:<28} {:<14} {:<10} {:.2} {:>5} tokens{}{}",
                 tool.name,
                 tool.domain,
                 tool.stage,
                 tool.score,
-                tool.tokens
+                tool.tokens,
+                if tool.why.is_empty() { "" } else { "  " },
+                tool.why
             )?;
         }
         for unconfigured in &selection.unconfigured {
