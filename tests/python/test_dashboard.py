@@ -150,6 +150,12 @@ def test_set_a_setting_send_a_message_see_the_trace(server, browser, tmp_path):
     assert cells[1] == "sent"
     assert cells[2] in ("keyword", "bm25", "dense", "fused"), cells
     assert float(cells[3]) > 0
+    # Each tool the domain sent, with its probability and what raised it.
+    tools = browser.find_elements(By.CSS_SELECTOR, row + " .tool")
+    assert tools, cells
+    for tool in tools:
+        assert tool.text.startswith(tool.get_attribute("data-tool") + " "), tool.text
+    assert any(": " in tool.text for tool in tools), [tool.text for tool in tools]
     trace = browser.find_element(By.ID, "trace").text
     assert "Turn 1" in trace
     assert "tokens sent of" in trace
