@@ -83,7 +83,8 @@ impl Stage {
 
 impl std::fmt::Display for Stage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, so that `{:<10}` lines up a table (`loadout route`).
+        f.pad(self.as_str())
     }
 }
 
@@ -119,7 +120,7 @@ impl AsRef<str> for Name {
 
 impl std::fmt::Display for Name {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.pad(&self.0)
     }
 }
 

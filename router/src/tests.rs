@@ -2395,3 +2395,10 @@ fn a_request_stays_open_until_its_tool_is_called_or_no_longer_sent() {
     session.begin_turn(3, Some(&moved_on));
     assert!(!carried(&session));
 }
+
+#[test]
+fn names_and_stages_take_a_width() {
+    // `loadout route` lines its tools up in columns.
+    assert_eq!(format!("{:<8}|", Name::from("forget")), "forget  |");
+    assert_eq!(format!("{:>8}|", Stage::Scored), "  scored|");
+}
