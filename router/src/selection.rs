@@ -182,8 +182,8 @@ pub struct SelectedTool {
     pub score: f32,
     /// Tokens of its OpenAI-format definition.
     pub tokens: usize,
-    /// The features that raised its probability most (none for a tool the scorer did
-    /// not weigh: core, and what a pin or a load sends whole).
+    /// The features that raised its probability most; none for a tool the scorer did
+    /// not weigh (core's) or whose row raised nothing.
     #[serde(skip_serializing_if = "Why::is_empty")]
     pub why: Why,
     #[serde(skip)]
