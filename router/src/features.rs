@@ -25,8 +25,18 @@ impl Candidates {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, &Row)> + '_ {
         self.tools
             .iter()
-            .zip(&self.row_of)
-            .map(|(&t, &r)| (t, &self.rows[r as usize]))
+            .enumerate()
+            .map(|(i, &t)| (t, self.row(i)))
+    }
+
+    /// Tool `t`'s candidate index, if it is a candidate (they are in tool order).
+    pub(crate) fn position(&self, t: usize) -> Option<usize> {
+        self.tools.binary_search(&t).ok()
+    }
+
+    /// Candidate `i`'s feature row.
+    pub(crate) fn row(&self, i: usize) -> &Row {
+        &self.rows[self.row_of[i] as usize]
     }
 }
 

@@ -170,11 +170,11 @@ impl Pass<'_> {
         let names = &router.names;
         let model = self.model();
         let candidates = &self.candidates;
-        // The row the scorer weighed the tool on, if it did (candidates are in tool
-        // order).
-        let why = |t: usize| match candidates.tools.binary_search(&t) {
-            Ok(i) => model.why(&candidates.rows[candidates.row_of[i] as usize]),
-            Err(_) => Why::default(),
+        // The row the scorer weighed the tool on, if it did.
+        let why = |t: usize| {
+            candidates
+                .position(t)
+                .map_or_else(Why::default, |i| model.why(candidates.row(i)))
         };
         let mut selected: Vec<SelectedTool> = self
             .sent

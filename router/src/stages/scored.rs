@@ -295,7 +295,7 @@ impl<'a> Pass<'a> {
                 let still_sent = router.tools_by_domain[d]
                     .iter()
                     .filter(|&&t| self.sent.has(t))
-                    .filter_map(|&t| candidates.tools.binary_search(&t).ok())
+                    .filter_map(|&t| candidates.position(t))
                     .max_by(|&a, &b| {
                         let (ta, tb) = (candidates.tools[a], candidates.tools[b]);
                         self.probability[ta]
@@ -305,7 +305,7 @@ impl<'a> Pass<'a> {
                 i = still_sent.unwrap_or(likeliest);
             }
             let t = candidates.tools[i];
-            let row = &candidates.rows[candidates.row_of[i] as usize];
+            let row = candidates.row(i);
             let mut reason = String::with_capacity(160);
             if own_words {
                 reason.push_str(&self.verdicts[d].reason);

@@ -9,9 +9,9 @@
 //! an entry of no session as a one-turn conversation. The file is written only when the
 //! fitted weights route the held-out folds at least as well as the weights in force,
 //! by `fit::objective` (turn recall less 0.002 a tool); `--dry-run` only prints,
-//! `--reset` goes back to the shipped weights. Running servers take the file at their next reload (SIGHUP).
-//! The fit is deterministic: replicas over one PostgreSQL store that fit the same
-//! sessions write the same file.
+//! `--reset` goes back to the shipped weights. Running servers take the file at their
+//! next reload (SIGHUP). The fit is deterministic: replicas over one PostgreSQL store
+//! that fit the same sessions write the same file.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
