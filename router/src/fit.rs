@@ -44,10 +44,38 @@ pub struct Fitted {
     pub summary: serde_json::Value,
 }
 
-/// What a fit's held-out routings are judged by: turn recall, less
-/// [`TOOLS_PER_TURN_OF_RECALL`] a tool sent.
-pub fn objective(report: &Report) -> f64 {
-    report.turn_recall() - TOOLS_PER_TURN_OF_RECALL * report.mean_tools()
+/// What a fit aims at.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Options {
+    /// L2 penalty on the weights.
+    pub l2: f64,
+    /// The most tools the selection rule may send a turn on average: a client's cap,
+    /// or an operator's price for tokens. None: [`TOOLS_PER_TURN_OF_RECALL`] alone
+    /// weighs tools against recall.
+    pub max_mean_tools: Option<f64>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            l2: 1.0,
+            max_mean_tools: None,
+        }
+    }
+}
+
+impl Options {
+    /// What a fit's held-out routings are judged by: turn recall, less
+    /// [`TOOLS_PER_TURN_OF_RECALL`] a tool sent. Routings that send more than
+    /// `max_mean_tools` lose to every routing that does not, and to those that send
+    /// fewer.
+    pub fn objective(&self, report: &Report) -> f64 {
+        let tools = report.mean_tools();
+        match self.max_mean_tools {
+            Some(most) if tools > most => -1e6 - tools,
+            _ => report.turn_recall() - TOOLS_PER_TURN_OF_RECALL * tools,
+        }
+    }
 }
 
 /// A job of the fit: it runs once, on any thread.
@@ -71,7 +99,7 @@ pub fn one_after_another(jobs: Vec<Job<'_>>) {
 pub fn fit_path(
     router: &Router,
     folds: &[Vec<Case>],
-    l2: f64,
+    options: &Options,
     path: Path,
     vectors: Option<&HashMap<String, MessageVectors>>,
     log: &mut dyn FnMut(String),
@@ -118,9 +146,9 @@ pub fn fit_path(
     // The weights written, fitted on every fold; then per fold, weights fitted on the
     // other folds, each starting from those (independent fits: `run` may run them
     // side by side).
-    let (bias, weights) = scorer::fit_parts(&pooled(&data, None), l2);
+    let (bias, weights) = scorer::fit_parts(&pooled(&data, None), options.l2);
     let held_out: Vec<(f32, Row)> = each(folds.len(), run, |f| {
-        scorer::fit_parts_from(&pooled(&data, Some(f)), l2, Some((bias, &weights)))
+        scorer::fit_parts_from(&pooled(&data, Some(f)), options.l2, Some((bias, &weights)))
     })?;
     let weights_for = |f: usize, rule: SelectionRule| {
         let (bias, row) = &held_out[f];
@@ -135,7 +163,7 @@ pub fn fit_path(
         total,
         per_fold,
         tried,
-    } = search_rule(router, folds, &data, vectors, start, weights_for)?;
+    } = search_rule(router, folds, &data, vectors, start, options, weights_for)?;
     log(format!("{path:?}: chosen rule {rule:?} of {tried} tried"));
     let fold_lines = fold_lines(&per_fold, &total, &before, log);
 
@@ -346,6 +374,7 @@ fn search_rule(
     data: &[FoldData],
     vectors: Option<&HashMap<String, MessageVectors>>,
     start: SelectionRule,
+    options: &Options,
     weights: impl Fn(usize, SelectionRule) -> Weights,
 ) -> Result<RuleFound, String> {
     let settings = folds
@@ -399,7 +428,8 @@ fn search_rule(
         .collect();
 
     let mut tried = 0;
-    let (rule, (total, per_fold)) = choose_rule(start, |rule| {
+    let objective = |report: &Report| options.objective(report);
+    let (rule, (total, per_fold)) = choose_rule(start, objective, |rule| {
         tried += 1;
         let mut total = Report::default();
         let mut per_fold = Vec::new();
@@ -435,12 +465,12 @@ fn search_rule(
 /// The values each parameter of the selection rule may take.
 fn rule_axes() -> [Vec<f32>; 6] {
     [
-        vec![0.9, 0.97],
-        vec![0.01, 0.02, 0.05],
+        vec![0.7, 0.9, 0.97],
+        vec![0.01, 0.02, 0.05, 0.2],
         vec![0.001, 0.003, 0.01],
         vec![0.5, 0.8, 2.0],
         vec![0.0, 0.25, 0.5],
-        vec![0.0, 1500.0, 2500.0],
+        vec![0.0, 500.0, 1000.0, 2500.0],
     ]
 }
 
@@ -468,10 +498,11 @@ fn rule_set(rule: &mut SelectionRule, axis: usize, value: f32) {
 
 /// The selection rule by coordinate ascent over [`rule_axes`] from `start` (the rule
 /// in force): each parameter in turn takes its best value with the others held, until
-/// a pass changes nothing. About 12 routings of the folds a pass, where the whole
-/// grid takes 486: a deployment's 20,000 turns fit in a minute.
+/// a pass changes nothing. About 14 routings of the folds a pass, where the whole
+/// grid takes 1,296: a deployment's 20,000 turns fit in a minute.
 fn choose_rule<T>(
     start: SelectionRule,
+    objective: impl Fn(&Report) -> f64,
     mut route: impl FnMut(SelectionRule) -> Result<(Report, T), String>,
 ) -> Result<(SelectionRule, (Report, T)), String> {
     let mut best_rule = start;
@@ -518,4 +549,39 @@ pub fn learned_index(
         })
         .collect();
     LearnedIndex::new(router, model_id.as_deref(), &entries).remembering()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(hits: usize, turns: usize, tools: usize) -> Report {
+        Report {
+            turns,
+            hits,
+            tools_per_turn: vec![tools; turns],
+            ..Report::default()
+        }
+    }
+
+    /// Under a cap, any routing within it beats every routing above it, however much
+    /// recall those buy, and above it fewer tools win; without one, recall less the
+    /// price of the tools decides.
+    #[test]
+    fn a_routing_over_the_cap_loses_to_any_under_it() {
+        let (few, many, more) = (
+            report(80, 100, 10),
+            report(99, 100, 30),
+            report(99, 100, 40),
+        );
+        let capped = Options {
+            max_mean_tools: Some(20.0),
+            ..Options::default()
+        };
+        assert!(capped.objective(&few) > capped.objective(&many));
+        assert!(capped.objective(&many) > capped.objective(&more));
+        let priced = Options::default();
+        assert!(priced.objective(&many) > priced.objective(&few));
+        assert!(priced.objective(&many) > priced.objective(&more));
+    }
 }

@@ -2269,7 +2269,7 @@ fn one_scoring_selected_by_each_rule_is_what_each_rule_routes() {
 /// weights, and a runner that drops them gets an error, not weights of zeros.
 #[test]
 fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_error() {
-    use crate::fit::{Fitted, Job, Path, RunJobs, fit_path, one_after_another};
+    use crate::fit::{Fitted, Job, Options, Path, RunJobs, fit_path, one_after_another};
     let Some(router) = shared_catalog_scorer() else {
         return;
     };
@@ -2278,7 +2278,15 @@ fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_erro
     let cases = replay::cases_from_json_lines(&text).expect("cases");
     let folds = replay::folds(&cases[..cases.len().min(30)], 3);
     let fit = |run: RunJobs<'_>| -> Result<Fitted, String> {
-        fit_path(&router, &folds, 1.0, Path::Lexical, None, &mut |_| {}, run)
+        fit_path(
+            &router,
+            &folds,
+            &Options::default(),
+            Path::Lexical,
+            None,
+            &mut |_| {},
+            run,
+        )
     };
     let in_order = fit(&one_after_another).expect("fit");
     let reversed =
@@ -2291,6 +2299,41 @@ fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_erro
         "{:?}",
         dropped.map(|f| f.model)
     );
+}
+
+/// A fit told the most tools a turn may take on average chooses a selection rule
+/// that sends no more on its held-out folds, where the uncapped fit sends more.
+#[test]
+fn a_fit_under_a_tool_cap_chooses_a_rule_that_keeps_to_it() {
+    use crate::fit::{Options, Path, fit_path, one_after_another};
+    let Some(router) = shared_catalog_scorer() else {
+        return;
+    };
+    let dev = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/eval/dev.jsonl");
+    let text = std::fs::read_to_string(dev).expect("dev.jsonl beside the catalog");
+    let cases = replay::cases_from_json_lines(&text).expect("cases");
+    let folds = replay::folds(&cases[..cases.len().min(30)], 3);
+    let fit = |max_mean_tools| {
+        let options = Options {
+            max_mean_tools,
+            ..Options::default()
+        };
+        fit_path(
+            &router,
+            &folds,
+            &options,
+            Path::Lexical,
+            None,
+            &mut |_| {},
+            &one_after_another,
+        )
+        .expect("fit")
+    };
+    let uncapped = fit(None).held_out.mean_tools();
+    let cap = 12.0;
+    assert!(uncapped > cap, "the uncapped fit sends {uncapped} tools");
+    let capped = fit(Some(cap)).held_out.mean_tools();
+    assert!(capped <= cap, "the capped fit sends {capped} tools");
 }
 
 /// A meetings domain and a sign-in domain: the request and the answer to the

@@ -31,6 +31,10 @@ pub struct Args {
     /// L2 penalty on the weights.
     #[arg(long, value_name = "X", default_value_t = 1.0)]
     l2: f64,
+    /// The most tools the selection rule may send a turn on average (a client's cap,
+    /// or a price on tokens); without it a tool is worth 0.002 of turn recall.
+    #[arg(long, value_name = "N")]
+    max_mean_tools: Option<f64>,
     /// Fit the lexical model only; keep the shipped dense model.
     #[arg(long)]
     lexical_only: bool,
@@ -56,6 +60,7 @@ impl Args {
             folds: 5,
             out,
             l2: 1.0,
+            max_mean_tools: None,
             lexical_only,
             embedder: crate::eval::EmbedderChoice::Builtin,
             quiet: true,
@@ -147,6 +152,7 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
         "catalog": file_name(&options.catalog),
         "folds": options.folds,
         "l2": options.l2,
+        "max_mean_tools": options.max_mean_tools,
         "date": chrono::Utc::now().format("%Y-%m-%d").to_string(),
         "lexical": lexical.summary,
     });
@@ -191,7 +197,10 @@ fn fit_path(
     let fitted = loadout_router::fit::fit_path(
         router,
         folds,
-        options.l2,
+        &loadout_router::fit::Options {
+            l2: options.l2,
+            max_mean_tools: options.max_mean_tools,
+        },
         path,
         vectors.as_ref(),
         &mut |line| lines.push(format!("{line} ({:.0} s)", started.elapsed().as_secs_f64())),

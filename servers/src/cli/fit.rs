@@ -8,7 +8,8 @@
 //! purged), a session's entries as one conversation in the order it taught them and
 //! an entry of no session as a one-turn conversation. The file is written only when the
 //! fitted weights route the held-out folds at least as well as the weights in force,
-//! by `fit::objective` (turn recall less 0.002 a tool); `--dry-run` only prints,
+//! by `fit::Options::objective` (turn recall less 0.002 a tool, and under
+//! `--max-mean-tools` when given); `--dry-run` only prints,
 //! `--reset` goes back to the shipped weights. Running servers take the file at their
 //! next reload (SIGHUP). The fit is deterministic: replicas over one PostgreSQL store
 //! that fit the same sessions write the same file.
@@ -43,6 +44,10 @@ pub struct Args {
     /// L2 penalty on the weights.
     #[arg(long, default_value_t = 1.0)]
     l2: f64,
+    /// The most tools a turn may be sent on average: the selection rule is chosen
+    /// among those that stay under it (a client's cap, or a price on tokens).
+    #[arg(long, value_name = "N")]
+    max_mean_tools: Option<f64>,
     /// Fit the lexical model only (the dense model stays as it is).
     #[arg(long)]
     lexical: bool,
@@ -191,6 +196,10 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
     }
     // The paths' fits side by side, each spreading its own jobs (`side_by_side`) and
     // printing its lines as one block.
+    let options = fit::Options {
+        l2: args.l2,
+        max_mean_tools: args.max_mean_tools,
+    };
     let results = tokio::task::block_in_place(|| {
         std::thread::scope(|scope| {
             let running: Vec<_> = jobs
@@ -202,7 +211,7 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
                         let fitted = fit::fit_path(
                             &router,
                             folds,
-                            args.l2,
+                            &options,
                             path,
                             vectors.as_ref(),
                             &mut |line| lines.push(line),
@@ -222,7 +231,7 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
     for result in results {
         let (path, fitted) = result.map_err(anyhow::Error::msg)?;
         let fitted = fitted.map_err(anyhow::Error::msg)?;
-        better &= fit::objective(&fitted.held_out) >= fit::objective(&fitted.before);
+        better &= options.objective(&fitted.held_out) >= options.objective(&fitted.before);
         summaries.insert(format!("{path:?}").to_lowercase(), fitted.summary);
         weights = fit::with_model(&weights, path, fitted.model);
     }
@@ -230,6 +239,7 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
         "cases": "stored sessions",
         "folds": args.folds,
         "l2": args.l2,
+        "max_mean_tools": args.max_mean_tools,
         "date": chrono::Utc::now().format("%Y-%m-%d").to_string(),
     });
     if let Some(file) = &args.cases {
