@@ -1326,6 +1326,26 @@ fn fit_refits_the_scorer_on_the_learned_memory_and_routes_with_it() {
     let routed = stdout_of(run(&["route", "zorblax the audits", "--lexical", "--json"]));
     assert!(routed.contains("\"list_tables\""), "{routed}");
 
+    // A cap below what the core tools alone take: the fit says it cannot keep to it,
+    // and sends the fewest it found.
+    let capped = stdout_of(run(&[
+        "fit",
+        "--lexical",
+        "--folds",
+        "2",
+        "--max-mean-tools",
+        "6",
+        "--force",
+    ]));
+    assert!(
+        capped.contains("no rule tried sends at most 6 tools a turn; the fewest sent"),
+        "{capped}"
+    );
+    let file: Value =
+        serde_json::from_str(&std::fs::read_to_string(&weights).expect("weights.json"))
+            .expect("weights JSON");
+    assert_eq!(file["fitted"]["max_mean_tools"], 6.0, "{file}");
+
     std::fs::write(&weights, "{\"lexical\": 1}").expect("break the file");
     let broken = run(&["route", "hello", "--lexical"]);
     assert!(!broken.status.success());

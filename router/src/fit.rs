@@ -165,6 +165,16 @@ pub fn fit_path(
         tried,
     } = search_rule(router, folds, &data, vectors, start, options, weights_for)?;
     log(format!("{path:?}: chosen rule {rule:?} of {tried} tried"));
+    if let Some(most) = options
+        .max_mean_tools
+        .filter(|&most| total.mean_tools() > most)
+    {
+        log(format!(
+            "{path:?}: no rule tried sends at most {most} tools a turn; the fewest sent {:.1} \
+             (core tools and hard rules count)",
+            total.mean_tools()
+        ));
+    }
     let fold_lines = fold_lines(&per_fold, &total, &before, log);
 
     let model = Model::from_row(bias, &weights, rule);
