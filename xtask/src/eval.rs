@@ -32,11 +32,11 @@ pub struct Args {
     #[arg(long, short)]
     pub verbose: bool,
     /// Fail when turn recall is below X.
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", value_parser = recall_arg)]
     pub min_turn_recall: Option<f64>,
     /// Fail when the mean number of tools sent is above N: recall bought with tools
     /// is no gain.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = loadout_server::cli::fit::mean_tools_arg)]
     pub max_mean_tools: Option<f64>,
     /// Fail when the history (`--history`, `--folds`) lowers turn recall; without
     /// it the eval says so and measures on.
@@ -120,6 +120,14 @@ impl Args {
             (None, Some(k)) => Learning::Folds(k),
             (None, None) => Learning::None,
         }
+    }
+}
+
+/// A turn recall, 0 to 1 (a NaN would gate nothing).
+fn recall_arg(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err("expected a turn recall from 0 to 1".to_owned()),
     }
 }
 
@@ -764,6 +772,21 @@ mod tests {
 
     /// A history that lowers turn recall is reported; it fails the eval only under
     /// `--gate-learning`, as in CI.
+    /// A gate that cannot gate (NaN, a recall above 1, a negative tool count) is a
+    /// typo, refused with what was expected rather than passed in silence.
+    #[test]
+    fn gates_that_gate_nothing_are_refused() {
+        use loadout_server::cli::fit::mean_tools_arg;
+        assert_eq!(recall_arg("0.92"), Ok(0.92));
+        assert_eq!(mean_tools_arg("17.5"), Ok(17.5));
+        for bad in ["nan", "1.5", "-0.1", "inf", "x"] {
+            assert!(recall_arg(bad).is_err(), "{bad}");
+        }
+        for bad in ["nan", "-1", "inf", "x"] {
+            assert!(mean_tools_arg(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn learning_that_lowers_recall_fails_only_the_gate() {
         let report = |hits| Report {

@@ -33,7 +33,7 @@ pub struct Args {
     l2: f64,
     /// The most tools the selection rule may send a turn on average (a client's cap,
     /// or a price on tokens); without it a tool is worth 0.002 of turn recall.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = loadout_server::cli::fit::mean_tools_arg)]
     max_mean_tools: Option<f64>,
     /// Fit the lexical model only; keep the shipped dense model.
     #[arg(long)]

@@ -46,7 +46,7 @@ pub struct Args {
     l2: f64,
     /// The most tools a turn may be sent on average: the selection rule is chosen
     /// among those that stay under it (a client's cap, or a price on tokens).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = mean_tools_arg)]
     max_mean_tools: Option<f64>,
     /// Fit the lexical model only (the dense model stays as it is).
     #[arg(long)]
@@ -67,6 +67,15 @@ pub struct Args {
     /// Remove `weights.json`: route with the shipped weights again.
     #[arg(long, conflicts_with_all = ["cases", "dry_run", "force", "lexical"])]
     pub reset: bool,
+}
+
+/// A mean number of tools a turn, as `--max-mean-tools` takes it: a number, 0 or more
+/// (a NaN would cap nothing and say nothing).
+pub fn mean_tools_arg(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(n) if n.is_finite() && n >= 0.0 => Ok(n),
+        _ => Err("expected a mean number of tools, 0 or more".to_owned()),
+    }
 }
 
 /// Fewer labeled turns than this fit noise: the command refuses.
