@@ -358,6 +358,20 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let learned = learned_report(&setup.router, &setup.cases, args)?;
     if let Some((with, line)) = &learned {
         print_learned(&report, with, line);
+        if routed.korean_turns > 0 {
+            // Hangul turns with history too: the held-out conversations are routed
+            // with the labeled set as their history.
+            let missed = with
+                .misses
+                .iter()
+                .filter(|miss| miss.message.chars().any(is_hangul))
+                .count();
+            println!(
+                "korean (Hangul messages) with history: turns {}  turn_recall {:.3}",
+                routed.korean_turns,
+                routed.korean_turns.saturating_sub(missed) as f64 / routed.korean_turns as f64
+            );
+        }
     }
     gate(args, &report, learned.as_ref().map(|(with, _)| with))
 }
