@@ -38,7 +38,10 @@ libfuzzer_sys::fuzz_target!(|input: (&str, u16)| {
     let (message, budget) = input;
     let settings = BTreeMap::from([("weather_key".to_owned(), "k".to_owned())]);
     let session = SessionView::new(1);
-    let selection = router().select(&RouteInput { token_budget: Some(usize::from(budget)), ..RouteInput::new(message, &settings, &session) });
+    let selection = router().select(&RouteInput {
+        token_budget: Some(usize::from(budget)),
+        ..RouteInput::new(message, &settings, &session)
+    });
     assert_eq!(
         selection.tokens,
         selection.tools.iter().map(|t| t.tokens).sum::<usize>()

@@ -438,8 +438,7 @@ fn search_rule(
         .collect();
 
     let mut tried = 0;
-    let objective = |report: &Report| options.objective(report);
-    let (rule, (total, per_fold)) = choose_rule(start, objective, |rule| {
+    let (rule, (total, per_fold)) = choose_rule(start, options, |rule| {
         tried += 1;
         let mut total = Report::default();
         let mut per_fold = Vec::new();
@@ -512,12 +511,12 @@ fn rule_set(rule: &mut SelectionRule, axis: usize, value: f32) {
 /// grid takes 1,296: a deployment's 20,000 turns fit in a minute.
 fn choose_rule<T>(
     start: SelectionRule,
-    objective: impl Fn(&Report) -> f64,
+    options: &Options,
     mut route: impl FnMut(SelectionRule) -> Result<(Report, T), String>,
 ) -> Result<(SelectionRule, (Report, T)), String> {
     let mut best_rule = start;
     let mut best = route(best_rule)?;
-    let mut best_score = objective(&best.0);
+    let mut best_score = options.objective(&best.0);
     for _pass in 0..4 {
         let mut changed = false;
         for (axis, values) in rule_axes().iter().enumerate() {
@@ -528,7 +527,7 @@ fn choose_rule<T>(
                 let mut rule = best_rule;
                 rule_set(&mut rule, axis, value);
                 let routed = route(rule)?;
-                let score = objective(&routed.0);
+                let score = options.objective(&routed.0);
                 if score > best_score + 1e-9 {
                     (best_rule, best, best_score, changed) = (rule, routed, score, true);
                 }

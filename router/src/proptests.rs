@@ -171,7 +171,10 @@ proptest! {
         let mut previous = None;
         for (turn, message) in messages.iter().enumerate() {
             session.begin_turn(turn as i64 + 1, previous.as_ref());
-            let selection = router.select(&RouteInput { token_budget: budget, ..RouteInput::new(message, &settings, &session) });
+            let selection = router.select(&RouteInput {
+                token_budget: budget,
+                ..RouteInput::new(message, &settings, &session)
+            });
             let budget = budget.unwrap_or(router.config().token_budget);
             prop_assert_eq!(selection.tokens, selection.tools.iter().map(|t| t.tokens).sum::<usize>());
             prop_assert_eq!(selection.n_tools, selection.tools.len());

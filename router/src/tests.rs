@@ -2265,18 +2265,25 @@ fn one_scoring_selected_by_each_rule_is_what_each_rule_routes() {
     }
 }
 
+/// The shared catalog's router and dev's first 30 conversations in 3 folds: a fit
+/// that runs in a test (None without the shared catalog).
+fn small_fit_on_dev() -> Option<(Router, Vec<Vec<replay::Case>>)> {
+    let router = shared_catalog_scorer()?;
+    let dev = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/eval/dev.jsonl");
+    let text = std::fs::read_to_string(dev).expect("dev.jsonl beside the catalog");
+    let cases = replay::cases_from_json_lines(&text).expect("cases");
+    let folds = replay::folds(&cases[..cases.len().min(30)], 3);
+    Some((router, folds))
+}
+
 /// The fit's jobs are independent: run in order or in reverse they give the same
 /// weights, and a runner that drops them gets an error, not weights of zeros.
 #[test]
 fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_error() {
     use crate::fit::{Fitted, Job, Options, Path, RunJobs, fit_path, one_after_another};
-    let Some(router) = shared_catalog_scorer() else {
+    let Some((router, folds)) = small_fit_on_dev() else {
         return;
     };
-    let dev = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/eval/dev.jsonl");
-    let text = std::fs::read_to_string(dev).expect("dev.jsonl beside the catalog");
-    let cases = replay::cases_from_json_lines(&text).expect("cases");
-    let folds = replay::folds(&cases[..cases.len().min(30)], 3);
     let fit = |run: RunJobs<'_>| -> Result<Fitted, String> {
         fit_path(
             &router,
@@ -2306,13 +2313,9 @@ fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_erro
 #[test]
 fn a_fit_under_a_tool_cap_chooses_a_rule_that_keeps_to_it() {
     use crate::fit::{Options, Path, fit_path, one_after_another};
-    let Some(router) = shared_catalog_scorer() else {
+    let Some((router, folds)) = small_fit_on_dev() else {
         return;
     };
-    let dev = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/eval/dev.jsonl");
-    let text = std::fs::read_to_string(dev).expect("dev.jsonl beside the catalog");
-    let cases = replay::cases_from_json_lines(&text).expect("cases");
-    let folds = replay::folds(&cases[..cases.len().min(30)], 3);
     let fit = |max_mean_tools| {
         let options = Options {
             max_mean_tools,
