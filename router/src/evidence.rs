@@ -146,7 +146,6 @@ impl Similarity {
             for &t in &self.touched {
                 self.piece_tool_bm25[t as usize] /= tool_query_mass;
             }
-            self.keep_best_touched();
         }
         let mut domain_bm25 = vec![0.0f32; n_domains];
         router.domain_index.query_word_terms(words, &mut self.terms);
@@ -164,28 +163,6 @@ impl Similarity {
             }
         }
         domain_bm25
-    }
-
-    /// Keeps the [`TOUCHED`] tools with the best BM25 shares of the piece and clears
-    /// the others': a long message shares a word with most tools of a large catalog,
-    /// and each tool it touches costs a feature row and a probability.
-    fn keep_best_touched(&mut self) {
-        if self.touched.len() <= TOUCHED {
-            return;
-        }
-        let scores = &mut self.piece_tool_bm25;
-        let mut keys: Vec<u64> = self
-            .touched
-            .iter()
-            .map(|&t| key(scores[t as usize], t as usize))
-            .collect();
-        keys.select_nth_unstable(TOUCHED - 1);
-        for &k in &keys[TOUCHED..] {
-            scores[index_of(k)] = 0.0;
-        }
-        self.touched.clear();
-        self.touched
-            .extend(keys[..TOUCHED].iter().map(|&k| index_of(k) as u32));
     }
 
     /// Takes one piece's BM25 shares (of its terms, `words`), and its cosines (per
@@ -627,9 +604,6 @@ impl Router {
 
 /// Ranks past this one count as unranked in the per-piece ranks.
 const RANKED: usize = 50;
-
-/// The most tools one piece's BM25 shares reach: four times the ranks that count.
-const TOUCHED: usize = 4 * RANKED;
 
 /// Raises `best[i]` to 1 / the rank of item `i` among `items` by descending `scores`
 /// (above 0), for the first [`RANKED`].

@@ -2448,30 +2448,3 @@ fn names_and_stages_take_a_width() {
     assert_eq!(format!("{:<8}|", Name::from("forget")), "forget  |");
     assert_eq!(format!("{:>8}|", Stage::Scored), "  scored|");
 }
-
-/// A message sharing a word with 300 tools gives a BM25 share to the 200 that share
-/// the most with it, the best among them, and to no other: the rows a long message
-/// costs on a large catalog stay bounded.
-#[test]
-fn a_piece_reaches_the_two_hundred_tools_it_matches_best() {
-    let tools: Vec<serde_json::Value> = (0..300)
-        .map(|i| tool(&format!("stock_report_{i:03}"), "Report a stock level."))
-        .chain([tool("widget_stock", "Report the stock level of widgets.")])
-        .collect();
-    let router = Router::new(
-        registry_of(&[
-            json!({"domain": "warehouse", "description": "Warehouse stock.",
-                             "keywords": ["warehouse"], "tools": tools}),
-        ]),
-        RouterConfig::default(),
-    );
-    let evidence = router.gather_evidence("report the stock of widgets", None, None, None);
-    let reached: Vec<usize> = (0..evidence.tool_bm25.len())
-        .filter(|&t| evidence.tool_bm25[t] > 0.0)
-        .collect();
-    assert_eq!(reached.len(), 200);
-    let widgets = router.registry().tool_idx("widget_stock");
-    let widgets = widgets.unwrap_or_else(|| panic!("widget_stock is in the registry"));
-    assert!(reached.contains(&widgets));
-    assert_eq!(evidence.tool_bm25_rank[widgets], 1.0);
-}
