@@ -358,20 +358,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let learned = learned_report(&setup.router, &setup.cases, args)?;
     if let Some((with, line)) = &learned {
         print_learned(&report, with, line);
-        if routed.korean_turns > 0 {
-            // Hangul turns with history too: the held-out conversations are routed
-            // with the labeled set as their history.
-            let missed = with
-                .misses
-                .iter()
-                .filter(|miss| miss.message.chars().any(is_hangul))
-                .count();
-            println!(
-                "korean (Hangul messages) with history: turns {}  turn_recall {:.3}",
-                routed.korean_turns,
-                routed.korean_turns.saturating_sub(missed) as f64 / routed.korean_turns as f64
-            );
-        }
+        // Hangul turns with history too: the held-out conversations are routed with
+        // the labeled set as their history.
+        print_korean(" with history", routed.korean_turns, with);
     }
     gate(args, &report, learned.as_ref().map(|(with, _)| with))
 }
@@ -442,10 +431,9 @@ fn load(args: &Args, config: RouterConfig) -> anyhow::Result<Setup> {
 /// The cases replayed once, with what is counted beside the report.
 struct Routed {
     report: Report,
-    /// Turns whose message is written in Hangul, and how many of them hit: reported
-    /// on their own line, since the built-in encoder is English-only.
+    /// Turns whose message is written in Hangul: reported on their own line, since
+    /// the built-in encoder is English-only.
     korean_turns: usize,
-    korean_hits: usize,
     /// Per turn with needed tools (`--tool-ranks`): the worst rank of a needed tool in
     /// the message-only tool ranking (`search_tools`), `usize::MAX` when one is not
     /// ranked at all.
@@ -460,7 +448,7 @@ fn route(args: &Args, setup: &Setup) -> anyhow::Result<Routed> {
         ..
     } = setup;
     let mut worst_ranks: Vec<usize> = Vec::new();
-    let (mut korean_turns, mut korean_hits) = (0usize, 0usize);
+    let mut korean_turns = 0usize;
     let report = replay(
         router,
         cases,
@@ -469,11 +457,7 @@ fn route(args: &Args, setup: &Setup) -> anyhow::Result<Routed> {
         vectors.as_ref(),
         |routed| {
             let turn = &routed.case.turns[routed.turn_idx];
-            if turn.user.chars().any(is_hangul) {
-                korean_turns += 1;
-                korean_hits +=
-                    usize::from(turn.needed.iter().all(|t| routed.selection.contains(t)));
-            }
+            korean_turns += usize::from(turn.user.chars().any(is_hangul));
             if args.tool_ranks && !turn.needed.is_empty() {
                 let query = vectors.as_ref().and_then(|v| v.get(&turn.user));
                 let ranking =
@@ -498,7 +482,6 @@ fn route(args: &Args, setup: &Setup) -> anyhow::Result<Routed> {
     Ok(Routed {
         report,
         korean_turns,
-        korean_hits,
         worst_ranks,
     })
 }
@@ -510,13 +493,7 @@ fn print_figures(args: &Args, routed: &Routed) {
         println!("{line}");
     }
     println!("{}", routed.report.summary_line());
-    if routed.korean_turns > 0 {
-        println!(
-            "korean (Hangul messages): turns {}  turn_recall {:.3}",
-            routed.korean_turns,
-            routed.korean_hits as f64 / routed.korean_turns as f64
-        );
-    }
+    print_korean("", routed.korean_turns, &routed.report);
     if args.tool_ranks {
         let worst_ranks = &routed.worst_ranks;
         let n = worst_ranks.len().max(1) as f64;
@@ -628,6 +605,23 @@ fn gate(args: &Args, report: &Report, learned: Option<&Report>) -> anyhow::Resul
         println!("{lowered}");
     }
     Ok(())
+}
+
+/// The Hangul turns' recall in `report` (which missed some of its `korean_turns`),
+/// when there are any.
+fn print_korean(label: &str, korean_turns: usize, report: &Report) {
+    if korean_turns == 0 {
+        return;
+    }
+    let missed = report
+        .misses
+        .iter()
+        .filter(|miss| miss.message.chars().any(is_hangul))
+        .count();
+    println!(
+        "korean (Hangul messages){label}: turns {korean_turns}  turn_recall {:.3}",
+        korean_turns.saturating_sub(missed) as f64 / korean_turns as f64
+    );
 }
 
 fn is_hangul(c: char) -> bool {
@@ -784,8 +778,6 @@ mod tests {
         args: Args,
     }
 
-    /// A history that lowers turn recall is reported; it fails the eval only under
-    /// `--gate-learning`, as in CI.
     /// A gate that cannot gate (NaN, a recall above 1, a negative tool count) is a
     /// typo, refused with what was expected rather than passed in silence.
     #[test]
@@ -801,6 +793,8 @@ mod tests {
         }
     }
 
+    /// A history that lowers turn recall is reported; it fails the eval only under
+    /// `--gate-learning`, as in CI.
     #[test]
     fn learning_that_lowers_recall_fails_only_the_gate() {
         let report = |hits| Report {
