@@ -263,11 +263,10 @@ impl Compiled {
     pub(crate) fn explain_into(&self, reason: &mut String, row: &Row, probability: f32) {
         reason.push_str("p ");
         push_two_decimals(reason, probability);
-        for (n, (name, value)) in self.why(row).iter().enumerate() {
-            reason.push_str(if n == 0 { ": " } else { ", " });
-            reason.push_str(name);
-            reason.push(' ');
-            push_two_decimals(reason, value);
+        let why = self.why(row);
+        if !why.is_empty() {
+            reason.push_str(": ");
+            why.push_to(reason);
         }
     }
 }
@@ -275,7 +274,7 @@ impl Compiled {
 /// Writes `x` as `format!("{x:.2}")` does (its exact value rounded half to even),
 /// without the general float formatting: a selection explains every domain, and on
 /// a catalog of thousands of tools that formatting was a tenth of its time.
-fn push_two_decimals(out: &mut String, x: f32) {
+pub(crate) fn push_two_decimals(out: &mut String, x: f32) {
     use std::fmt::Write as _;
     // Exact: 24 bits of significand times 100 fit in an f64's 53.
     let hundredths = (f64::from(x) * 100.0).round_ties_even();

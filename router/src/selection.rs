@@ -219,14 +219,26 @@ impl Why {
             .iter()
             .map(|&(feature, value)| (crate::scorer::FEATURES[usize::from(feature)], value))
     }
+
+    /// Writes `tool_dense_rel 1.00, tool_bm25_rank 0.50` after `out`: the words a
+    /// domain's reason and the `Display` of a sent tool share.
+    pub(crate) fn push_to(&self, out: &mut String) {
+        for (i, (name, value)) in self.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(name);
+            out.push(' ');
+            crate::scorer::push_two_decimals(out, value);
+        }
+    }
 }
 
 impl std::fmt::Display for Why {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, (name, value)) in self.iter().enumerate() {
-            write!(f, "{}{name} {value:.2}", if i == 0 { "" } else { ", " })?;
-        }
-        Ok(())
+        let mut text = String::new();
+        self.push_to(&mut text);
+        f.write_str(&text)
     }
 }
 
