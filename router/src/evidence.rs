@@ -567,36 +567,35 @@ impl Router {
                 n_pieces
             ));
         }
+        if let Some(query) = queries.iter().find(|q| q.len() != dense.dims) {
+            return Err(format!(
+                "query vector has {} dimensions, tool vectors {}",
+                query.len(),
+                dense.dims
+            ));
+        }
         let n_tools = self.names.tool_domains.len();
         let n_domains = self.names.domains.len();
         let mut cosines = DenseCosines {
-            tools: Vec::with_capacity(n_pieces),
-            domains: Vec::with_capacity(n_pieces),
+            tools: vec![vec![0.0f32; n_tools]; n_pieces],
+            domains: vec![vec![0.0f32; n_domains]; n_pieces],
             queries,
             model_id: vectors.model_id(),
         };
-        for query in queries {
-            if query.len() != dense.dims {
-                return Err(format!(
-                    "query vector has {} dimensions, tool vectors {}",
-                    query.len(),
-                    dense.dims
-                ));
-            }
-            let mut tools = vec![0.0f32; n_tools];
-            let mut domains = vec![0.0f32; n_domains];
-            for (row, owner) in self.dense_owners.iter().enumerate() {
-                let cosine = embed::dot(dense.row(row), query).max(0.0);
+        // Each row against every piece while it is in cache: on a catalog of
+        // thousands the rows are megabytes, and a pass per piece read them again.
+        for (row, owner) in self.dense_owners.iter().enumerate() {
+            let vector = dense.row(row);
+            for (p, query) in queries.iter().enumerate() {
+                let cosine = embed::dot(vector, query).max(0.0);
                 let slot = match *owner {
-                    DenseOwner::Tool(t) => tools.get_mut(t),
-                    DenseOwner::Domain(d) => domains.get_mut(d),
+                    DenseOwner::Tool(t) => cosines.tools[p].get_mut(t),
+                    DenseOwner::Domain(d) => cosines.domains[p].get_mut(d),
                 };
                 if let Some(slot) = slot {
                     *slot = slot.max(cosine);
                 }
             }
-            cosines.tools.push(tools);
-            cosines.domains.push(domains);
         }
         Ok(cosines)
     }
