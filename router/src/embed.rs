@@ -191,6 +191,7 @@ pub(crate) fn normalize(vector: &mut [f32]) {
     }
 }
 
+#[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight running sums, which the compiler keeps in SIMD lanes: one running sum
     // cannot be reordered and went a coordinate at a time (the dense path's cosines

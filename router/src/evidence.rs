@@ -582,11 +582,37 @@ impl Router {
             queries,
             model_id: vectors.model_id(),
         };
+        // Dispatched to the widest instructions the CPU has: the same eight sums per
+        // row, so the same floats, in AVX2's wider registers where there are some.
+        pulp::Arch::new().dispatch(CosineScan {
+            dense,
+            owners: &self.dense_owners,
+            cosines: &mut cosines,
+        });
+        Ok(cosines)
+    }
+}
+
+/// Every tool and domain text's cosine with every piece, into `cosines`. A
+/// `WithSimd` whose body is inlined into each instruction set's function (as the
+/// learned stage's scan is).
+struct CosineScan<'a, 'v> {
+    dense: &'a DenseIndex,
+    owners: &'a [DenseOwner],
+    cosines: &'a mut DenseCosines<'v>,
+}
+
+impl pulp::WithSimd for CosineScan<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        let cosines = self.cosines;
         // Each row against every piece while it is in cache: on a catalog of
         // thousands the rows are megabytes, and a pass per piece read them again.
-        for (row, owner) in self.dense_owners.iter().enumerate() {
-            let vector = dense.row(row);
-            for (p, query) in queries.iter().enumerate() {
+        for (row, owner) in self.owners.iter().enumerate() {
+            let vector = self.dense.row(row);
+            for (p, query) in cosines.queries.iter().enumerate() {
                 let cosine = embed::dot(vector, query).max(0.0);
                 let slot = match *owner {
                     DenseOwner::Tool(t) => cosines.tools[p].get_mut(t),
@@ -597,7 +623,6 @@ impl Router {
                 }
             }
         }
-        Ok(cosines)
     }
 }
 
