@@ -299,14 +299,29 @@ impl LearnedIndex {
         if quantized_queries.len() != queries.len() || dims == 0 {
             return matches;
         }
-        // Dispatched to the widest instructions the CPU has (AVX2 where there is one):
-        // the dot products are most of a scan.
-        pulp::Arch::new().dispatch(DotProducts {
-            index: self,
-            queries: &quantized_queries,
-            min_cosine,
-            matches: &mut matches,
-        });
+        // The dot products are most of a scan. With AVX2 they are taken sixteen
+        // coordinates an instruction (`madd_i8`); otherwise dispatched to the widest
+        // instructions the CPU has. Integer sums: either gives the same cosines.
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = pulp::x86::V3::try_new();
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx2: Option<()> = None;
+        match avx2 {
+            #[cfg(target_arch = "x86_64")]
+            Some(simd) => simd.vectorize(MaddScan {
+                simd,
+                index: self,
+                queries: &quantized_queries,
+                min_cosine,
+                matches: &mut matches,
+            }),
+            _ => pulp::Arch::new().dispatch(DotProducts {
+                index: self,
+                queries: &quantized_queries,
+                min_cosine,
+                matches: &mut matches,
+            }),
+        }
         for piece_matches in &mut matches {
             keep_nearest(piece_matches, keep);
         }
@@ -375,14 +390,66 @@ impl pulp::WithSimd for DotProducts<'_> {
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _simd: S) {
-        let index = self.index;
-        for (r, row) in index.vectors.chunks_exact(index.dims).enumerate() {
-            let row_scale = index.row_scales[r];
-            for (p, (query, query_scale)) in self.queries.iter().enumerate() {
-                let cosine = dot_i8(row, query) as f32 * row_scale * query_scale;
-                if cosine >= self.min_cosine {
-                    self.matches[p].push((index.row_entries[r], cosine));
-                }
+        let queries = self.queries;
+        push_matches(
+            self.index,
+            queries,
+            self.min_cosine,
+            self.matches,
+            |row, p| dot_i8(row, &queries[p].0),
+        );
+    }
+}
+
+/// [`DotProducts`] with AVX2's sixteen-coordinate multiply-adds: each query widened
+/// to `i16` once, each row as it is read.
+#[cfg(target_arch = "x86_64")]
+struct MaddScan<'a> {
+    simd: pulp::x86::V3,
+    index: &'a LearnedIndex,
+    queries: &'a [(Vec<i8>, f32)],
+    min_cosine: f32,
+    matches: &'a mut [Vec<(u32, f32)>],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl pulp::NullaryFnOnce for MaddScan<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        let simd = self.simd;
+        let widened: Vec<Vec<i16>> = self
+            .queries
+            .iter()
+            .map(|(query, _)| query.iter().map(|&x| i16::from(x)).collect())
+            .collect();
+        push_matches(
+            self.index,
+            self.queries,
+            self.min_cosine,
+            self.matches,
+            |row, p| madd_i8(simd, row, &widened[p]),
+        );
+    }
+}
+
+/// Every row's cosine with every query (`dot(row, p)`: the row's dot product with
+/// query `p`), the rows at least `min_cosine` pushed to their query's matches.
+#[inline(always)]
+fn push_matches(
+    index: &LearnedIndex,
+    queries: &[(Vec<i8>, f32)],
+    min_cosine: f32,
+    matches: &mut [Vec<(u32, f32)>],
+    dot: impl Fn(&[i8], usize) -> i32,
+) {
+    for (r, row) in index.vectors.chunks_exact(index.dims).enumerate() {
+        let row_scale = index.row_scales[r];
+        for (p, (_, query_scale)) in queries.iter().enumerate() {
+            let cosine = dot(row, p) as f32 * row_scale * query_scale;
+            if cosine >= min_cosine {
+                matches[p].push((index.row_entries[r], cosine));
             }
         }
     }
@@ -417,6 +484,32 @@ fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
         .zip(b)
         .map(|(&x, &y)| i32::from(x) * i32::from(y))
         .sum()
+}
+
+/// [`dot_i8`] with `b` widened to `i16`, sixteen coordinates an instruction: each
+/// chunk of `a` widened (`vpmovsxbw`), multiplied and summed in pairs (`vpmaddwd`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn madd_i8(simd: pulp::x86::V3, a: &[i8], b: &[i16]) -> i32 {
+    use std::arch::x86_64::{__m128i, __m256i};
+    let n = a.len().min(b.len());
+    let (a, a_tail) = a[..n].as_chunks::<16>();
+    let (b, b_tail) = b[..n].as_chunks::<16>();
+    let tail: i32 = a_tail
+        .iter()
+        .zip(b_tail)
+        .map(|(&x, &y)| i32::from(x) * i32::from(y))
+        .sum();
+    let mut sums: __m256i = pulp::cast([0i32; 8]);
+    for (x, y) in a.iter().zip(b) {
+        let x: __m128i = pulp::cast(*x);
+        let products = simd
+            .avx2
+            ._mm256_madd_epi16(simd.avx2._mm256_cvtepi8_epi16(x), pulp::cast(*y));
+        sums = simd.avx2._mm256_add_epi32(sums, products);
+    }
+    let lanes: [i32; 8] = pulp::cast(sums);
+    lanes.iter().sum::<i32>() + tail
 }
 
 #[cfg(test)]
@@ -460,5 +553,32 @@ mod tests {
         }
         let lows = vec![i8::MIN; 384];
         assert_eq!(super::dot_i8(&lows, &lows), 384 * 128 * 128);
+    }
+
+    /// AVX2's multiply-adds give the plain sum for every length and the extreme
+    /// values, where the CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn madd_i8_is_the_plain_dot_product() {
+        let Some(simd) = pulp::x86::V3::try_new() else {
+            return;
+        };
+        for len in [0usize, 1, 15, 16, 17, 383, 384, 385] {
+            let a: Vec<i8> = (0..len)
+                .map(|i| (i as i64 * 37 % 256 - 128) as i8)
+                .collect();
+            let b: Vec<i8> = (0..len)
+                .map(|i| (i as i64 * 91 % 256 - 128) as i8)
+                .collect();
+            let wide: Vec<i16> = b.iter().map(|&x| i16::from(x)).collect();
+            assert_eq!(
+                super::madd_i8(simd, &a, &wide),
+                super::dot_i8(&a, &b),
+                "length {len}"
+            );
+        }
+        let lows = vec![i8::MIN; 384];
+        let wide = vec![i16::from(i8::MIN); 384];
+        assert_eq!(super::madd_i8(simd, &lows, &wide), 384 * 128 * 128);
     }
 }
