@@ -534,51 +534,41 @@ mod tests {
         }
     }
 
-    /// The lanes give the plain sum for every length and the extreme values.
-    #[test]
-    fn dot_i8_is_the_plain_dot_product() {
-        for len in [0usize, 1, 15, 16, 17, 384, 385] {
-            let a: Vec<i8> = (0..len)
-                .map(|i| (i as i64 * 37 % 256 - 128) as i8)
-                .collect();
-            let b: Vec<i8> = (0..len)
-                .map(|i| (i as i64 * 91 % 256 - 128) as i8)
-                .collect();
-            let plain: i32 = a
-                .iter()
-                .zip(&b)
-                .map(|(&x, &y)| i32::from(x) * i32::from(y))
-                .sum();
-            assert_eq!(super::dot_i8(&a, &b), plain, "length {len}");
-        }
-        let lows = vec![i8::MIN; 384];
-        assert_eq!(super::dot_i8(&lows, &lows), 384 * 128 * 128);
+    /// Rows and queries of every length around the 16-coordinate chunks, and the
+    /// extreme values, with their plain dot product.
+    fn dot_cases() -> Vec<(Vec<i8>, Vec<i8>, i32)> {
+        let mut cases: Vec<(Vec<i8>, Vec<i8>, i32)> = [0usize, 1, 15, 16, 17, 383, 384, 385]
+            .into_iter()
+            .map(|len| {
+                let a: Vec<i8> = (0..len)
+                    .map(|i| (i as i64 * 37 % 256 - 128) as i8)
+                    .collect();
+                let b: Vec<i8> = (0..len)
+                    .map(|i| (i as i64 * 91 % 256 - 128) as i8)
+                    .collect();
+                let plain = a
+                    .iter()
+                    .zip(&b)
+                    .map(|(&x, &y)| i32::from(x) * i32::from(y))
+                    .sum();
+                (a, b, plain)
+            })
+            .collect();
+        cases.push((vec![i8::MIN; 384], vec![i8::MIN; 384], 384 * 128 * 128));
+        cases
     }
 
-    /// AVX2's multiply-adds give the plain sum for every length and the extreme
-    /// values, where the CPU has AVX2.
-    #[cfg(target_arch = "x86_64")]
+    /// The lanes give the plain sum for every length and the extreme values; so do
+    /// AVX2's multiply-adds, where the CPU has AVX2.
     #[test]
-    fn madd_i8_is_the_plain_dot_product() {
-        let Some(simd) = pulp::x86::V3::try_new() else {
-            return;
-        };
-        for len in [0usize, 1, 15, 16, 17, 383, 384, 385] {
-            let a: Vec<i8> = (0..len)
-                .map(|i| (i as i64 * 37 % 256 - 128) as i8)
-                .collect();
-            let b: Vec<i8> = (0..len)
-                .map(|i| (i as i64 * 91 % 256 - 128) as i8)
-                .collect();
-            let wide: Vec<i16> = b.iter().map(|&x| i16::from(x)).collect();
-            assert_eq!(
-                super::madd_i8(simd, &a, &wide),
-                super::dot_i8(&a, &b),
-                "length {len}"
-            );
+    fn dot_i8_is_the_plain_dot_product() {
+        for (a, b, plain) in dot_cases() {
+            assert_eq!(super::dot_i8(&a, &b), plain, "length {}", a.len());
+            #[cfg(target_arch = "x86_64")]
+            if let Some(simd) = pulp::x86::V3::try_new() {
+                let wide: Vec<i16> = b.iter().map(|&x| i16::from(x)).collect();
+                assert_eq!(super::madd_i8(simd, &a, &wide), plain, "length {}", a.len());
+            }
         }
-        let lows = vec![i8::MIN; 384];
-        let wide = vec![i16::from(i8::MIN); 384];
-        assert_eq!(super::madd_i8(simd, &lows, &wide), 384 * 128 * 128);
     }
 }
