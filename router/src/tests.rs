@@ -1602,6 +1602,40 @@ fn learned(router: &Router, entries: &[(&str, &[&str])]) -> LearnedIndex {
     LearnedIndex::new(router, None, &entries)
 }
 
+/// The lexical matches keep their scores in a buffer of the thread's: what one piece
+/// scored is gone before the next, on the same thread as on a fresh one.
+#[test]
+fn a_pieces_learned_matches_do_not_carry_into_the_next() {
+    let router = router();
+    let index = learned(
+        &router,
+        &[
+            (
+                "what is going on in the world of football",
+                &["search_news"],
+            ),
+            ("turn on the light in the hall", &["ha_turn_on"]),
+            ("the light in the kitchen, turn it off", &["ha_turn_off"]),
+        ],
+    );
+    let matches = |piece: &str| {
+        let mut found = index.lexical_matches(piece, 0.0, 10);
+        found.sort_by(crate::learned::nearer);
+        found
+    };
+    let fresh = std::thread::scope(|s| {
+        s.spawn(|| matches("turn off the kitchen light"))
+            .join()
+            .unwrap_or_default()
+    });
+    assert!(!fresh.is_empty());
+    assert_eq!(
+        matches("football in the world"),
+        matches("football in the world")
+    );
+    assert_eq!(matches("turn off the kitchen light"), fresh);
+}
+
 fn route_learned(router: &Router, message: &str, index: Option<&LearnedIndex>) -> Selection {
     router.select(&RouteInput {
         learned: index,
