@@ -632,30 +632,59 @@ const RANKED: usize = 50;
 /// Raises `best[i]` to 1 / the rank of item `i` among `items` by descending `scores`
 /// (above 0), for the first [`RANKED`].
 fn best_ranks(items: impl Iterator<Item = usize>, scores: &[f32], best: &mut [f32]) {
-    // The best so far, cut back to `RANKED` whenever they fill the buffer: a long
-    // message touches most of a large catalog, and only fifty ranks count.
-    let mut keys: Vec<u64> = Vec::with_capacity(2 * RANKED);
-    let mut cutoff = u64::MAX;
+    // A long message touches most of a large catalog, and only fifty ranks count.
+    let mut kept = Best::new(RANKED);
     for i in items.filter(|&i| scores[i] > 0.0) {
-        let k = key(scores[i], i);
-        if k > cutoff {
-            continue;
-        }
-        keys.push(k);
-        if keys.len() == 2 * RANKED {
-            keys.select_nth_unstable(RANKED - 1);
-            keys.truncate(RANKED);
-            cutoff = keys[RANKED - 1];
-        }
+        kept.push(scores[i], i);
     }
-    if keys.len() > RANKED {
-        keys.select_nth_unstable(RANKED - 1);
-        keys.truncate(RANKED);
-    }
-    keys.sort_unstable();
-    for (r, &k) in keys.iter().enumerate() {
-        let i = index_of(k);
+    for (r, (i, _)) in kept.into_sorted().enumerate() {
         best[i] = best[i].max(1.0 / (r + 1) as f32);
+    }
+}
+
+/// The `keep` best of the items pushed (score descending by `f32::total_cmp`, then
+/// index), without holding them all: the buffer is cut back to `keep` whenever it
+/// holds twice as many, and an item past the last kept can no longer be among them.
+pub(crate) struct Best {
+    keep: usize,
+    keys: Vec<u64>,
+    cutoff: u64,
+}
+
+impl Best {
+    pub(crate) fn new(keep: usize) -> Best {
+        Best {
+            keep,
+            keys: Vec::with_capacity(2 * keep),
+            cutoff: u64::MAX,
+        }
+    }
+
+    pub(crate) fn push(&mut self, score: f32, i: usize) {
+        let k = key(score, i);
+        if self.keep == 0 || k > self.cutoff {
+            return;
+        }
+        self.keys.push(k);
+        if self.keys.len() == 2 * self.keep {
+            self.cut();
+            self.cutoff = self.keys[self.keep - 1];
+        }
+    }
+
+    /// Keeps the `keep` best, in no order.
+    fn cut(&mut self) {
+        if self.keys.len() > self.keep {
+            self.keys.select_nth_unstable(self.keep - 1);
+            self.keys.truncate(self.keep);
+        }
+    }
+
+    /// The best, best first: `(index, score)`.
+    pub(crate) fn into_sorted(mut self) -> impl Iterator<Item = (usize, f32)> {
+        self.cut();
+        self.keys.sort_unstable();
+        self.keys.into_iter().map(|k| (index_of(k), score_of(k)))
     }
 }
 
@@ -751,6 +780,16 @@ fn index_of(key: u64) -> usize {
     (key & u64::from(u32::MAX)) as usize
 }
 
+/// The score a [`key`] was made of, bit for bit.
+fn score_of(key: u64) -> f32 {
+    let ascending = !((key >> 32) as u32);
+    f32::from_bits(if ascending >> 31 == 1 {
+        ascending & !(1 << 31)
+    } else {
+        !ascending
+    })
+}
+
 /// A key whose ascending order is `f32::total_cmp`'s descending order.
 fn descending(score: f32) -> u32 {
     let bits = score.to_bits();
@@ -819,6 +858,14 @@ mod tests {
             let mut best = vec![0.0f32; scores.len()];
             super::best_ranks((0..scores.len()).rev(), &scores, &mut best);
             prop_assert_eq!(best, expected);
+        }
+
+        /// A key gives back the score it was made of, bit for bit, and its index.
+        #[test]
+        fn a_key_gives_back_its_score_and_index(score in any::<f32>(), i in 0usize..1 << 32) {
+            let key = super::key(score, i);
+            prop_assert_eq!(super::score_of(key).to_bits(), score.to_bits());
+            prop_assert_eq!(super::index_of(key), i);
         }
 
         /// Read to any depth, the lazy order is the full order, and the rest is what

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 
 use crate::Router;
+use crate::evidence::Best;
 use crate::lexical::{Bm25Index, Field, query_words};
 
 /// One past message and the tools its turn called with success.
@@ -355,16 +356,19 @@ impl LearnedIndex {
             // Each entry is listed once: BM25's terms all add (idf > 0), so a score
             // leaves 0 once. The order does not matter: the nearest are kept by a
             // total order.
-            let mut nearest = Nearest::new(keep);
+            let mut nearest = Best::new(keep);
             for &e in &touched {
                 let slot = &mut scores[e as usize];
                 let share = (*slot / mass).min(1.0);
                 *slot = 0.0;
                 if share >= min_share {
-                    nearest.push(e, share);
+                    nearest.push(share, e as usize);
                 }
             }
-            nearest.into_vec()
+            nearest
+                .into_sorted()
+                .map(|(e, share)| (e as u32, share))
+                .collect()
         })
     }
 }
@@ -372,46 +376,6 @@ impl LearnedIndex {
 thread_local! {
     /// [`LearnedIndex::lexical_matches`]'s BM25 scores, all 0 between calls.
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The `keep` most similar of the matches pushed, as [`keep_nearest`] keeps them, without
-/// holding every match: once it holds four times `keep`, it keeps the nearest, and a
-/// match below the last of them can no longer be among the nearest.
-struct Nearest {
-    keep: usize,
-    matches: Vec<(u32, f32)>,
-    /// Matches below this similarity are not kept (ties may be: the entry decides).
-    floor: f32,
-}
-
-impl Nearest {
-    fn new(keep: usize) -> Nearest {
-        Nearest {
-            keep,
-            matches: Vec::with_capacity(4 * keep + 1),
-            floor: f32::NEG_INFINITY,
-        }
-    }
-
-    fn push(&mut self, entry: u32, similarity: f32) {
-        if similarity < self.floor {
-            return;
-        }
-        self.matches.push((entry, similarity));
-        if self.matches.len() > 4 * self.keep {
-            keep_nearest(&mut self.matches, self.keep);
-            self.floor = self
-                .matches
-                .iter()
-                .map(|m| m.1)
-                .fold(f32::INFINITY, f32::min);
-        }
-    }
-
-    fn into_vec(mut self) -> Vec<(u32, f32)> {
-        keep_nearest(&mut self.matches, self.keep);
-        self.matches
-    }
 }
 
 /// Keeps the `keep` most similar of `matches` (similarity descending, then entry), in
@@ -579,13 +543,13 @@ mod tests {
             let mut expected = matches.clone();
             expected.sort_by(super::nearer);
             expected.truncate(keep);
-            // `Nearest`, which never holds them all, keeps the same.
-            let mut nearest = super::Nearest::new(keep);
+            // `Best`, which never holds them all, keeps the same, in that order.
+            let mut best = crate::evidence::Best::new(keep);
             for &(e, s) in &matches {
-                nearest.push(e, s);
+                best.push(s, e as usize);
             }
-            let mut kept = nearest.into_vec();
-            kept.sort_by(super::nearer);
+            let kept: Vec<(u32, f32)> =
+                best.into_sorted().map(|(e, s)| (e as u32, s)).collect();
             prop_assert_eq!(&kept, &expected);
             super::keep_nearest(&mut matches, keep);
             matches.sort_by(super::nearer);
