@@ -303,26 +303,20 @@ impl LearnedIndex {
         // The dot products are most of a scan. With AVX2 they are taken sixteen
         // coordinates an instruction (`madd_i8`); otherwise dispatched to the widest
         // instructions the CPU has. Integer sums: either gives the same cosines.
+        let scan = DotProducts {
+            index: self,
+            queries: &quantized_queries,
+            min_cosine,
+            matches: &mut matches,
+        };
         #[cfg(target_arch = "x86_64")]
-        let avx2 = pulp::x86::V3::try_new();
-        #[cfg(not(target_arch = "x86_64"))]
-        let avx2: Option<()> = None;
-        match avx2 {
-            #[cfg(target_arch = "x86_64")]
-            Some(simd) => simd.vectorize(MaddScan {
-                simd,
-                index: self,
-                queries: &quantized_queries,
-                min_cosine,
-                matches: &mut matches,
-            }),
-            _ => pulp::Arch::new().dispatch(DotProducts {
-                index: self,
-                queries: &quantized_queries,
-                min_cosine,
-                matches: &mut matches,
-            }),
+        if let Some(simd) = pulp::x86::V3::try_new() {
+            simd.vectorize(MaddScan { simd, scan });
+        } else {
+            pulp::Arch::new().dispatch(scan);
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        pulp::Arch::new().dispatch(scan);
         for piece_matches in &mut matches {
             keep_nearest(piece_matches, keep);
         }
@@ -421,10 +415,7 @@ impl pulp::WithSimd for DotProducts<'_> {
 #[cfg(target_arch = "x86_64")]
 struct MaddScan<'a> {
     simd: pulp::x86::V3,
-    index: &'a LearnedIndex,
-    queries: &'a [(Vec<i8>, f32)],
-    min_cosine: f32,
-    matches: &'a mut [Vec<(u32, f32)>],
+    scan: DotProducts<'a>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -433,17 +424,17 @@ impl pulp::NullaryFnOnce for MaddScan<'_> {
 
     #[inline(always)]
     fn call(self) {
-        let simd = self.simd;
-        let widened: Vec<Vec<i16>> = self
+        let (simd, scan) = (self.simd, self.scan);
+        let widened: Vec<Vec<i16>> = scan
             .queries
             .iter()
             .map(|(query, _)| query.iter().map(|&x| i16::from(x)).collect())
             .collect();
         push_matches(
-            self.index,
-            self.queries,
-            self.min_cosine,
-            self.matches,
+            scan.index,
+            scan.queries,
+            scan.min_cosine,
+            scan.matches,
             |row, p| madd_i8(simd, row, &widened[p]),
         );
     }
