@@ -362,17 +362,24 @@ fn bench_dense(
         );
     }
 
-    let mut catalogs: Vec<(String, PathBuf)> = Vec::new();
+    // Each catalog's cold start; and its own messages routed, where they are not the
+    // dev messages timed above.
+    let mut catalogs: Vec<(String, PathBuf, Option<PathBuf>)> = Vec::new();
     if choice == EmbedderChoice::Builtin {
-        catalogs.push(("shared catalog".into(), options.catalog.clone()));
+        catalogs.push(("shared catalog".into(), options.catalog.clone(), None));
     }
     if choice == EmbedderChoice::Builtin
         && !options.quick
         && std::path::Path::new(SEAL_CATALOG).is_dir()
     {
-        catalogs.push(("Seal-Tools".into(), PathBuf::from(SEAL_CATALOG)));
+        let cases = std::path::Path::new(SEAL_CATALOG).with_file_name("cases.jsonl");
+        catalogs.push((
+            "Seal-Tools".into(),
+            PathBuf::from(SEAL_CATALOG),
+            Some(cases),
+        ));
     }
-    for (label, dir) in catalogs {
+    for (label, dir, cases) in catalogs {
         let cache_dir = cache_root.join(label.replace(' ', "-"));
         let _ = std::fs::remove_dir_all(&cache_dir);
         let cold = |cache: &std::path::Path| -> anyhow::Result<(Duration, String, Router)> {
@@ -397,8 +404,8 @@ fn bench_dense(
         );
         // The dense selection on thousands of tools: its own messages, each split
         // into its requests, their vectors computed before timing.
-        if label == "Seal-Tools" {
-            let mut messages = dev_messages(&dir.with_file_name("cases.jsonl"))?;
+        if let Some(cases) = cases {
+            let mut messages = dev_messages(&cases)?;
             messages.truncate(200);
             let given = encoder
                 .vectors_by_message(messages.iter().map(String::as_str))
