@@ -255,9 +255,9 @@ impl LearnedIndex {
             && self.model_id.as_deref() == Some(model_id)
     }
 
-    /// Per query (L2-normalised), every row whose cosine is at least `min_cosine`:
-    /// `(entry, cosine)`. One pass over the rows for all queries, so the rows are
-    /// read from memory once per message.
+    /// Per query (L2-normalised), the `keep` nearest rows whose cosine is at least
+    /// `min_cosine`: `(entry, cosine)`, nearest first. One pass over the rows for all
+    /// queries, so the rows are read from memory once per message.
     pub(crate) fn dense_matches(
         &self,
         queries: &[Vec<f32>],
@@ -296,10 +296,10 @@ impl LearnedIndex {
             .filter_map(|q| quantized(q, dims))
             .map(|(row, scale)| (row.collect(), scale))
             .collect();
-        let mut matches = vec![Vec::new(); queries.len()];
         if quantized_queries.len() != queries.len() || dims == 0 {
-            return matches;
+            return vec![Vec::new(); queries.len()];
         }
+        let mut nearest: Vec<Best> = queries.iter().map(|_| Best::new(keep)).collect();
         // The dot products are most of a scan. With AVX2 they are taken sixteen
         // coordinates an instruction (`madd_i8`); otherwise dispatched to the widest
         // instructions the CPU has. Integer sums: either gives the same cosines.
@@ -307,7 +307,7 @@ impl LearnedIndex {
             index: self,
             queries: &quantized_queries,
             min_cosine,
-            matches: &mut matches,
+            nearest: &mut nearest,
         };
         #[cfg(target_arch = "x86_64")]
         if let Some(simd) = pulp::x86::V3::try_new() {
@@ -317,10 +317,10 @@ impl LearnedIndex {
         }
         #[cfg(not(target_arch = "x86_64"))]
         pulp::Arch::new().dispatch(scan);
-        for piece_matches in &mut matches {
-            keep_nearest(piece_matches, keep);
-        }
-        matches
+        nearest
+            .into_iter()
+            .map(|best| best.into_sorted().map(|(e, c)| (e as u32, c)).collect())
+            .collect()
     }
 
     /// The entries whose messages share words with `piece`, with their BM25 share
@@ -372,26 +372,14 @@ thread_local! {
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Keeps the `keep` most similar of `matches` (similarity descending, then entry), in
-/// no order. The nearest of the dense and the lexical matches together are among each
-/// path's own nearest, so a path need not hand over every past message it matched.
-fn keep_nearest(matches: &mut Vec<(u32, f32)>, keep: usize) {
-    if matches.len() > keep {
-        if keep > 0 {
-            matches.select_nth_unstable_by(keep - 1, nearer);
-        }
-        matches.truncate(keep);
-    }
-}
-
 /// Every row's cosine with every query, the rows at least `min_cosine` pushed to
-/// their query's matches. A `WithSimd` whose body is inlined into each instruction
+/// their query's nearest. A `WithSimd` whose body is inlined into each instruction
 /// set's function, so the compiler vectorizes the dot products for it.
 struct DotProducts<'a> {
     index: &'a LearnedIndex,
     queries: &'a [(Vec<i8>, f32)],
     min_cosine: f32,
-    matches: &'a mut [Vec<(u32, f32)>],
+    nearest: &'a mut [Best],
 }
 
 impl pulp::WithSimd for DotProducts<'_> {
@@ -404,7 +392,7 @@ impl pulp::WithSimd for DotProducts<'_> {
             self.index,
             queries,
             self.min_cosine,
-            self.matches,
+            self.nearest,
             |row, p| dot_i8(row, &queries[p].0),
         );
     }
@@ -434,20 +422,20 @@ impl pulp::NullaryFnOnce for MaddScan<'_> {
             scan.index,
             scan.queries,
             scan.min_cosine,
-            scan.matches,
+            scan.nearest,
             |row, p| madd_i8(simd, row, &widened[p]),
         );
     }
 }
 
 /// Every row's cosine with every query (`dot(row, p)`: the row's dot product with
-/// query `p`), the rows at least `min_cosine` pushed to their query's matches.
+/// query `p`), the rows at least `min_cosine` pushed to their query's nearest.
 #[inline(always)]
 fn push_matches(
     index: &LearnedIndex,
     queries: &[(Vec<i8>, f32)],
     min_cosine: f32,
-    matches: &mut [Vec<(u32, f32)>],
+    nearest: &mut [Best],
     dot: impl Fn(&[i8], usize) -> i32,
 ) {
     for (r, row) in index.vectors.chunks_exact(index.dims).enumerate() {
@@ -455,7 +443,7 @@ fn push_matches(
         for (p, (_, query_scale)) in queries.iter().enumerate() {
             let cosine = dot(row, p) as f32 * row_scale * query_scale;
             if cosine >= min_cosine {
-                matches[p].push((index.row_entries[r], cosine));
+                nearest[p].push(cosine, index.row_entries[r] as usize);
             }
         }
     }
@@ -523,28 +511,25 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// What is kept is the full sort's first `keep`, whatever order they come in.
+        /// What `Best` keeps is the full sort's first `keep` by `nearer`, the order
+        /// the learned votes read matches in, whatever order they come in.
         #[test]
-        fn keep_nearest_keeps_the_sorts_first(
+        fn best_keeps_the_nearest_first(
             similarities in proptest::collection::vec(prop_oneof![Just(0.5f32), 0.0f32..1.0], 0..200),
             keep in 0usize..20,
         ) {
-            let mut matches: Vec<(u32, f32)> =
+            let matches: Vec<(u32, f32)> =
                 similarities.iter().enumerate().map(|(e, &s)| (e as u32, s)).rev().collect();
             let mut expected = matches.clone();
             expected.sort_by(super::nearer);
             expected.truncate(keep);
-            // `Best`, which never holds them all, keeps the same, in that order.
             let mut best = crate::evidence::Best::new(keep);
             for &(e, s) in &matches {
                 best.push(s, e as usize);
             }
             let kept: Vec<(u32, f32)> =
                 best.into_sorted().map(|(e, s)| (e as u32, s)).collect();
-            prop_assert_eq!(&kept, &expected);
-            super::keep_nearest(&mut matches, keep);
-            matches.sort_by(super::nearer);
-            prop_assert_eq!(matches, expected);
+            prop_assert_eq!(kept, expected);
         }
     }
 
