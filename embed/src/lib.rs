@@ -470,13 +470,18 @@ where
             Attach::Fallback => "dense fallback",
         };
         match &result {
-            Ok(stats) => tracing::info!(
-                "[router] {stage} ready: {} texts ({} cached, {} embedded) in {:.1} s",
-                stats.n_texts,
-                stats.n_cached,
-                stats.n_embedded,
-                stats.elapsed.as_secs_f64()
-            ),
+            Ok(stats) => {
+                tracing::info!(
+                    "[router] {stage} ready: {} texts ({} cached, {} embedded) in {:.1} s",
+                    stats.n_texts,
+                    stats.n_cached,
+                    stats.n_embedded,
+                    stats.elapsed.as_secs_f64()
+                );
+                if let (Attach::Main, Some(mismatch)) = (attach, router.dense_weights_mismatch()) {
+                    tracing::warn!("[router] {mismatch}");
+                }
+            }
             Err(e) => match attach {
                 Attach::Main => {
                     router.set_dense_pending(false);

@@ -178,13 +178,18 @@ pub fn fit_path(
     let fold_lines = fold_lines(&per_fold, &total, &before, log);
 
     let model = Model::from_row(bias, &weights, rule);
-    let summary = serde_json::json!({
+    let mut summary = serde_json::json!({
         "rows": n_rows,
         "positive": n_positive,
         "turn_recall": (total.turn_recall() * 1000.0).round() / 1000.0,
         "mean_tools": (total.mean_tools() * 10.0).round() / 10.0,
         "folds": fold_lines,
     });
+    // The dense weights hold for the encoder whose cosines they were fitted on
+    // (`Router::dense_weights_mismatch`).
+    if let (Path::Dense, Some(dense)) = (path, router.dense()) {
+        summary["encoder"] = dense.model_id().into();
+    }
     Ok(Fitted {
         model,
         held_out: total,

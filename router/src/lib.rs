@@ -469,6 +469,21 @@ impl Router {
         self.dense.get()
     }
 
+    /// Why the dense model's probabilities may be off: it was fitted on another
+    /// encoder's cosines than the attached stage's, whose similarities sit elsewhere.
+    /// `None` when they match, or when the weights do not say.
+    pub fn dense_weights_mismatch(&self) -> Option<String> {
+        let fitted = self.weights().dense_encoder()?;
+        let attached = self.dense()?.model_id();
+        (fitted != attached).then(|| {
+            format!(
+                "the dense weights were fitted with the encoder {fitted}, not {attached}: \
+                 refit them with it (`loadout fit` on this deployment's traffic, \
+                 `cargo xtask fit --embedder` on a labeled set)"
+            )
+        })
+    }
+
     /// The texts the dense stage embeds, in the order [`DenseIndex::new`] expects
     /// their vectors: per tool `name: description` then each of its examples, then per
     /// domain `name: description`.

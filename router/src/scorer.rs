@@ -190,6 +190,11 @@ impl Weights {
         })
     }
 
+    /// The encoder whose cosines the dense model was fitted on, as the fit wrote it.
+    pub fn dense_encoder(&self) -> Option<&str> {
+        self.fitted.get("dense")?.get("encoder")?.as_str()
+    }
+
     /// Feature names no model knows: a typo in a weights file.
     pub fn unknown_features(&self) -> Vec<String> {
         [&self.lexical, &self.dense]

@@ -667,6 +667,33 @@ fn weather_rows(router: &Router, rest: [f32; 2]) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// The dense weights say which encoder they were fitted with; another encoder's
+/// stage is named as a mismatch, the same one is not.
+#[test]
+fn dense_weights_fitted_with_another_encoder_are_named() {
+    let mut router = router();
+    assert_eq!(router.dense_weights_mismatch(), None, "no dense stage");
+    let fitted = router
+        .weights()
+        .dense_encoder()
+        .expect("the shipped weights name their encoder")
+        .to_owned();
+    router.set_dense(Some(DenseIndex::new(
+        &fitted,
+        weather_rows(&router, [0.0, 1.0]),
+    )));
+    assert_eq!(router.dense_weights_mismatch(), None, "{fitted}");
+    router.set_dense(Some(DenseIndex::new(
+        "another-encoder",
+        weather_rows(&router, [0.0, 1.0]),
+    )));
+    let mismatch = router.dense_weights_mismatch().expect("a mismatch");
+    assert!(
+        mismatch.contains(&fitted) && mismatch.contains("another-encoder"),
+        "{mismatch}"
+    );
+}
+
 /// The domain is sent, and its reason names a dense feature (`tool_dense_rel 1.00`).
 fn sent_on_dense(selection: &Selection, domain: &str) -> bool {
     selection
@@ -2340,6 +2367,42 @@ fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_erro
         "{:?}",
         dropped.map(|f| f.model)
     );
+}
+
+/// A dense fit's summary names the encoder whose cosines its weights belong to (what
+/// `Router::dense_weights_mismatch` reads); a lexical fit's names none.
+#[test]
+fn a_dense_fit_names_its_encoder() {
+    use crate::fit::{Options, Path, fit_path, one_after_another};
+    let Some((mut router, folds)) = small_fit_on_dev() else {
+        return;
+    };
+    let rows = router
+        .dense_texts()
+        .iter()
+        .map(|text| {
+            let mut row = vec![1.0f32; 8];
+            for (i, b) in text.bytes().enumerate() {
+                row[i % 8] += f32::from(b);
+            }
+            row
+        })
+        .collect();
+    router.set_dense(Some(DenseIndex::new("fake-encoder", rows)));
+    let fit = |path| {
+        fit_path(
+            &router,
+            &folds,
+            &Options::default(),
+            path,
+            None,
+            &mut |_| {},
+            &one_after_another,
+        )
+        .expect("fit")
+    };
+    assert_eq!(fit(Path::Dense).summary["encoder"], "fake-encoder");
+    assert!(fit(Path::Lexical).summary.get("encoder").is_none());
 }
 
 /// A fit told the most tools a turn may take on average chooses a selection rule

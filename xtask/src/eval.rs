@@ -306,13 +306,17 @@ pub fn attach_embedder(
     router
         .attach_dense(index)
         .map_err(|_| anyhow::anyhow!("dense stage already attached"))?;
-    Ok(format!(
+    let mut line = format!(
         "embedder {model_id}: loaded in {load_ms:.0} ms; {} texts, {} cached, {} embedded in {:.1} s",
         stats.n_texts,
         stats.n_cached,
         stats.n_embedded,
         stats.elapsed.as_secs_f64()
-    ))
+    );
+    if let Some(mismatch) = router.dense_weights_mismatch() {
+        line.push_str(&format!("\nnote: {mismatch}"));
+    }
+    Ok(line)
 }
 
 /// The router config of the eval (and the fit): the shared catalog's scratchpad

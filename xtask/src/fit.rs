@@ -134,12 +134,7 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
             let router = Router::new(registry.clone(), crate::eval::eval_config());
             fit_path(&router, &folds, options, Path::Lexical)
         });
-        let dense = dense_router.map(|router| {
-            let fitted = fit_path(&router, &folds, options, Path::Dense);
-            // The dense weights hold only for the encoder whose cosines they were fitted on.
-            let encoder = router.dense().map(|index| index.model_id().to_owned());
-            fitted.map(|fitted| (fitted, encoder))
-        });
+        let dense = dense_router.map(|router| fit_path(&router, &folds, options, Path::Dense));
         let lexical = lexical
             .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the lexical fit panicked")));
@@ -157,12 +152,9 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
         "lexical": lexical.summary,
     });
     if let Some(dense) = dense {
-        let (dense, encoder) = dense?;
+        let dense = dense?;
         weights.dense = dense.model;
         fitted["dense"] = dense.summary;
-        if let Some(encoder) = encoder {
-            fitted["dense"]["encoder"] = encoder.into();
-        }
     } else if let Some(old) = Weights::shipped().fitted.get("dense") {
         fitted["dense"] = old.clone();
     }
