@@ -323,9 +323,10 @@ impl LearnedIndex {
             .collect()
     }
 
-    /// The entries whose messages share words with `piece`, with their BM25 share
-    /// (0..1: the score over what a past message of average length holding each of
-    /// the piece's terms once would score), at least `min_share`.
+    /// The `keep` nearest entries whose messages share words with `piece`, nearest
+    /// first, with their BM25 share (0..1: the score over what a past message of
+    /// average length holding each of the piece's terms once would score), at least
+    /// `min_share`.
     pub(crate) fn lexical_matches(
         &self,
         piece: &str,

@@ -1645,11 +1645,7 @@ fn a_pieces_learned_matches_do_not_carry_into_the_next() {
             ("the light in the kitchen, turn it off", &["ha_turn_off"]),
         ],
     );
-    let matches = |piece: &str| {
-        let mut found = index.lexical_matches(piece, 0.0, 10);
-        found.sort_by(crate::learned::nearer);
-        found
-    };
+    let matches = |piece: &str| index.lexical_matches(piece, 0.0, 10);
     let fresh = std::thread::scope(|s| {
         s.spawn(|| matches("turn off the kitchen light"))
             .join()
