@@ -927,6 +927,9 @@ async fn a_hangup_reloads_the_router_tunables_and_refuses_a_bad_file() {
     std::fs::write(&config, "[router]\ntoken_budjet = 1000\n").expect("write");
     replica.hangup();
     replica.until_stderr_has("not reloaded").await;
+    // The error spans several lines, which reach the reader one at a time (CI once
+    // read the log between the first and the one naming the key).
+    replica.until_stderr_has("token_budjet").await;
     let log = replica.stderr_text();
     assert!(
         log.contains("token_budjet") && !log.contains("panicked"),
