@@ -85,22 +85,26 @@ const KOREAN_FILLER: &[&str] = &[
     "됐어",
 ];
 
-/// Whether `message` is only social talk (see the module docs).
+/// Whether `message` is only social talk (see the module docs). It stops at the
+/// first word that asks for something, most messages' first or second.
 pub(crate) fn is_chitchat(message: &str) -> bool {
     let lowered = message.to_lowercase();
-    let words: Vec<&str> = lowered
+    let words = lowered
         .split(|c: char| c.is_whitespace() || matches!(c, ',' | '.' | '!' | '?' | '~' | ';' | ':'))
         .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric() && c != '\''))
-        .filter(|w| !w.is_empty())
-        .collect();
-    if words.is_empty() || words.len() > MAX_WORDS {
-        return false;
-    }
+        .filter(|w| !w.is_empty());
     let mut has_marker = false;
-    for word in &words {
-        if MARKERS.contains(word) || KOREAN_MARKERS.iter().any(|m| word.contains(m)) {
+    for (i, word) in words.enumerate() {
+        if i == MAX_WORDS {
+            return false;
+        }
+        // Hangul is never ASCII: an ASCII word skips the Korean lists.
+        let korean = !word.is_ascii();
+        if MARKERS.contains(&word) || korean && KOREAN_MARKERS.iter().any(|m| word.contains(m)) {
             has_marker = true;
-        } else if !(FILLER.contains(word) || KOREAN_FILLER.iter().any(|f| word.starts_with(f))) {
+        } else if !(FILLER.contains(&word)
+            || korean && KOREAN_FILLER.iter().any(|f| word.starts_with(f)))
+        {
             return false;
         }
     }
