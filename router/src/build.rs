@@ -37,12 +37,17 @@ pub(crate) fn spaced(name: &str) -> String {
     name.replace(['_', '-'], " ")
 }
 
-/// BM25 over the tools (name twice as heavy as description, keywords, examples) and
-/// over the domains (name, description, keywords).
+/// BM25 over the tools (name twice as heavy as description, keywords, examples, and
+/// the parameters the schema names and describes) and over the domains (name,
+/// description, keywords).
 pub(crate) fn bm25_indexes(domains: &[Domain], tools: &[Tool]) -> (Bm25Index, Bm25Index) {
     let spaced_tool_names: Vec<String> = tools.iter().map(|t| spaced(&t.name)).collect();
     let joined_tool_keywords: Vec<String> = tools.iter().map(|t| t.keywords.join(" ")).collect();
     let joined_tool_examples: Vec<String> = tools.iter().map(|t| t.examples.join(" . ")).collect();
+    let tool_parameters: Vec<String> = tools
+        .iter()
+        .map(|t| parameters_text(&t.input_schema))
+        .collect();
     let joined_domain_keywords: Vec<String> =
         domains.iter().map(|d| d.keywords.join(" ")).collect();
     let spaced_domain_names: Vec<String> =
@@ -57,6 +62,7 @@ pub(crate) fn bm25_indexes(domains: &[Domain], tools: &[Tool]) -> (Bm25Index, Bm
                 field(&tool.description, 1.0),
                 field(&joined_tool_keywords[t], 1.0),
                 field(&joined_tool_examples[t], 1.0),
+                field(&tool_parameters[t], 1.0),
             ]
         })
         .collect();
@@ -75,6 +81,25 @@ pub(crate) fn bm25_indexes(domains: &[Domain], tools: &[Tool]) -> (Bm25Index, Bm
         Bm25Index::new(&tool_documents),
         Bm25Index::new(&domain_documents),
     )
+}
+
+/// A schema's top-level parameters as text: each one's spaced name and description.
+/// They say what a tool acts on ("torrent hashes", "speed limit in bytes per second")
+/// in words a request uses and a terse description may not.
+fn parameters_text(schema: &serde_json::Value) -> String {
+    let Some(properties) = schema.get("properties").and_then(|p| p.as_object()) else {
+        return String::new();
+    };
+    let mut text = String::new();
+    for (name, property) in properties {
+        text.push_str(&spaced(name));
+        text.push_str(". ");
+        if let Some(description) = property.get("description").and_then(|d| d.as_str()) {
+            text.push_str(description);
+            text.push(' ');
+        }
+    }
+    text
 }
 
 /// The o200k_base tokens of each tool's definition, of each domain's tools, of each

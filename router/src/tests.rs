@@ -592,6 +592,23 @@ fn search_returns_matching_active_tools() {
 }
 
 #[test]
+fn search_finds_a_tool_by_what_its_parameters_say() {
+    // "throttle" is in neither tool's name nor description, only in a parameter's.
+    let toolkit = json!({"domain": "torrents", "description": "A torrent client.",
+        "tools": [tool("list_torrents", "List torrents and their state."),
+                  {"name": "set_transfer_limits", "description": "Change the client's transfer settings.",
+                   "input_schema": {"type": "object", "properties": {
+                       "download_limit": {"type": "integer", "description": "Throttle downloads to this many bytes per second."}}}}]});
+    let router = Router::new(registry_of(&[toolkit]), RouterConfig::default());
+    let hits = router.search("throttle the downloads", None, None, None, 1);
+    assert_eq!(
+        hits.first().map(|h| h.name.as_ref()),
+        Some("set_transfer_limits"),
+        "{hits:?}"
+    );
+}
+
+#[test]
 fn summary_line_lists_included_domains_with_stage_and_score() {
     let router = router_with(pinning(RouterConfig::default()));
     let mut view = SessionView::new(1);
