@@ -191,16 +191,25 @@ fn server_slug(name: &str) -> Option<String> {
 }
 
 /// `<server>__<tool>`, kept to `[a-z0-9_-]{1,64}`; a name that had to be changed
-/// or cut gets a short hash of the original so two tools stay apart.
+/// or cut gets a short hash of the original so two tools stay apart. A camelCase
+/// name keeps its words apart (`startEngine` → `start_engine`): the router reads a
+/// name's words.
 pub(super) fn tool_name(server: &str, tool: &str) -> String {
-    let cleaned: String = tool
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | '0'..='9' | '_' | '-' => c,
-            'A'..='Z' => c.to_ascii_lowercase(),
-            _ => '_',
-        })
-        .collect();
+    let mut cleaned = String::with_capacity(tool.len() + 4);
+    let mut after_word_char = false;
+    for c in tool.chars() {
+        match c {
+            'a'..='z' | '0'..='9' | '_' | '-' => cleaned.push(c),
+            'A'..='Z' => {
+                if after_word_char {
+                    cleaned.push('_');
+                }
+                cleaned.push(c.to_ascii_lowercase());
+            }
+            _ => cleaned.push('_'),
+        }
+        after_word_char = c.is_ascii_lowercase() || c.is_ascii_digit();
+    }
     let name = format!("{server}__{cleaned}");
     let lossless = cleaned == tool;
     if name.len() <= 64 && lossless {

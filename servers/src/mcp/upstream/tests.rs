@@ -15,6 +15,10 @@ fn tool_names_stay_valid_and_distinct() {
     );
     let odd = tool_name("srv", "Read.File");
     assert!(odd.starts_with("srv__read_file_"), "{odd}");
+    let camel = tool_name("car", "startEngine");
+    assert!(camel.starts_with("car__start_engine_"), "{camel}");
+    assert_ne!(camel, tool_name("car", "start_engine"));
+    assert!(tool_name("srv", "getURL2Text").starts_with("srv__get_url2_text_"));
     let long = tool_name("srv", &"x".repeat(100));
     assert!(long.len() <= 64, "{long}");
     assert_ne!(tool_name("srv", "a.b"), tool_name("srv", "a_b"));
