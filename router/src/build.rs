@@ -32,9 +32,24 @@ pub(crate) fn keyword_index(domains: &[Domain], tools: &[Tool]) -> KeywordIndex 
     KeywordIndex::new(keyword_pairs)
 }
 
-/// A tool's or domain's name with its separators as spaces: words BM25 can match.
+/// A tool's, domain's or parameter's name with its separators (`_`, `-`, a camelCase
+/// capital) as spaces: words BM25 can match.
 pub(crate) fn spaced(name: &str) -> String {
-    name.replace(['_', '-'], " ")
+    let mut spaced = String::with_capacity(name.len() + 4);
+    let mut after_word_char = false;
+    for c in name.chars() {
+        match c {
+            '_' | '-' => spaced.push(' '),
+            // A parameter's camelCase (`startDate`) splits as a name's `_` does.
+            c if c.is_uppercase() && after_word_char => {
+                spaced.push(' ');
+                spaced.push(c);
+            }
+            c => spaced.push(c),
+        }
+        after_word_char = c.is_lowercase() || c.is_ascii_digit();
+    }
+    spaced
 }
 
 /// BM25 over the tools (name twice as heavy as description, keywords, examples, and

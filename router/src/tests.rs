@@ -609,6 +609,15 @@ fn search_finds_a_tool_by_what_its_parameters_say() {
 }
 
 #[test]
+fn names_split_into_words_at_separators_and_camel_case() {
+    assert_eq!(build::spaced("get_current_time"), "get current time");
+    assert_eq!(build::spaced("get-sum"), "get sum");
+    assert_eq!(build::spaced("startDate"), "start Date");
+    assert_eq!(build::spaced("pageSize2Max"), "page Size2 Max");
+    assert_eq!(build::spaced("URL"), "URL");
+}
+
+#[test]
 fn summary_line_lists_included_domains_with_stage_and_score() {
     let router = router_with(pinning(RouterConfig::default()));
     let mut view = SessionView::new(1);
