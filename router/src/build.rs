@@ -65,8 +65,7 @@ pub(crate) fn bm25_indexes(domains: &[Domain], tools: &[Tool]) -> (Bm25Index, Bm
         .collect();
     let joined_domain_keywords: Vec<String> =
         domains.iter().map(|d| d.keywords.join(" ")).collect();
-    let spaced_domain_names: Vec<String> =
-        domains.iter().map(|d| d.name.replace('_', " ")).collect();
+    let spaced_domain_names: Vec<String> = domains.iter().map(|d| spaced(&d.name)).collect();
     let field = |text, weight| Field { text, weight };
     let tool_documents: Vec<Vec<Field<'_>>> = tools
         .iter()
@@ -214,11 +213,7 @@ pub(crate) fn dense_texts(domains: &[Domain], tools: &[Tool]) -> (Vec<String>, V
         }
     }
     for (d, domain) in domains.iter().enumerate() {
-        dense_texts.push(format!(
-            "{}: {}",
-            domain.name.replace('_', " "),
-            domain.description
-        ));
+        dense_texts.push(format!("{}: {}", spaced(&domain.name), domain.description));
         dense_owners.push(DenseOwner::Domain(d));
     }
     (dense_texts, dense_owners)
