@@ -32,6 +32,14 @@ pub(crate) fn keyword_index(domains: &[Domain], tools: &[Tool]) -> KeywordIndex 
     KeywordIndex::new(keyword_pairs)
 }
 
+/// The words of a tool's or domain's name: its parts between `_` and `-` (the only
+/// separators a registered name may have). Every rule that reads a name's words
+/// (the read prior, the action a message names, the finders of an argument) splits
+/// it here, so `list-files` reads as `list_files` does.
+pub(crate) fn name_words(name: &str) -> impl Iterator<Item = &str> {
+    name.split(['_', '-']).filter(|w| !w.is_empty())
+}
+
 /// A tool's, domain's or parameter's name with its separators (`_`, `-`, a camelCase
 /// capital) as spaces: words BM25 can match.
 pub(crate) fn spaced(name: &str) -> String {
@@ -180,9 +188,8 @@ pub(crate) fn read_priors(tools: &[Tool]) -> Vec<f32> {
         .iter()
         .map(|t| {
             let reads = ["list", "get", "search", "find", "lookup", "query"];
-            let last_word = t.name.rsplit('_').next().unwrap_or("");
-            let reads_first =
-                t.name.split('_').any(|w| reads.contains(&w)) || last_word == "status";
+            let reads_first = name_words(&t.name).any(|w| reads.contains(&w))
+                || name_words(&t.name).last() == Some("status");
             if reads_first { READ_PRIOR } else { 0.0 }
         })
         .collect()

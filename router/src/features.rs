@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use crate::build::name_words;
 use crate::evidence::Evidence;
 use crate::scorer::{N_FEATURES, Row, f};
 use crate::{LearnedIndex, Router, SessionView};
@@ -527,10 +528,8 @@ pub(crate) struct Action {
 
 impl Action {
     pub(crate) fn of(tool: &str, domain: &str) -> Option<Action> {
-        let mut words = tool
-            .split(['_', '-'])
-            .filter(|w| !w.is_empty())
-            .skip_while(|w| domain.split(['_', '-']).any(|d| d.eq_ignore_ascii_case(w)))
+        let mut words = name_words(tool)
+            .skip_while(|w| name_words(domain).any(|d| d.eq_ignore_ascii_case(w)))
             .map(|w| crate::lexical::stem(&w.to_lowercase()).to_owned());
         let verb = words.next()?;
         Some(Action {

@@ -19,6 +19,8 @@
 
 use loadout::Tool;
 
+use crate::build::{name_words, spaced};
+
 /// Finding verbs, best first: a listing shows what exists, a search narrows it, a
 /// lookup may search outside (a catalogue of things not yet added), `get` is the
 /// least specific.
@@ -163,19 +165,20 @@ fn required_arguments(tool: &Tool) -> Vec<Argument<'_>> {
         .collect()
 }
 
-/// `series_id` → `series`, `entity_ids` → `entity`; a bare `id`/`ids` names what its
-/// description puts before each "id"/"ids" (`Series ids or movie ids` → series,
-/// movie); anything else names nothing.
+/// `series_id` → `series`, `entity_ids` → `entity`, `seriesId` → `series` (a name's
+/// words as [`spaced`] finds them); a bare `id`/`ids` names what its description puts
+/// before each "id"/"ids" (`Series ids or movie ids` → series, movie); anything else
+/// names nothing.
 fn id_nouns(name: &str, description: &str) -> Vec<String> {
-    if let Some(noun) = name
-        .strip_suffix("_ids")
-        .or_else(|| name.strip_suffix("_id"))
-        .filter(|noun| !noun.is_empty())
-    {
-        return vec![noun.to_owned()];
-    }
-    if !matches!(name, "id" | "ids") {
-        return Vec::new();
+    let is_id = |w: &str| matches!(w, "id" | "ids");
+    let name_words: Vec<String> = spaced(name)
+        .split_whitespace()
+        .map(str::to_lowercase)
+        .collect();
+    match name_words.as_slice() {
+        [noun @ .., last] if is_id(last) && !noun.is_empty() => return vec![noun.join("_")],
+        [last] if is_id(last) => {}
+        _ => return Vec::new(),
     }
     let words: Vec<String> = description
         .split(|c: char| !c.is_ascii_alphanumeric())
@@ -184,7 +187,7 @@ fn id_nouns(name: &str, description: &str) -> Vec<String> {
         .collect();
     let mut nouns: Vec<String> = Vec::new();
     for pair in words.windows(2) {
-        if matches!(pair[1].as_str(), "id" | "ids") && !nouns.contains(&pair[0]) {
+        if is_id(&pair[1]) && !nouns.contains(&pair[0]) {
             nouns.push(pair[0].clone());
         }
     }
@@ -222,7 +225,10 @@ impl<'a, F: Fn(&str) -> Option<usize>> Finders<'a, F> {
                         .collect()
                 })
                 .collect(),
-            words: tools.iter().map(|t| t.name.split('_').collect()).collect(),
+            words: tools
+                .iter()
+                .map(|t| name_words(&t.name).collect())
+                .collect(),
         }
     }
 
@@ -252,7 +258,7 @@ impl<'a, F: Fn(&str) -> Option<usize>> Finders<'a, F> {
             return found;
         };
         for noun in &argument.nouns {
-            let noun_words: Vec<&str> = noun.split('_').filter(|w| !w.is_empty()).collect();
+            let noun_words: Vec<&str> = name_words(noun).collect();
             let finder = FINDERS.iter().find_map(|verbs| {
                 members
                     .iter()
@@ -308,6 +314,10 @@ mod tests {
         assert!(id_nouns("ids", "Identifiers.").is_empty());
         assert!(id_nouns("query", "Series id to search for.").is_empty());
         assert!(id_nouns("_id", "").is_empty());
+        assert_eq!(id_nouns("seriesId", ""), ["series"]);
+        assert_eq!(id_nouns("userIDs", ""), ["user"]);
+        assert_eq!(id_nouns("tv-series-id", ""), ["tv_series"]);
+        assert!(id_nouns("identity", "").is_empty());
     }
 
     #[test]

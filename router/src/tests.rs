@@ -1055,6 +1055,25 @@ fn prerequisites_are_the_finders_of_required_ids() {
     assert!(finders("media_list_series").is_empty());
 }
 
+#[test]
+fn names_with_hyphens_and_camel_case_ids_read_as_snake_case_ones() {
+    // An upstream MCP server's names: hyphens between words, camelCase arguments.
+    let tracker = json!({"domain": "tracker", "description": "Issues of a project.",
+    "tools": [
+        id_tool("list-issues", "Every open issue with its id.", &[]),
+        id_tool("close-issue", "Close an issue.", &["issueId"]),
+        id_tool("tracker-status", "Whether the tracker is up.", &[]),
+        id_tool("close-all", "Close every issue.", &[]),
+    ]});
+    let router = Router::new(registry_of(&[tracker]), RouterConfig::default());
+    assert_eq!(finders_of(&router, "close-issue"), ["list-issues"]);
+    let prior = |name: &str| router.tool_prior[router.registry().tool_idx(name).expect(name)];
+    assert!(prior("list-issues") > 0.0);
+    assert!(prior("tracker-status") > 0.0);
+    assert_eq!(prior("close-issue"), 0.0);
+    assert_eq!(prior("close-all"), 0.0);
+}
+
 /// Mail and an address book in two domains, and a calendar that invites.
 fn mail_router() -> Router {
     let with = |name: &str, description: &str, properties: serde_json::Value| {
