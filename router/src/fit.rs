@@ -235,6 +235,40 @@ struct FoldData {
     rows: Vec<Row>,
     labels: Vec<bool>,
     learned: LearnedIndex,
+    /// Per turn, when asked for ([`turn_rows`]).
+    turns: Option<Vec<TurnRows>>,
+}
+
+/// One turn's candidate tools with their feature rows (in [`scorer::FEATURES`]
+/// order), as the fit sees them: routed with the other folds as learned memory.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TurnRows {
+    pub fold: usize,
+    pub case: String,
+    pub turn: usize,
+    pub message: String,
+    pub needed: Vec<String>,
+    pub tools: Vec<String>,
+    pub rows: Vec<Row>,
+}
+
+/// Every turn's feature rows, each fold with the other folds as its learned memory
+/// (as [`fit_path`] computes them), for a study outside the fit: what another
+/// feature would add, say. `vectors`: each message's vectors for the dense path.
+pub fn turn_rows(
+    router: &Router,
+    folds: &[Vec<Case>],
+    vectors: Option<&HashMap<String, MessageVectors>>,
+    run: RunJobs<'_>,
+) -> Result<Vec<TurnRows>, String> {
+    let data = each(folds.len(), run, |f| {
+        one_fold_data(router, folds, f, vectors, true)
+    })?;
+    let mut turns = Vec::new();
+    for fold in data {
+        turns.extend(fold?.turns.unwrap_or_default());
+    }
+    Ok(turns)
 }
 
 /// Each fold routed with the router's weights, collecting its feature rows with the
@@ -246,7 +280,7 @@ fn fold_data(
     run: RunJobs<'_>,
 ) -> Result<Vec<FoldData>, String> {
     each(folds.len(), run, |f| {
-        one_fold_data(router, folds, f, vectors)
+        one_fold_data(router, folds, f, vectors, false)
     })?
     .into_iter()
     .collect()
@@ -279,11 +313,13 @@ fn one_fold_data(
     folds: &[Vec<Case>],
     f: usize,
     vectors: Option<&HashMap<String, MessageVectors>>,
+    keep_turns: bool,
 ) -> Result<FoldData, String> {
     let others = all_but(folds, f);
     let learned = learned_index(router, &learned_turns(&others), vectors);
     let mut rows = Vec::new();
     let mut labels = Vec::new();
+    let mut turns = keep_turns.then(Vec::new);
     let replayed = Replayed {
         cases: &folds[f],
         token_budget: None,
@@ -298,10 +334,23 @@ fn one_fold_data(
         |case, turn, input| {
             let needed = &folds[f][case].turns[turn].needed;
             let scored = router.scored(input, &router.scorer);
+            let mut this_turn = turns.as_ref().map(|_| TurnRows {
+                fold: f,
+                case: folds[f][case].id.clone(),
+                turn,
+                message: input.message.to_owned(),
+                needed: needed.clone(),
+                tools: Vec::new(),
+                rows: Vec::new(),
+            });
             let mut push = |t: usize, row: &Row| {
                 let name = router.tool_name(t).unwrap_or("");
                 labels.push(needed.iter().any(|n| n == name));
                 rows.push(*row);
+                if let Some(turn) = &mut this_turn {
+                    turn.tools.push(name.to_owned());
+                    turn.rows.push(*row);
+                }
             };
             match scored.scored_rows() {
                 Some(scored_rows) => scored_rows.for_each(|(t, row)| push(t, row)),
@@ -309,6 +358,9 @@ fn one_fold_data(
                     .feature_rows(input)
                     .iter()
                     .for_each(|(t, row)| push(*t, row)),
+            }
+            if let (Some(turns), Some(turn)) = (&mut turns, this_turn) {
+                turns.push(turn);
             }
             scored.select(&router.scorer)
         },
@@ -318,6 +370,7 @@ fn one_fold_data(
         rows,
         labels,
         learned,
+        turns,
     })
 }
 

@@ -2410,6 +2410,42 @@ fn the_fits_jobs_give_the_same_weights_in_any_order_and_a_dropped_job_is_an_erro
     );
 }
 
+/// `turn_rows` gives every turn of every fold once, each candidate with the row the
+/// fit trains on: nearly every needed tool is a candidate, with evidence in its row.
+#[test]
+fn turn_rows_are_the_fits_rows_turn_by_turn() {
+    use crate::fit::{one_after_another, turn_rows};
+    let Some((router, folds)) = small_fit_on_dev() else {
+        return;
+    };
+    let turns = turn_rows(&router, &folds, None, &one_after_another).expect("rows");
+    let n_turns: usize = folds.iter().flatten().map(|c| c.turns.len()).sum();
+    assert_eq!(turns.len(), n_turns);
+    let mut found = 0;
+    for turn in &turns {
+        assert_eq!(turn.tools.len(), turn.rows.len());
+        let case = &folds[turn.fold]
+            .iter()
+            .find(|c| c.id == turn.case)
+            .expect("case");
+        assert_eq!(turn.message, case.turns[turn.turn].user);
+        for needed in &turn.needed {
+            if let Some(i) = turn.tools.iter().position(|t| t == needed) {
+                found += 1;
+                assert!(
+                    turn.rows[i].iter().any(|&x| x > 0.0),
+                    "{needed}: an empty row"
+                );
+            }
+        }
+    }
+    let n_needed: usize = turns.iter().map(|t| t.needed.len()).sum();
+    assert!(
+        found * 10 >= n_needed * 9,
+        "{found} of {n_needed} needed tools have a row"
+    );
+}
+
 /// A dense fit's summary names the encoder whose cosines its weights belong to (what
 /// `Router::dense_weights_mismatch` reads); a lexical fit's names none.
 #[test]

@@ -45,6 +45,13 @@ pub struct Args {
     #[arg(long, value_name = "builtin|static|URL#MODEL", default_value = "builtin",
           value_parser = dense_embedder)]
     embedder: crate::eval::EmbedderChoice,
+    /// Fit nothing: write every turn's feature rows, each fold with the other folds
+    /// as learned memory, to FILE as JSON lines (the dense path's, or the lexical
+    /// path's with `--lexical-only`), for a study of a feature outside the fit
+    /// (`scripts/second_encoder.py`). A tool's row is kept when the turn needed it or
+    /// it is among the first 100 of a piece by BM25 or by cosine.
+    #[arg(long, value_name = "FILE")]
+    rows: Option<PathBuf>,
     /// Print nothing (`cargo xtask bench` times the fit).
     #[arg(skip)]
     quiet: bool,
@@ -63,6 +70,7 @@ impl Args {
             max_mean_tools: None,
             lexical_only,
             embedder: crate::eval::EmbedderChoice::Builtin,
+            rows: None,
             quiet: true,
         }
     }
@@ -127,6 +135,16 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     } else {
         None
     };
+    if let Some(out) = &options.rows {
+        let (router, path) = match dense_router {
+            Some(router) => (router, Path::Dense),
+            None => (
+                Router::new(registry.clone(), crate::eval::eval_config()),
+                Path::Lexical,
+            ),
+        };
+        return write_rows(&router, &folds, path, out);
+    }
     // The two paths' fits side by side (each spreading its own jobs over threads too):
     // neither reads the other's router.
     let (lexical, dense) = std::thread::scope(|scope| {
@@ -209,6 +227,51 @@ fn fit_path(
         println!("{block}");
     }
     fitted.map_err(anyhow::Error::msg)
+}
+
+/// `cargo xtask fit --rows`: every turn's rows on `path`, the likely and the needed
+/// tools' (see the option).
+fn write_rows(
+    router: &Router,
+    folds: &[Vec<Case>],
+    path: Path,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    use loadout_router::scorer::f;
+    const FIRST: f32 = 1.0 / 100.0;
+    let all: Vec<Case> = folds.iter().flatten().cloned().collect();
+    let vectors = match path {
+        Path::Dense => {
+            crate::eval::case_vectors(router, &all, Some(&crate::eval::default_vector_cache()))?
+        }
+        Path::Lexical => None,
+    };
+    let turns = loadout_router::fit::turn_rows(
+        router,
+        folds,
+        vectors.as_ref(),
+        &loadout_server::cli::fit::side_by_side,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let mut text = String::new();
+    for mut turn in turns {
+        let keep: Vec<bool> = (turn.tools.iter().zip(&turn.rows))
+            .map(|(tool, row)| {
+                turn.needed.contains(tool)
+                    || row[f::TOOL_BM25_RANK] >= FIRST
+                    || row[f::TOOL_DENSE_RANK] >= FIRST
+            })
+            .collect();
+        let mut kept = keep.iter();
+        turn.tools.retain(|_| kept.next() == Some(&true));
+        let mut kept = keep.iter();
+        turn.rows.retain(|_| kept.next() == Some(&true));
+        text.push_str(&serde_json::to_string(&turn)?);
+        text.push('\n');
+    }
+    std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+    println!("wrote {} ({path:?} rows)", out.display());
+    Ok(())
 }
 
 /// The last component of a path: the weights file names its data, not a machine's
