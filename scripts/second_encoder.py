@@ -40,6 +40,8 @@ from sklearn.linear_model import LogisticRegression
 HANGUL = re.compile("[\uac00-\ud7a3]")
 # The built-in encoder's features in a row (`router/src/scorer.rs`, FEATURES).
 BUILTIN_DENSE = ["tool_dense", "tool_dense_rel", "tool_dense_rank", "domain_dense_rel", "domain_dense_rank"]
+# What a learned memory adds to a row (co-usage aside).
+LEARNED = ["learned_tool", "learned_domain", "learned_tool_rank"]
 FEATURES = [
     "tool_bm25", "tool_bm25_rel", "tool_bm25_rank", "domain_bm25_rel", "domain_bm25_rank",
     "tool_keyword", "domain_keyword", "keyword_in_domain", "domain_last_turn", "domain_sticky",
@@ -162,6 +164,8 @@ def main():
     parser.add_argument("--set", nargs=3, action="append", default=[], metavar=("NAME", "ROWS", "CATALOG"))
     parser.add_argument("--k", type=int, nargs="+", default=[3, 5, 10, 15, 20, 30])
     parser.add_argument("--cache", default="target")
+    parser.add_argument("--no-history", action="store_true",
+                        help="zero the learned votes of the --set rows: their sets as if routed with no history")
     args = parser.parse_args()
     encoder = Encoder(args.cache)
 
@@ -181,6 +185,9 @@ def main():
     models = {variant: fit(turns, variant) for variant in VARIANTS}
     for name, rows, directory in args.set:
         other = load(rows, directory, encoder)
+        if args.no_history:
+            for turn in other:
+                turn["rows"][:, [FEATURES.index(f) for f in LEARNED]] = 0.0
         report(name, other, {v: [m.decision_function(VARIANTS[v](t)) for t in other] for v, m in models.items()}, args.k)
 
 
