@@ -255,17 +255,19 @@ fn write_rows(
     .map_err(anyhow::Error::msg)?;
     let mut text = String::new();
     for mut turn in turns {
-        let keep: Vec<bool> = (turn.tools.iter().zip(&turn.rows))
-            .map(|(tool, row)| {
+        let candidates = std::mem::take(&mut turn.tools).into_iter().zip(&turn.rows);
+        let (tools, rows) = candidates
+            .filter(|(tool, row)| {
                 turn.needed.contains(tool)
                     || row[f::TOOL_BM25_RANK] >= FIRST
                     || row[f::TOOL_DENSE_RANK] >= FIRST
             })
-            .collect();
-        let mut kept = keep.iter();
-        turn.tools.retain(|_| kept.next() == Some(&true));
-        let mut kept = keep.iter();
-        turn.rows.retain(|_| kept.next() == Some(&true));
+            .unzip();
+        let turn = loadout_router::fit::TurnRows {
+            tools,
+            rows,
+            ..turn
+        };
         text.push_str(&serde_json::to_string(&turn)?);
         text.push('\n');
     }
