@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use crate::Embedder;
 
@@ -61,23 +61,17 @@ impl E5Encoder {
 
 impl Embedder for E5Encoder {
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
-        texts
-            .iter()
-            .map(|text| {
-                let ids = self.token_ids(text);
-                self.model.embed_ids(&ids).map_err(|e| e.to_string())
-            })
-            .collect()
+        let ids: Vec<Vec<u32>> = texts.iter().map(|text| self.token_ids(text)).collect();
+        self.model.embed_ids(&ids).map_err(|e| e.to_string())
     }
 
     fn model_id(&self) -> &str {
         &self.model_id
     }
 
-    /// One text at a time: candle spreads each text's matrix products over the
-    /// cores.
+    /// Texts of a call share each matrix product (see `Model::embed_ids`).
     fn max_batch(&self) -> usize {
-        1
+        32
     }
 }
 
@@ -423,73 +417,118 @@ impl Model {
         })
     }
 
-    /// The normalised mean of the last hidden states of `content` (token ids without
-    /// specials); a text longer than a window is cut into windows, each weighted by
-    /// its tokens, as the package does.
-    fn embed_ids(&self, content: &[u32]) -> candle_core::Result<Vec<f32>> {
+    /// Per text (its token ids without specials), the normalised mean of its last
+    /// hidden states. A text longer than a window is cut into windows, each weighted
+    /// by its tokens, as the package does. The windows of a call run as one batch:
+    /// their tokens share each matrix product, and attend within their own window.
+    fn embed_ids(&self, texts: &[Vec<u32>]) -> candle_core::Result<Vec<Vec<f32>>> {
         let window = self.max_positions.saturating_sub(2).max(1);
-        let mut sum = vec![0.0f32; self.hidden];
-        let chunks: Vec<&[u32]> = if content.is_empty() {
-            vec![content]
-        } else {
-            content.chunks(window).collect()
-        };
-        for chunk in chunks {
-            let mut ids = Vec::with_capacity(chunk.len() + 2);
-            ids.push(self.tokenizer.bos);
-            ids.extend_from_slice(chunk);
-            ids.push(self.tokenizer.eos);
-            let mean = self.forward(&ids)?;
-            let w = chunk.len().max(1) as f32;
-            for (s, m) in sum.iter_mut().zip(mean) {
-                *s += w * m;
+        let mut windows: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (i, content) in texts.iter().enumerate() {
+            let chunks: Vec<&[u32]> = if content.is_empty() {
+                vec![content]
+            } else {
+                content.chunks(window).collect()
+            };
+            for chunk in chunks {
+                let mut ids = Vec::with_capacity(chunk.len() + 2);
+                ids.push(self.tokenizer.bos);
+                ids.extend_from_slice(chunk);
+                ids.push(self.tokenizer.eos);
+                windows.push((i, ids));
             }
         }
+        let mut sums = vec![vec![0.0f32; self.hidden]; texts.len()];
+        // Batches of a bounded number of tokens, so that a long text costs memory
+        // in proportion to the batch, not to itself.
+        const BATCH_TOKENS: usize = 4096;
+        let mut at = 0;
+        while at < windows.len() {
+            let mut end = at + 1;
+            let mut tokens = windows[at].1.len();
+            while end < windows.len() && tokens + windows[end].1.len() <= BATCH_TOKENS {
+                tokens += windows[end].1.len();
+                end += 1;
+            }
+            let batch: Vec<&[u32]> = windows[at..end].iter().map(|(_, ids)| &ids[..]).collect();
+            for ((i, ids), mean) in windows[at..end].iter().zip(self.forward(&batch)?) {
+                let weight = ids.len().saturating_sub(2).max(1) as f32;
+                for (s, m) in sums[*i].iter_mut().zip(mean) {
+                    *s += weight * m;
+                }
+            }
+            at = end;
+        }
         // The weighted mean's direction: the division by the weights cancels.
-        let norm = sum.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-        Ok(sum.into_iter().map(|x| x / norm).collect())
+        Ok(sums
+            .into_iter()
+            .map(|sum| {
+                let norm = sum.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+                sum.into_iter().map(|x| x / norm).collect()
+            })
+            .collect())
     }
 
-    /// One window: the mean of its tokens' last hidden states.
-    fn forward(&self, ids: &[u32]) -> candle_core::Result<Vec<f32>> {
-        let (n, h) = (ids.len(), self.hidden);
+    /// Windows of token ids (specials included): the mean of each one's last hidden
+    /// states.
+    fn forward(&self, windows: &[&[u32]]) -> candle_core::Result<Vec<Vec<f32>>> {
+        let h = self.hidden;
         let row_bytes = h / QK * Q4_BLOCK_BYTES;
-        let mut words = Vec::with_capacity(n * h);
-        for &id in ids {
-            let id = (id as usize).min(self.n_words - 1);
-            words.extend(dequantize(
-                &self.words[id * row_bytes..(id + 1) * row_bytes],
-            ));
+        let mut words = Vec::new();
+        let mut positions = Vec::new();
+        let mut spans = Vec::with_capacity(windows.len());
+        for ids in windows {
+            spans.push((positions.len(), ids.len()));
+            for (p, &id) in ids.iter().enumerate() {
+                let id = (id as usize).min(self.n_words - 1);
+                words.extend(dequantize(
+                    &self.words[id * row_bytes..(id + 1) * row_bytes],
+                ));
+                positions.push(p.min(self.max_positions - 1) as u32);
+            }
         }
+        let n = positions.len();
         let words = Tensor::from_vec(words, (n, h), &Device::Cpu)?;
-        let positions = self.positions.narrow(0, 0, n)?;
-        let x = words.add(&positions)?.broadcast_add(&self.token_type)?;
+        let positions = Tensor::from_vec(positions, n, &Device::Cpu)?;
+        let x = words
+            .add(&self.positions.index_select(&positions, 0)?)?
+            .broadcast_add(&self.token_type)?;
         let mut x = layer_norm(&x, &self.embedding_norm, self.eps)?;
         let head = h / self.heads;
         let scale = 1.0 / (head as f64).sqrt();
         for layer in &self.layers {
-            let split = |t: Tensor| {
-                t.reshape((n, self.heads, head))?
-                    .transpose(0, 1)?
-                    .contiguous()
-            };
-            let q = split(linear(&x, &layer.q)?)?;
-            let k = split(linear(&x, &layer.k)?)?;
-            let v = split(linear(&x, &layer.v)?)?;
-            let scores = (q.matmul(&k.t()?)? * scale)?;
-            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-            let context = probs
-                .matmul(&v)?
-                .transpose(0, 1)?
-                .contiguous()?
-                .reshape((n, h))?;
+            let q = linear(&x, &layer.q)?;
+            let k = linear(&x, &layer.k)?;
+            let v = linear(&x, &layer.v)?;
+            let mut contexts = Vec::with_capacity(spans.len());
+            for &(start, len) in &spans {
+                let split = |t: &Tensor| {
+                    t.narrow(0, start, len)?
+                        .reshape((len, self.heads, head))?
+                        .transpose(0, 1)?
+                        .contiguous()
+                };
+                let scores = (split(&q)?.matmul(&split(&k)?.t()?)? * scale)?;
+                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+                contexts.push(
+                    probs
+                        .matmul(&split(&v)?)?
+                        .transpose(0, 1)?
+                        .contiguous()?
+                        .reshape((len, h))?,
+                );
+            }
+            let context = Tensor::cat(&contexts, 0)?;
             let attended = linear(&context, &layer.attention_out)?;
             x = layer_norm(&(x + attended)?, &layer.attention_norm, self.eps)?;
             let mid = linear(&x, &layer.ffn_in)?.gelu_erf()?;
             let out = linear(&mid, &layer.ffn_out)?;
             x = layer_norm(&(x + out)?, &layer.output_norm, self.eps)?;
         }
-        x.mean(0)?.to_dtype(DType::F32)?.to_vec1()
+        spans
+            .iter()
+            .map(|&(start, len)| x.narrow(0, start, len)?.mean(0)?.to_vec1())
+            .collect()
     }
 }
 
@@ -579,7 +618,7 @@ mod tests {
     }
 
     /// The vectors are the package's own (its C engine's, `e5_reference.json`), to
-    /// within the rounding of its 8-bit activations.
+    /// within the rounding of its 8-bit activations, alone or batched.
     #[test]
     fn vectors_match_the_packages_engine() {
         let Some(encoder) = model() else {
@@ -592,14 +631,19 @@ mod tests {
         }
         let references: Vec<Reference> =
             serde_json::from_str(include_str!("e5_reference.json")).expect("reference vectors");
-        for reference in &references {
-            let ours = encoder.embed(&[&reference.text]).expect("embeds");
-            let similarity = cosine(&ours[0], &reference.vector);
-            assert!(
-                similarity > 0.999,
-                "{}: cosine {similarity}",
-                reference.text
-            );
+        // One at a time, and all in one call (windows of several lengths in a batch).
+        let texts: Vec<&str> = references.iter().map(|r| r.text.as_str()).collect();
+        let batched = encoder.embed(&texts).expect("embeds");
+        for (reference, batched) in references.iter().zip(&batched) {
+            let alone = encoder.embed(&[&reference.text]).expect("embeds");
+            for ours in [&alone[0], batched] {
+                let similarity = cosine(ours, &reference.vector);
+                assert!(
+                    similarity > 0.999,
+                    "{}: cosine {similarity}",
+                    reference.text
+                );
+            }
         }
     }
 
