@@ -399,10 +399,15 @@ impl Model {
         let positions = vector("emb.pos", n_positions * hidden)?
             .reshape((n_positions, hidden))
             .map_err(|e| e.to_string())?;
+        // A window holds its two specials and at least one token.
+        let max_positions = max_positions.min(n_positions);
+        if max_positions < 3 {
+            return Err(format!("{max_positions} positions: too few for a window"));
+        }
         Ok(Model {
             hidden,
             heads,
-            max_positions: max_positions.min(n_positions),
+            max_positions,
             eps,
             tokenizer,
             n_words: words.bytes.len() / row_bytes,
@@ -663,6 +668,105 @@ mod tests {
         let v = encoder.embed(&texts).expect("embeds");
         let light = cosine(&v[0], &v[1]);
         assert!(light > cosine(&v[0], &v[2]) && light > cosine(&v[0], &v[3]));
+    }
+
+    /// A model file of the package's layout with tiny sizes (hidden 32, one layer,
+    /// vocabulary `<s> <pad> </s> <unk> ▁ a b`), every weight 0.5 and every scale 1.
+    fn tiny_model(positions: u32) -> Vec<u8> {
+        let (h, ff, pieces) = (
+            32u32,
+            32u32,
+            ["<s>", "<pad>", "</s>", "<unk>", "\u{2581}", "a", "b"],
+        );
+        let q4 = |rows: u32, cols: u32| -> Vec<u8> {
+            let block = [&[0x00, 0x3c][..], &[0x99; 16]].concat(); // 1.0 * (9 - 8)
+            block.repeat((rows * cols / 32) as usize)
+        };
+        let f32s = |n: u32| -> Vec<u8> { (0..n).flat_map(|_| 0.5f32.to_le_bytes()).collect() };
+        let mut tensors: Vec<(String, Vec<u8>, u32)> = vec![
+            (
+                "emb.word".into(),
+                q4(pieces.len() as u32, h),
+                pieces.len() as u32 * h,
+            ),
+            ("emb.pos".into(), f32s(positions * h), positions * h),
+            ("emb.type".into(), f32s(h), h),
+            ("emb.ln.w".into(), f32s(h), h),
+            ("emb.ln.b".into(), f32s(h), h),
+        ];
+        for name in ["q", "k", "v", "ao"] {
+            tensors.push((format!("l0.{name}.w"), q4(h, h), h * h));
+            tensors.push((format!("l0.{name}.b"), f32s(h), h));
+        }
+        tensors.push(("l0.fi.w".into(), q4(ff, h), ff * h));
+        tensors.push(("l0.fi.b".into(), f32s(ff), ff));
+        tensors.push(("l0.fo.w".into(), q4(h, ff), h * ff));
+        for name in ["fo.b", "aln.w", "aln.b", "oln.w", "oln.b"] {
+            tensors.push((format!("l0.{name}"), f32s(h), h));
+        }
+        let mut file = b"E5S1".to_vec();
+        let n = pieces.len() as u32;
+        for v in [1, h, 1, 1, ff, n, positions, 1] {
+            file.extend(v.to_le_bytes());
+        }
+        file.extend(1e-12f32.to_le_bytes());
+        file.extend(32u32.to_le_bytes());
+        for v in [n, 0, 2, 1, 3] {
+            file.extend(v.to_le_bytes());
+        }
+        let blob: Vec<u8> = pieces.concat().into_bytes();
+        file.extend((blob.len() as u64).to_le_bytes());
+        let mut offset = 0u32;
+        file.extend(offset.to_le_bytes());
+        for piece in pieces {
+            offset += piece.len() as u32;
+            file.extend(offset.to_le_bytes());
+        }
+        for score in [0.0f32, 0.0, 0.0, 0.0, -1.0, -2.0, -2.0] {
+            file.extend(score.to_le_bytes());
+        }
+        file.extend(&blob);
+        file.extend(0u32.to_le_bytes()); // no normalisation
+        file.extend(0u32.to_le_bytes());
+        file.extend((tensors.len() as u32).to_le_bytes());
+        let directory_len: usize = tensors
+            .iter()
+            .map(|(name, ..)| 2 + name.len() + 1 + 4 + 8 + 8)
+            .sum();
+        let mut data_at = (file.len() + directory_len) as u64;
+        for (name, data, count) in &tensors {
+            file.extend((name.len() as u16).to_le_bytes());
+            file.extend(name.as_bytes());
+            file.push(0);
+            file.extend(count.to_le_bytes());
+            file.extend(data_at.to_le_bytes());
+            file.extend((data.len() as u64).to_le_bytes());
+            data_at += data.len() as u64;
+        }
+        for (_, data, _) in &tensors {
+            file.extend(data);
+        }
+        file
+    }
+
+    /// A model of the layout parses and embeds any text, long ones in windows, to a
+    /// unit vector; one with too few positions for a window is refused, not run.
+    #[test]
+    fn a_tiny_model_embeds_any_text_and_too_few_positions_are_refused() {
+        let model = Model::parse(&tiny_model(8)).expect("parses");
+        assert_eq!(model.tokenizer.encode("ab"), [4, 5, 6]);
+        assert_eq!(model.tokenizer.encode("a  z"), [4, 5, 4, 3]);
+        for text in ["", "ab", "a b a b a b a b a b a b a b a b", "한국어 😀"] {
+            let ids = vec![model.tokenizer.encode(text)];
+            let v = model.embed_ids(&ids).expect("embeds");
+            let norm: f32 = v[0].iter().map(|x| x * x).sum();
+            assert!((norm - 1.0).abs() < 1e-3, "{text}: |v|² {norm}");
+        }
+        for truncated in [100, 1000, tiny_model(8).len() - 1] {
+            assert!(Model::parse(&tiny_model(8)[..truncated]).is_err());
+        }
+        let refused = Model::parse(&tiny_model(2)).err().unwrap_or_default();
+        assert!(refused.contains("too few"), "{refused}");
     }
 
     #[test]
