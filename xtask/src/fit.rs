@@ -1,16 +1,17 @@
 //! `cargo xtask fit`: fits the router's scorer on labeled conversations with k folds
 //! by conversation (`loadout_router::fit`), and writes the shipped weights file.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
 use loadout::Registry;
-use loadout_router::Router;
 use loadout_router::fit::{Fitted, Path};
 use loadout_router::replay::{Case, cases_from_json_lines, folds};
 use loadout_router::scorer::Weights;
+use loadout_router::{MessageVectors, Router};
 
 /// `cargo xtask fit`'s options.
 #[derive(clap::Args, Debug)]
@@ -199,9 +200,7 @@ fn fit_path(
     options: &Args,
     path: Path,
 ) -> anyhow::Result<Fitted> {
-    let all: Vec<Case> = folds.iter().flatten().cloned().collect();
-    let vectors =
-        crate::eval::case_vectors(router, &all, Some(&crate::eval::default_vector_cache()))?;
+    let vectors = fold_vectors(router, folds)?;
     let started = Instant::now();
     let mut lines = Vec::new();
     let fitted = loadout_router::fit::fit_path(
@@ -229,6 +228,16 @@ fn fit_path(
     fitted.map_err(anyhow::Error::msg)
 }
 
+/// Every message's vectors for `router`'s dense stage, through the workspace's
+/// vector cache; `None` for a router without one (the lexical path).
+fn fold_vectors(
+    router: &Router,
+    folds: &[Vec<Case>],
+) -> anyhow::Result<Option<HashMap<String, MessageVectors>>> {
+    let all: Vec<Case> = folds.iter().flatten().cloned().collect();
+    crate::eval::case_vectors(router, &all, Some(&crate::eval::default_vector_cache()))
+}
+
 /// `cargo xtask fit --rows`: every turn's rows on `path`, the likely and the needed
 /// tools' (see the option).
 fn write_rows(
@@ -239,13 +248,7 @@ fn write_rows(
 ) -> anyhow::Result<()> {
     use loadout_router::scorer::f;
     const FIRST: f32 = 1.0 / 100.0;
-    let all: Vec<Case> = folds.iter().flatten().cloned().collect();
-    let vectors = match path {
-        Path::Dense => {
-            crate::eval::case_vectors(router, &all, Some(&crate::eval::default_vector_cache()))?
-        }
-        Path::Lexical => None,
-    };
+    let vectors = fold_vectors(router, folds)?;
     let turns = loadout_router::fit::turn_rows(
         router,
         folds,
