@@ -58,6 +58,103 @@ pub trait Embedder: Send + Sync {
     fn max_batch(&self) -> usize {
         32
     }
+
+    /// A [`Joined`] encoder's first encoder's coordinates: the router scores each
+    /// part of its vectors as its own encoder ([`DenseIndex::joined`]).
+    fn first_dims(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// Two encoders as one: each text's vector is the first's then the second's, each
+/// normalised. The router's dense features come from the first; the second's
+/// cosines are features of their own (`tool_dense2`, ...), which the joined model
+/// weighs. A message is embedded by both, so the slower sets the pace.
+pub struct Joined {
+    first: Arc<dyn Embedder>,
+    second: Arc<dyn Embedder>,
+    model_id: String,
+    first_dims: usize,
+}
+
+impl std::fmt::Debug for Joined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Joined")
+            .field("model_id", &self.model_id)
+            .finish()
+    }
+}
+
+impl Joined {
+    /// `first`'s vectors then `second`'s; the model id names both (`a+b`). The
+    /// first encoder embeds one word here, to learn where its part ends.
+    pub fn new(first: Arc<dyn Embedder>, second: Arc<dyn Embedder>) -> Result<Joined, String> {
+        let model_id = format!("{}+{}", first.model_id(), second.model_id());
+        let first_dims = first.embed(&["dimensions"])?.first().map_or(0, Vec::len);
+        if first_dims == 0 {
+            return Err(format!("{}: an empty vector", first.model_id()));
+        }
+        Ok(Joined {
+            first,
+            second,
+            model_id,
+            first_dims,
+        })
+    }
+}
+
+impl Embedder for Joined {
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+        let first = self.first.embed(texts)?;
+        let second = self.second.embed(texts)?;
+        if first.len() != texts.len() || second.len() != texts.len() {
+            return Err(format!(
+                "{}: {} and {} vectors for {} texts",
+                self.model_id,
+                first.len(),
+                second.len(),
+                texts.len()
+            ));
+        }
+        let dims = self.first_dims;
+        first
+            .into_iter()
+            .zip(second)
+            .map(|(mut a, mut b)| {
+                if a.len() != dims {
+                    return Err(format!(
+                        "{}: a vector of {} coordinates, not {dims}",
+                        self.first.model_id(),
+                        a.len()
+                    ));
+                }
+                normalize(&mut a);
+                normalize(&mut b);
+                a.extend_from_slice(&b);
+                Ok(a)
+            })
+            .collect()
+    }
+
+    fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    /// Both encoders see the same batch: the larger batch of the two.
+    fn max_batch(&self) -> usize {
+        self.first.max_batch().max(self.second.max_batch())
+    }
+
+    fn first_dims(&self) -> Option<usize> {
+        Some(self.first_dims)
+    }
+}
+
+fn normalize(vector: &mut [f32]) {
+    let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        vector.iter_mut().for_each(|x| *x /= norm);
+    }
 }
 
 const MAGIC: &[u8; 8] = b"LOVEC001";
@@ -400,7 +497,11 @@ pub fn build_dense_index(
         n_embedded: texts.len() - n_cached,
         elapsed: started.elapsed(),
     };
-    Ok((DenseIndex::new(embedder.model_id(), rows), stats))
+    let index = match embedder.first_dims() {
+        Some(first_dims) => DenseIndex::joined(embedder.model_id(), rows, first_dims),
+        None => DenseIndex::new(embedder.model_id(), rows),
+    };
+    Ok((index, stats))
 }
 
 /// A vector for each of `texts`: from `cache` when present, the rest embedded in
@@ -654,6 +755,85 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap_or_else(|e| panic!("{e}"));
         assert!(VectorCache::open(dir.path(), embedder.model_id()).is_empty());
+    }
+
+    /// A fake of `dims` coordinates, the first (if any) set to the text's length.
+    struct Sized(&'static str, usize);
+    impl Embedder for Sized {
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+            Ok(texts
+                .iter()
+                .map(|t| {
+                    let mut v = vec![1.0f32; self.1];
+                    if let Some(first) = v.first_mut() {
+                        *first = t.len() as f32;
+                    }
+                    v
+                })
+                .collect())
+        }
+        fn model_id(&self) -> &str {
+            self.0
+        }
+    }
+
+    /// Two encoders joined: each vector is the first's then the second's, each part
+    /// a unit vector, and the index built (from the encoders or from the cache) knows
+    /// where the first ends.
+    #[test]
+    fn a_joined_encoder_gives_both_parts_each_normalised() {
+        let joined = Joined::new(
+            Arc::new(Counting(AtomicUsize::new(0))),
+            Arc::new(Sized("second", 3)),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(joined.model_id(), "counting-v1+second");
+        assert_eq!(joined.first_dims(), Some(8));
+        let vectors = joined
+            .embed(&["weather", "a longer text"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        for vector in &vectors {
+            assert_eq!(vector.len(), 11);
+            for part in [&vector[..8], &vector[8..]] {
+                let norm: f32 = part.iter().map(|x| x * x).sum::<f32>().sqrt();
+                assert!((norm - 1.0).abs() < 1e-5, "{part:?}");
+            }
+        }
+
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let router = Router::new(registry("Current conditions."), RouterConfig::default());
+        let joined: Arc<dyn Embedder> = Arc::new(joined);
+        for _ in 0..2 {
+            let mut cache = VectorCache::open(dir.path(), joined.model_id());
+            let (index, _) = build_dense_index(&router, joined.clone(), Some(&mut cache))
+                .unwrap_or_else(|e| panic!("{e}"));
+            cache.save().unwrap_or_else(|e| panic!("{e}"));
+            assert!(index.is_joined() && index.dims() == 11, "{index:?}");
+        }
+
+        // A first encoder whose vectors change length is an error, not a torn row.
+        struct Shrinking(AtomicUsize);
+        impl Embedder for Shrinking {
+            fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+                let dims = 4 - self.0.fetch_add(1, Ordering::SeqCst).min(2);
+                Ok(texts.iter().map(|_| vec![1.0; dims]).collect())
+            }
+            fn model_id(&self) -> &str {
+                "shrinking"
+            }
+        }
+        let shrinking = Joined::new(
+            Arc::new(Shrinking(AtomicUsize::new(0))),
+            Arc::new(Sized("second", 3)),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let error = shrinking
+            .embed(&["x"])
+            .map(|_| ())
+            .expect_err("a shorter vector");
+        assert!(error.contains("not 4"), "{error}");
+        let empty = Joined::new(Arc::new(Sized("empty", 0)), Arc::new(Sized("second", 3)));
+        assert!(empty.is_err());
     }
 
     #[test]

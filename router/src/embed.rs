@@ -119,6 +119,10 @@ pub struct DenseIndex {
     /// Row-major, `n_rows * dims`.
     pub(crate) vectors: Vec<f32>,
     pub(crate) n_rows: usize,
+    /// A joined stage's first encoder's coordinates: each row (and each message
+    /// vector) is the first encoder's vector then the second's (see
+    /// [`DenseIndex::joined`]).
+    pub(crate) first_dims: Option<usize>,
     /// Set when the rows given did not all have `dims` coordinates.
     pub(crate) invalid: Option<String>,
 }
@@ -129,6 +133,7 @@ impl std::fmt::Debug for DenseIndex {
             .field("model_id", &self.model_id)
             .field("n_rows", &self.n_rows)
             .field("dims", &self.dims)
+            .field("first_dims", &self.first_dims)
             .finish()
     }
 }
@@ -157,8 +162,43 @@ impl DenseIndex {
             dims,
             vectors,
             n_rows,
+            first_dims: None,
             invalid,
         }
+    }
+
+    /// The vectors of a joined stage: each row is the first encoder's vector, its
+    /// first `first_dims` coordinates, then the second encoder's. Each part is
+    /// normalised on its own and scored as its own encoder: the first's cosines are
+    /// the dense features, the second's the `tool_dense2` ones. Message vectors come
+    /// from the same joined encoder; the learned stage compares them whole (the mean
+    /// of the two cosines).
+    pub fn joined(
+        model_id: impl Into<String>,
+        rows: Vec<Vec<f32>>,
+        first_dims: usize,
+    ) -> DenseIndex {
+        let mut index = DenseIndex::new(model_id, rows);
+        if index.invalid.is_none() && (first_dims == 0 || first_dims >= index.dims) {
+            index.invalid = Some(format!(
+                "a joined encoder's first part of {first_dims} of {} coordinates",
+                index.dims
+            ));
+        }
+        if index.invalid.is_none() && index.dims > 0 {
+            for row in index.vectors.chunks_exact_mut(index.dims) {
+                let (first, second) = row.split_at_mut(first_dims);
+                normalize(first);
+                normalize(second);
+            }
+        }
+        index.first_dims = Some(first_dims);
+        index
+    }
+
+    /// Its rows join two encoders' vectors (see [`DenseIndex::joined`]).
+    pub fn is_joined(&self) -> bool {
+        self.first_dims.is_some()
     }
 
     /// The encoder whose space the rows are in; message vectors must come from it.

@@ -41,6 +41,10 @@ pub(crate) struct Evidence {
     pub(crate) tool_bm25_rank: Vec<f32>,
     /// The same for the dense cosine; empty without the dense stage.
     pub(crate) tool_dense_rank: Vec<f32>,
+    /// A joined stage's second encoder's cosine and rank, as `tool_dense` and
+    /// `tool_dense_rank` are the first's; empty unless the stage is joined.
+    pub(crate) tool_dense2: Vec<f32>,
+    pub(crate) tool_dense2_rank: Vec<f32>,
     /// Per domain: the best of its BM25 share and its calibrated cosine over the
     /// message and its requests, each the better of its own text's and its best tool's.
     pub(crate) domain_similarity: Vec<f32>,
@@ -61,11 +65,20 @@ pub(crate) struct Evidence {
     pub(crate) words: Vec<String>,
 }
 
+impl Evidence {
+    /// A joined dense stage scored the message: the second encoder's features are set.
+    pub(crate) fn joined_on(&self) -> bool {
+        !self.tool_dense2.is_empty()
+    }
+}
+
 /// Per piece of the message: cosines per tool and per domain text, and the piece's
 /// own vector.
 struct DenseCosines<'v> {
     tools: Vec<Vec<f32>>,
     domains: Vec<Vec<f32>>,
+    /// Per piece, per tool: the second encoder's cosine; empty unless joined.
+    second: Vec<Vec<f32>>,
     queries: &'v [Vec<f32>],
     /// The encoder the queries (and the tool vectors compared) are of.
     model_id: &'v str,
@@ -88,6 +101,8 @@ struct Similarity {
     tool_similarity: Vec<f32>,
     tool_bm25_rank: Vec<f32>,
     tool_dense_rank: Vec<f32>,
+    tool_dense2: Vec<f32>,
+    tool_dense2_rank: Vec<f32>,
     domain_similarity: Vec<f32>,
     pieces: Vec<PieceScores>,
     terms: Vec<u32>,
@@ -101,20 +116,23 @@ struct Similarity {
 }
 
 impl Similarity {
-    fn new(n_tools: usize, n_domains: usize, dense_on: bool) -> Similarity {
-        let per_tool_if_dense = || {
-            if dense_on {
+    fn new(n_tools: usize, n_domains: usize, dense_on: bool, joined: bool) -> Similarity {
+        let per_tool_if = |on: bool| {
+            if on {
                 vec![0.0f32; n_tools]
             } else {
                 Vec::new()
             }
         };
+        let per_tool_if_dense = || per_tool_if(dense_on);
         Similarity {
             tool_bm25: vec![0.0f32; n_tools],
             tool_dense: per_tool_if_dense(),
             tool_similarity: per_tool_if_dense(),
             tool_bm25_rank: vec![0.0f32; n_tools],
             tool_dense_rank: per_tool_if_dense(),
+            tool_dense2: per_tool_if(joined),
+            tool_dense2_rank: per_tool_if(joined),
             domain_similarity: vec![0.0f32; n_domains],
             pieces: Vec::new(),
             terms: Vec::new(),
@@ -166,13 +184,14 @@ impl Similarity {
     }
 
     /// Takes one piece's BM25 shares (of its terms, `words`), and its cosines (per
-    /// tool, per domain text) when the dense stage ran.
+    /// tool, per domain text, and per tool by a joined stage's second encoder) when
+    /// the dense stage ran.
     fn add_piece(
         &mut self,
         router: &Router,
         active: &[bool],
         words: &str,
-        cosines: Option<(&Vec<f32>, &Vec<f32>)>,
+        cosines: Option<PieceCosines<'_>>,
         learned: Vec<LearnedVote>,
     ) {
         let n_domains = active.len();
@@ -201,7 +220,17 @@ impl Similarity {
         }
 
         let mut domain_dense = vec![0.0f32; n_domains];
-        if let Some((piece_tool_dense, piece_domain_dense)) = cosines {
+        if let Some((piece_tool_dense, piece_domain_dense, second)) = cosines {
+            if let Some(second) = second {
+                best_ranks(
+                    (0..second.len()).filter(|&t| ranked(t)),
+                    second,
+                    &mut self.tool_dense2_rank,
+                );
+                for (slot, &cosine) in self.tool_dense2.iter_mut().zip(second) {
+                    *slot = slot.max(cosine);
+                }
+            }
             best_ranks(
                 (0..piece_tool_dense.len()).filter(|&t| ranked(t)),
                 piece_tool_dense,
@@ -235,6 +264,10 @@ impl Similarity {
         });
     }
 }
+
+/// A piece's cosines: per tool, per domain text, and per tool by a joined stage's
+/// second encoder.
+type PieceCosines<'c> = (&'c [f32], &'c [f32], Option<&'c [f32]>);
 
 /// The weight of the pseudo-neighbour that votes for nothing (see `learned_votes`):
 /// about three past messages must agree before a tool's share of the votes passes
@@ -296,10 +329,17 @@ impl Router {
             piece_learned = self.learned_votes(index, &piece_texts, queries, &mut tool_learned);
         }
 
-        let mut similarity = Similarity::new(n_tools, n_domains, dense_on);
+        let joined = dense_cosines.as_ref().is_some_and(|c| !c.second.is_empty());
+        let mut similarity = Similarity::new(n_tools, n_domains, dense_on, joined);
         let mut piece_words = String::new();
         for (p, piece) in piece_texts.iter().enumerate() {
-            let cosines = dense_cosines.as_ref().map(|c| (&c.tools[p], &c.domains[p]));
+            let cosines = dense_cosines.as_ref().map(|c| {
+                (
+                    c.tools[p].as_slice(),
+                    c.domains[p].as_slice(),
+                    c.second.get(p).map(Vec::as_slice),
+                )
+            });
             let learned = std::mem::take(&mut piece_learned[p]);
             // The whole message's terms are `words`; a request's are its own.
             if p == 0 {
@@ -315,6 +355,8 @@ impl Router {
             mut tool_similarity,
             tool_bm25_rank,
             tool_dense_rank,
+            tool_dense2,
+            tool_dense2_rank,
             domain_similarity,
             pieces,
             mut bm25_tools,
@@ -346,6 +388,8 @@ impl Router {
             tool_dense,
             tool_bm25_rank,
             tool_dense_rank,
+            tool_dense2,
+            tool_dense2_rank,
             domain_similarity,
             domain_best_dense,
             pieces,
@@ -579,6 +623,11 @@ impl Router {
         let mut cosines = DenseCosines {
             tools: vec![vec![0.0f32; n_tools]; n_pieces],
             domains: vec![vec![0.0f32; n_domains]; n_pieces],
+            second: if dense.is_joined() {
+                vec![vec![0.0f32; n_tools]; n_pieces]
+            } else {
+                Vec::new()
+            },
             queries,
             model_id: vectors.model_id(),
         };
@@ -608,6 +657,9 @@ impl pulp::WithSimd for CosineScan<'_, '_> {
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _simd: S) {
         let cosines = self.cosines;
+        if let Some(split) = self.dense.first_dims {
+            return joined_scan(self.dense, self.owners, cosines, split);
+        }
         // Each row against every piece while it is in cache: on a catalog of
         // thousands the rows are megabytes, and a pass per piece read them again.
         for (row, owner) in self.owners.iter().enumerate() {
@@ -620,6 +672,55 @@ impl pulp::WithSimd for CosineScan<'_, '_> {
                 };
                 if let Some(slot) = slot {
                     *slot = slot.max(cosine);
+                }
+            }
+        }
+    }
+}
+
+/// [`CosineScan`] of a joined stage: each part of a row against the same part of
+/// each piece's vector, normalised on its own (the message vector was normalised
+/// whole); domains by the first part only.
+#[inline(always)]
+fn joined_scan(
+    dense: &DenseIndex,
+    owners: &[DenseOwner],
+    cosines: &mut DenseCosines<'_>,
+    split: usize,
+) {
+    let norm = |v: &[f32]| embed::dot(v, v).sqrt();
+    let queries: Vec<(&[f32], f32, &[f32], f32)> = cosines
+        .queries
+        .iter()
+        .map(|q| {
+            let (first, second) = q.split_at(split.min(q.len()));
+            (first, norm(first), second, norm(second))
+        })
+        .collect();
+    let cosine = |a: &[f32], b: &[f32], norm: f32| {
+        if norm > 0.0 {
+            (embed::dot(a, b) / norm).max(0.0)
+        } else {
+            0.0
+        }
+    };
+    for (row, owner) in owners.iter().enumerate() {
+        let vector = dense.row(row);
+        let (first, second) = vector.split_at(split.min(vector.len()));
+        for (p, &(q1, n1, q2, n2)) in queries.iter().enumerate() {
+            match *owner {
+                DenseOwner::Tool(t) => {
+                    if let Some(slot) = cosines.tools[p].get_mut(t) {
+                        *slot = slot.max(cosine(first, q1, n1));
+                    }
+                    if let Some(slot) = cosines.second[p].get_mut(t) {
+                        *slot = slot.max(cosine(second, q2, n2));
+                    }
+                }
+                DenseOwner::Domain(d) => {
+                    if let Some(slot) = cosines.domains[p].get_mut(d) {
+                        *slot = slot.max(cosine(first, q1, n1));
+                    }
                 }
             }
         }

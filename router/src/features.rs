@@ -205,6 +205,12 @@ impl Router {
         x[f::DOMAIN_DENSE_RANK] = domains.dense_rank[d];
         x[f::LEARNED_TOOL_RANK] = at(&per_tool.learned_rank, t);
         x[f::PENDING] = f32::from(per_tool.pending[t]);
+        let dense2 = at(&evidence.tool_dense2, t);
+        let dense2_rank = at(&evidence.tool_dense2_rank, t);
+        x[f::TOOL_DENSE2] = dense2;
+        x[f::TOOL_DENSE2_REL] = relative_to(dense2, per_tool.dense2_best);
+        x[f::TOOL_DENSE2_RANK] = dense2_rank;
+        x[f::TOOL_DENSE2_TOP3] = f32::from(dense2_rank >= 1.0 / 3.0);
         x
     }
 
@@ -358,6 +364,7 @@ impl Router {
             tool_dense: &evidence.tool_dense,
             bm25_best: best(&evidence.tool_bm25),
             dense_best: best(&evidence.tool_dense),
+            dense2_best: best(&evidence.tool_dense2),
             bm25_rank: &evidence.tool_bm25_rank,
             dense_rank: &evidence.tool_dense_rank,
             learned_rank,
@@ -473,9 +480,10 @@ struct DomainFeatures {
 struct ToolFeatures<'e> {
     tool_bm25: &'e [f32],
     tool_dense: &'e [f32],
-    /// The best BM25 share and cosine among the candidates.
+    /// The best BM25 share and cosines among the candidates.
     bm25_best: f32,
     dense_best: f32,
+    dense2_best: f32,
     bm25_rank: &'e [f32],
     dense_rank: &'e [f32],
     /// Empty without a learned index.

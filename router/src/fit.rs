@@ -25,11 +25,14 @@ const RULE_TURNS: usize = 4000;
 /// Most bytes of first-turn scorings the rule search keeps (see `search_rule`).
 const KEPT_SCORING_BYTES: usize = 512 << 20;
 
-/// Which of the router's two models a fit replaces.
+/// Which of the router's models a fit replaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
     Lexical,
     Dense,
+    /// The dense path of a joined stage (`DenseIndex::joined`): the router must have
+    /// one attached.
+    Joined,
 }
 
 /// One path's fitted model, with the held-out figures it was chosen on.
@@ -110,8 +113,11 @@ pub fn fit_path(
     }
     let vectors = match path {
         Path::Lexical => None,
-        Path::Dense => vectors,
+        Path::Dense | Path::Joined => vectors,
     };
+    if path == Path::Joined && !router.dense().is_some_and(|d| d.is_joined()) {
+        return Err("the joined path needs a joined dense stage attached".to_owned());
+    }
     let started = std::time::Instant::now();
     let data = fold_data(router, folds, vectors, run)?;
     let n_rows: usize = data.iter().map(|d| d.rows.len()).sum();
@@ -157,6 +163,7 @@ pub fn fit_path(
     let start = match path {
         Path::Lexical => shipped.lexical.selection,
         Path::Dense => shipped.dense.selection,
+        Path::Joined => shipped.joined.as_ref().unwrap_or(&shipped.dense).selection,
     };
     let RuleFound {
         rule,
@@ -187,7 +194,7 @@ pub fn fit_path(
     });
     // The dense weights hold for the encoder whose cosines they were fitted on
     // (`Router::dense_weights_mismatch`).
-    if let (Path::Dense, Some(dense)) = (path, router.dense()) {
+    if let (Path::Dense | Path::Joined, Some(dense)) = (path, router.dense()) {
         summary["encoder"] = dense.model_id().into();
     }
     Ok(Fitted {
@@ -226,6 +233,7 @@ pub fn with_model(weights: &Weights, path: Path, model: Model) -> Weights {
     match path {
         Path::Lexical => weights.lexical = model,
         Path::Dense => weights.dense = model,
+        Path::Joined => weights.joined = Some(model),
     }
     weights
 }

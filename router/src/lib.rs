@@ -279,6 +279,7 @@ pub struct Router {
 pub(crate) struct Scorers {
     lexical: scorer::Compiled,
     dense: scorer::Compiled,
+    joined: Option<scorer::Compiled>,
 }
 
 impl Scorers {
@@ -286,6 +287,17 @@ impl Scorers {
         Scorers {
             lexical: scorer::Compiled::new(&weights.lexical),
             dense: scorer::Compiled::new(&weights.dense),
+            joined: weights.joined.as_ref().map(scorer::Compiled::new),
+        }
+    }
+
+    /// The model of the path the evidence took: each reads the features its path
+    /// has, since a feature a path lacks would read as evidence against every tool.
+    pub(crate) fn for_evidence(&self, evidence: &evidence::Evidence) -> &scorer::Compiled {
+        match (evidence.dense_on, evidence.joined_on(), &self.joined) {
+            (true, true, Some(joined)) => joined,
+            (true, _, _) => &self.dense,
+            (false, _, _) => &self.lexical,
         }
     }
 
@@ -293,7 +305,12 @@ impl Scorers {
     fn same_weights(&self, other: &Scorers) -> bool {
         let same =
             |a: &scorer::Compiled, b: &scorer::Compiled| a.bias == b.bias && a.weights == b.weights;
-        same(&self.lexical, &other.lexical) && same(&self.dense, &other.dense)
+        same(&self.lexical, &other.lexical)
+            && same(&self.dense, &other.dense)
+            && match (&self.joined, &other.joined) {
+                (Some(a), Some(b)) => same(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            }
     }
 }
 
@@ -470,11 +487,22 @@ impl Router {
     }
 
     /// Why the dense model's probabilities may be off: it was fitted on another
-    /// encoder's cosines than the attached stage's, whose similarities sit elsewhere.
-    /// `None` when they match, or when the weights do not say.
+    /// encoder's cosines than the attached stage's, whose similarities sit elsewhere;
+    /// or a joined stage has no joined model to weigh its second encoder. `None`
+    /// when they match, or when the weights do not say.
     pub fn dense_weights_mismatch(&self) -> Option<String> {
-        let fitted = self.weights().dense_encoder()?;
-        let attached = self.dense()?.model_id();
+        let dense = self.dense()?;
+        let attached = dense.model_id();
+        if dense.is_joined() && self.weights().joined.is_none() {
+            return Some(format!(
+                "no joined weights: the second encoder of {attached} weighs nothing until \
+                 they are fitted (`loadout fit`, or `cargo xtask fit --embedder builtin+...`)"
+            ));
+        }
+        let fitted = match self.weights().joined_encoder() {
+            Some(joined) if dense.is_joined() => joined,
+            _ => self.weights().dense_encoder()?,
+        };
         (fitted != attached).then(|| {
             format!(
                 "the dense weights were fitted with the encoder {fitted}, not {attached}: \
@@ -585,11 +613,7 @@ impl Router {
         let evidence = self.gather_evidence(query, active, learned, vectors);
         let session = SessionView::default();
         let candidates = self.candidates(&evidence, &session, learned, true);
-        let model = if evidence.dense_on {
-            &self.scorer.dense
-        } else {
-            &self.scorer.lexical
-        };
+        let model = self.scorer.for_evidence(&evidence);
         use scorer::f;
         let mut scored: Vec<(f32, usize)> = candidates
             .iter()

@@ -44,9 +44,13 @@ pub const FEATURES: [&str; N_FEATURES] = [
     "domain_dense_rank",
     "learned_tool_rank",
     "pending",
+    "tool_dense2",
+    "tool_dense2_rel",
+    "tool_dense2_rank",
+    "tool_dense2_top3",
 ];
 
-pub const N_FEATURES: usize = 27;
+pub const N_FEATURES: usize = 31;
 
 /// Names that weights files of earlier versions may hold: a feature renamed (read as
 /// its new name) or merged into another (read as nothing: refit to weigh it).
@@ -88,14 +92,24 @@ pub mod f {
     pub const DOMAIN_DENSE_RANK: usize = 24;
     pub const LEARNED_TOOL_RANK: usize = 25;
     pub const PENDING: usize = 26;
+    /// The second encoder of a joined dense stage (see `DenseIndex::joined`).
+    pub const TOOL_DENSE2: usize = 27;
+    pub const TOOL_DENSE2_REL: usize = 28;
+    pub const TOOL_DENSE2_RANK: usize = 29;
+    pub const TOOL_DENSE2_TOP3: usize = 30;
 }
 
-/// The fitted weights of both paths, as `router/weights.json` holds them.
+/// The fitted weights of every path, as `router/weights.json` holds them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Weights {
     pub lexical: Model,
     pub dense: Model,
+    /// The dense path with a joined stage (a second encoder's cosines beside the
+    /// first's, see `DenseIndex::joined`). Without it, such a stage is scored by
+    /// `dense`, which weighs the second encoder's features 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joined: Option<Model>,
     /// How the weights were fitted (data, folds, date, fold figures): for people.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub fitted: serde_json::Value,
@@ -186,6 +200,7 @@ impl Weights {
         serde_json::from_str(include_str!("../weights.json")).unwrap_or_else(|_| Weights {
             lexical: Model::from_row(-4.0, &[0.0; N_FEATURES], SelectionRule::default()),
             dense: Model::from_row(-4.0, &[0.0; N_FEATURES], SelectionRule::default()),
+            joined: None,
             fitted: serde_json::Value::Null,
         })
     }
@@ -195,10 +210,16 @@ impl Weights {
         self.fitted.get("dense")?.get("encoder")?.as_str()
     }
 
+    /// The joined encoder the joined model was fitted on, as the fit wrote it.
+    pub fn joined_encoder(&self) -> Option<&str> {
+        self.fitted.get("joined")?.get("encoder")?.as_str()
+    }
+
     /// Feature names no model knows: a typo in a weights file.
     pub fn unknown_features(&self) -> Vec<String> {
         [&self.lexical, &self.dense]
-            .iter()
+            .into_iter()
+            .chain(&self.joined)
             .flat_map(|m| m.weights.keys())
             .filter(|name| {
                 !FEATURES.contains(&name.as_str()) && !RETIRED.iter().any(|(old, _)| old == name)
@@ -590,7 +611,8 @@ mod tests {
         model.weights.insert("tool_bm25_rank".to_owned(), 1.5);
         let weights = Weights {
             lexical: model.clone(),
-            dense: model,
+            dense: model.clone(),
+            joined: Some(model),
             fitted: serde_json::Value::Null,
         };
         assert_eq!(weights.unknown_features(), Vec::<String>::new());
@@ -602,7 +624,13 @@ mod tests {
 
         let mut typo = weights.clone();
         typo.dense.weights.insert("companoin".to_owned(), 1.0);
-        assert_eq!(typo.unknown_features(), vec!["companoin".to_owned()]);
+        if let Some(joined) = &mut typo.joined {
+            joined.weights.insert("tool_dense3".to_owned(), 1.0);
+        }
+        assert_eq!(
+            typo.unknown_features(),
+            vec!["companoin".to_owned(), "tool_dense3".to_owned()]
+        );
     }
 
     #[test]

@@ -720,6 +720,91 @@ fn dense_weights_fitted_with_another_encoder_are_named() {
     );
 }
 
+/// A joined stage (two encoders' vectors end to end) scores each part as its own
+/// encoder: the second's cosines are features of their own, which only a joined
+/// model weighs. Without one, the dense model routes as the first encoder alone.
+#[test]
+fn a_joined_stage_scores_its_second_encoder_apart() {
+    use crate::scorer::f;
+    let mut router = router();
+    // The first encoder sees every text alike; the second finds the weather.
+    let second = weather_rows(&router, [0.0, 1.0]);
+    let rows: Vec<Vec<f32>> = second
+        .iter()
+        .map(|s| [&[1.0, 0.0][..], s].concat())
+        .collect();
+    let first_only: Vec<Vec<f32>> = rows.iter().map(|r| r[..2].to_vec()).collect();
+    // Scaled parts: each is normalised on its own.
+    let message: Vec<Vec<f32>> = outside_pieces()
+        .into_iter()
+        .map(|s| [&[3.0, 0.0][..], &s].concat())
+        .collect();
+    router.set_dense(Some(DenseIndex::joined("a+b", rows.clone(), 2)));
+    assert!(router.dense().is_some_and(DenseIndex::is_joined));
+    let unweighed = router.dense_weights_mismatch().unwrap_or_default();
+    assert!(unweighed.contains("no joined weights"), "{unweighed}");
+    let vectors = MessageVectors::new("a+b", message.clone());
+    let (settings, session) = (all_settings(), SessionView::new(1));
+    let input = RouteInput {
+        vectors: Some(&vectors),
+        ..RouteInput::new(OUTSIDE, &settings, &session)
+    };
+    let feature = |tool: &str, f: usize| feature_of(&router, &input, tool, f);
+    assert!((feature("get_current_weather", f::TOOL_DENSE2) - 1.0).abs() < 1e-5);
+    assert_eq!(feature("get_current_weather", f::TOOL_DENSE2_RANK), 1.0);
+    assert_eq!(feature("get_current_weather", f::TOOL_DENSE2_TOP3), 1.0);
+    assert_eq!(feature("remember", f::TOOL_DENSE2), 0.0);
+    assert!((feature("remember", f::TOOL_DENSE) - 1.0).abs() < 1e-5);
+
+    // No joined model: the first encoder's features alone, as its own stage.
+    let joined = route_outside(&router, Some(&vectors));
+    let mut alone = self::router();
+    alone.set_dense(Some(DenseIndex::new("a+b", first_only)));
+    let first_pieces: Vec<Vec<f32>> = message.iter().map(|m| m[..2].to_vec()).collect();
+    let first = route_outside(&alone, Some(&MessageVectors::new("a+b", first_pieces)));
+    assert_eq!(joined, first);
+    let weather_score = |selection: &Selection| {
+        selection
+            .tools
+            .iter()
+            .find(|t| t.name.as_ref() == "get_current_weather")
+            .map_or(0.0, |t| t.score)
+    };
+
+    // A joined model that weighs the second encoder sends what it finds.
+    let mut weights = router.weights().clone();
+    let mut model = weights.dense.clone();
+    model.weights.insert("tool_dense2_rel".to_owned(), 12.0);
+    weights.joined = Some(model);
+    router.set_weights(weights);
+    let joined = route_outside(&router, Some(&vectors));
+    assert!(
+        weather_score(&joined) > weather_score(&first) + 0.5,
+        "{}",
+        joined.summary_line()
+    );
+    let weather = joined
+        .tools
+        .iter()
+        .find(|t| t.name.as_ref() == "get_current_weather");
+    assert!(
+        weather.is_some_and(|t| t.why.iter().any(|(name, _)| name == "tool_dense2_rel")),
+        "{weather:?}"
+    );
+
+    // A split that leaves a part empty is refused: lexical, and the notes say why.
+    router.set_dense(Some(DenseIndex::joined("a+b", rows, 4)));
+    let refused = route_outside(&router, Some(&vectors));
+    assert!(
+        refused
+            .notes
+            .iter()
+            .any(|n| n.contains("joined encoder's first part")),
+        "{:?}",
+        refused.notes
+    );
+}
+
 /// The domain is sent, and its reason names a dense feature (`tool_dense_rel 1.00`).
 fn sent_on_dense(selection: &Selection, domain: &str) -> bool {
     selection

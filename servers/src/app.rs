@@ -231,6 +231,13 @@ impl App {
         // data dir; lexical until then), microseconds per message.
         let distilled = settings.get("router_dense").is_some_and(|v| v == "static");
         let http = loadout_embed::http::HttpEmbedder::from_settings(&settings);
+        // `router_e5_model = FILE`: e5 joins the built-in encoder (not an endpoint's
+        // or the table's, whose weights were fitted alone).
+        let e5 = settings
+            .get("router_e5_model")
+            .filter(|_| http.is_none() && !distilled)
+            .map(std::path::PathBuf::from);
+        let joined = e5.is_some();
         let cache_dir = self.store().data_dir().join("vectors");
         let table_dir = cache_dir.clone();
         let fallback_router = router.clone();
@@ -242,10 +249,28 @@ impl App {
                 Some(Err(e)) => Err(e),
                 // The weights and the message cache of a router built earlier serve
                 // this one too.
-                None => loadout_embed::shared_builtin(),
+                None => match e5 {
+                    Some(file) => {
+                        let builtin = loadout_embed::shared_builtin()?;
+                        let e5 = loadout_embed::e5_encoder(&file)?;
+                        let joined = loadout_embed::Joined::new(builtin, e5)?;
+                        Ok(Arc::new(joined) as Arc<dyn loadout_embed::Embedder>)
+                    }
+                    None => loadout_embed::shared_builtin(),
+                },
             },
             Some(cache_dir.clone()),
         );
+        // A joined stage falls back to its built-in encoder alone: what e5 is too
+        // busy for is routed with the built-in's vectors and the dense model.
+        if joined {
+            loadout_embed::spawn_dense_fallback(
+                fallback_router,
+                loadout_embed::shared_builtin,
+                Some(cache_dir),
+            );
+            return Some(build);
+        }
         // `router_dense_fallback = static`: what the encoder is too busy for is routed
         // with the static table's vectors rather than lexically.
         let fallback = settings

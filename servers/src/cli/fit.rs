@@ -177,13 +177,20 @@ async fn training_cases(app: &App, args: &Args) -> anyhow::Result<(Vec<Case>, St
 async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(Weights, bool)> {
     let folds = folds(cases, usize::from(args.folds));
     let mut weights = app.config().router_weights();
+    let before = weights.fitted.clone();
     let mut summaries = serde_json::Map::new();
     let mut better = true;
     let mut paths = vec![Path::Lexical];
     let (dense_router, dense) =
         super::replay::router_for(app, app.new_router(app.registry.clone()), args.lexical).await;
-    if dense_router.dense().is_some() {
-        paths.push(Path::Dense);
+    // A joined stage fits its own model; the dense one stays for messages its
+    // first encoder alone embeds (the fallback when the joined encoder is busy).
+    if let Some(index) = dense_router.dense() {
+        paths.push(if index.is_joined() {
+            Path::Joined
+        } else {
+            Path::Dense
+        });
     } else {
         outln!("dense model not fitted: {dense}")?;
     }
@@ -195,7 +202,7 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
         let mut router = app.new_router(app.registry.clone());
         let vectors = match path {
             Path::Lexical => None,
-            Path::Dense => {
+            Path::Dense | Path::Joined => {
                 // The dense stage's index, built once above, serves this router too.
                 router.set_dense(dense_router.dense().cloned());
                 super::replay::case_vectors(&router, cases, &known)
@@ -259,6 +266,14 @@ async fn fit_weights(app: &App, args: &Args, cases: &[Case]) -> anyhow::Result<(
     }
     for (path, summary) in summaries {
         fitted[path] = summary;
+    }
+    // A model kept as it was keeps the note of its fit (the encoder it holds for).
+    for path in ["dense", "joined"] {
+        if fitted.get(path).is_none()
+            && let Some(old) = before.get(path)
+        {
+            fitted[path] = old.clone();
+        }
     }
     weights.fitted = fitted;
     Ok((weights, better))
