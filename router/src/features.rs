@@ -516,6 +516,7 @@ impl ToolFeatures<'_> {
     fn points_at(&self, t: usize, evidence: &Evidence) -> bool {
         self.bm25(t) > 0.0
             || self.dense(t) > 0.0
+            || at(&evidence.tool_dense2, t) > 0.0
             || evidence.tool_keyword_hits[t] > 0
             || at(&evidence.tool_learned, t) > 0.0
             || self.companion[t] > 0.0

@@ -726,18 +726,33 @@ fn dense_weights_fitted_with_another_encoder_are_named() {
 #[test]
 fn a_joined_stage_scores_its_second_encoder_apart() {
     use crate::scorer::f;
+    const FOUND: &str = "restart_container";
     let mut router = router();
-    // The first encoder sees every text alike; the second finds the weather.
-    let second = weather_rows(&router, [0.0, 1.0]);
-    let rows: Vec<Vec<f32>> = second
-        .iter()
-        .map(|s| [&[1.0, 0.0][..], s].concat())
+    let mut unfitted = router.weights().clone();
+    unfitted.joined = None;
+    router.set_weights(unfitted);
+    // The first encoder puts `FOUND` away from the message (a cosine of 0: nothing
+    // of that encoder's points at it) and nearly every other text on it; the second
+    // finds `FOUND` alone.
+    let rows: Vec<Vec<f32>> = (0..router.dense_texts().len())
+        .map(|i| {
+            let tool = router
+                .dense_text_tool(i)
+                .map(|t| router.registry().all_tools()[t].name.as_str());
+            match tool {
+                Some(FOUND) => vec![0.0, 1.0, 1.0, 0.0],
+                // Away from the message by both: `FOUND`'s domain's other tool that
+                // nothing points at (no row of its own).
+                Some("docker_tool_00") => vec![0.0, 1.0, 0.0, 1.0],
+                _ => vec![1.0, 0.0, 0.0, 1.0],
+            }
+        })
         .collect();
     let first_only: Vec<Vec<f32>> = rows.iter().map(|r| r[..2].to_vec()).collect();
     // Scaled parts: each is normalised on its own.
-    let message: Vec<Vec<f32>> = outside_pieces()
-        .into_iter()
-        .map(|s| [&[3.0, 0.0][..], &s].concat())
+    let message: Vec<Vec<f32>> = message_pieces(OUTSIDE)
+        .iter()
+        .map(|_| vec![3.0, 0.0, 1.0, 0.0])
         .collect();
     router.set_dense(Some(DenseIndex::joined("a+b", rows.clone(), 2)));
     assert!(router.dense().is_some_and(DenseIndex::is_joined));
@@ -750,24 +765,27 @@ fn a_joined_stage_scores_its_second_encoder_apart() {
         ..RouteInput::new(OUTSIDE, &settings, &session)
     };
     let feature = |tool: &str, f: usize| feature_of(&router, &input, tool, f);
-    assert!((feature("get_current_weather", f::TOOL_DENSE2) - 1.0).abs() < 1e-5);
-    assert_eq!(feature("get_current_weather", f::TOOL_DENSE2_RANK), 1.0);
-    assert_eq!(feature("get_current_weather", f::TOOL_DENSE2_TOP3), 1.0);
-    assert_eq!(feature("remember", f::TOOL_DENSE2), 0.0);
-    assert!((feature("remember", f::TOOL_DENSE) - 1.0).abs() < 1e-5);
+    assert!((feature(FOUND, f::TOOL_DENSE2) - 1.0).abs() < 1e-5);
+    assert_eq!(feature(FOUND, f::TOOL_DENSE2_RANK), 1.0);
+    assert_eq!(feature(FOUND, f::TOOL_DENSE2_TOP3), 1.0);
+    assert_eq!(feature(FOUND, f::TOOL_DENSE), 0.0);
+    assert_eq!(feature("docker_tool_00", f::TOOL_DENSE2), 0.0);
+    assert_eq!(feature("docker_tool_01", f::TOOL_DENSE2), 0.0);
+    assert!((feature("docker_tool_01", f::TOOL_DENSE) - 1.0).abs() < 1e-5);
 
     // No joined model: the first encoder's features alone, as its own stage.
     let joined = route_outside(&router, Some(&vectors));
     let mut alone = self::router();
+    alone.set_weights(router.weights().clone());
     alone.set_dense(Some(DenseIndex::new("a+b", first_only)));
     let first_pieces: Vec<Vec<f32>> = message.iter().map(|m| m[..2].to_vec()).collect();
     let first = route_outside(&alone, Some(&MessageVectors::new("a+b", first_pieces)));
     assert_eq!(joined, first);
-    let weather_score = |selection: &Selection| {
+    let found_score = |selection: &Selection| {
         selection
             .tools
             .iter()
-            .find(|t| t.name.as_ref() == "get_current_weather")
+            .find(|t| t.name.as_ref() == FOUND)
             .map_or(0.0, |t| t.score)
     };
 
@@ -779,17 +797,14 @@ fn a_joined_stage_scores_its_second_encoder_apart() {
     router.set_weights(weights);
     let joined = route_outside(&router, Some(&vectors));
     assert!(
-        weather_score(&joined) > weather_score(&first) + 0.5,
+        found_score(&joined) > found_score(&first) + 0.5,
         "{}",
         joined.summary_line()
     );
-    let weather = joined
-        .tools
-        .iter()
-        .find(|t| t.name.as_ref() == "get_current_weather");
+    let found = joined.tools.iter().find(|t| t.name.as_ref() == FOUND);
     assert!(
-        weather.is_some_and(|t| t.why.iter().any(|(name, _)| name == "tool_dense2_rel")),
-        "{weather:?}"
+        found.is_some_and(|t| t.why.iter().any(|(name, _)| name == "tool_dense2_rel")),
+        "{found:?}"
     );
 
     // A split that leaves a part empty is refused: lexical, and the notes say why.

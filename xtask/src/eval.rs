@@ -38,6 +38,9 @@ pub struct Args {
     /// is no gain.
     #[arg(long, value_name = "N", value_parser = loadout_server::cli::fit::mean_tools_arg)]
     pub max_mean_tools: Option<f64>,
+    /// Fail when the turns written in Hangul have a turn recall below X.
+    #[arg(long, value_name = "X", value_parser = recall_arg)]
+    pub min_korean_recall: Option<f64>,
     /// Fail when the history (`--history`, `--folds`) lowers turn recall; without
     /// it the eval says so and measures on.
     #[arg(long)]
@@ -95,6 +98,7 @@ impl Args {
             verbose: false,
             min_turn_recall: None,
             max_mean_tools: None,
+            min_korean_recall: None,
             gate_learning: false,
             config: None,
             budget: None,
@@ -429,7 +433,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         // the labeled set as their history.
         print_korean(" with history", routed.korean_turns, with);
     }
-    gate(args, &report, learned.as_ref().map(|(with, _)| with))
+    gate(
+        args,
+        &report,
+        learned.as_ref().map(|(with, _)| with),
+        routed.korean_turns,
+    )
 }
 
 /// What every step of the eval routes with: the catalog's router (its dense stage
@@ -632,7 +641,12 @@ fn print_learned(without: &Report, with: &Report, line: &str) {
 /// `--json`'s summary and the gates: `--min-turn-recall` and `--max-mean-tools` on the
 /// learned report when there is one, and with `--gate-learning` learning must not
 /// lower turn recall.
-fn gate(args: &Args, report: &Report, learned: Option<&Report>) -> anyhow::Result<()> {
+fn gate(
+    args: &Args,
+    report: &Report,
+    learned: Option<&Report>,
+    korean_turns: usize,
+) -> anyhow::Result<()> {
     let gated = learned.unwrap_or(report);
     let turn_recall = gated.turn_recall();
     if args.json {
@@ -649,6 +663,17 @@ fn gate(args: &Args, report: &Report, learned: Option<&Report>) -> anyhow::Resul
         && turn_recall < min
     {
         bail!("turn recall {turn_recall:.3} is below the gate {min:.3}");
+    }
+    if let Some(min) = args.min_korean_recall {
+        let Some(korean) = korean_recall(korean_turns, gated) else {
+            bail!(
+                "--min-korean-recall: no turn of {} is in Hangul",
+                args.cases.display()
+            );
+        };
+        if korean < min {
+            bail!("Hangul turns' recall {korean:.3} is below the gate {min:.3}");
+        }
     }
     if let Some(max) = args.max_mean_tools
         && gated.mean_tools() > max
@@ -677,18 +702,22 @@ fn gate(args: &Args, report: &Report, learned: Option<&Report>) -> anyhow::Resul
 /// The Hangul turns' recall in `report` (which missed some of its `korean_turns`),
 /// when there are any.
 fn print_korean(label: &str, korean_turns: usize, report: &Report) {
+    if let Some(recall) = korean_recall(korean_turns, report) {
+        println!("korean (Hangul messages){label}: turns {korean_turns}  turn_recall {recall:.3}");
+    }
+}
+
+/// The Hangul turns' recall; `None` when there are none.
+fn korean_recall(korean_turns: usize, report: &Report) -> Option<f64> {
     if korean_turns == 0 {
-        return;
+        return None;
     }
     let missed = report
         .misses
         .iter()
         .filter(|miss| miss.message.chars().any(is_hangul))
         .count();
-    println!(
-        "korean (Hangul messages){label}: turns {korean_turns}  turn_recall {:.3}",
-        korean_turns.saturating_sub(missed) as f64 / korean_turns as f64
-    );
+    Some(korean_turns.saturating_sub(missed) as f64 / korean_turns as f64)
 }
 
 fn is_hangul(c: char) -> bool {
@@ -871,12 +900,12 @@ mod tests {
         };
         let (without, with) = (report(9), report(8));
         let args = Args::new("c".into(), "d.jsonl".into());
-        assert!(gate(&args, &without, Some(&with)).is_ok());
+        assert!(gate(&args, &without, Some(&with), 0).is_ok());
         let gated = Args {
             gate_learning: true,
             ..args
         };
-        let err = gate(&gated, &without, Some(&with))
+        let err = gate(&gated, &without, Some(&with), 0)
             .err()
             .map(|e| e.to_string());
         assert!(
@@ -884,7 +913,7 @@ mod tests {
                 .is_some_and(|e| e.starts_with("learning lowered turn recall")),
             "{err:?}"
         );
-        assert!(gate(&gated, &without, Some(&report(9))).is_ok());
+        assert!(gate(&gated, &without, Some(&report(9)), 0).is_ok());
     }
 
     #[test]
@@ -899,15 +928,54 @@ mod tests {
             max_mean_tools: Some(20.0),
             ..Args::new("c".into(), "d.jsonl".into())
         };
-        assert!(gate(&args, &report(20), None).is_ok());
-        let err = gate(&args, &report(21), None).err().map(|e| e.to_string());
+        assert!(gate(&args, &report(20), None, 0).is_ok());
+        let err = gate(&args, &report(21), None, 0)
+            .err()
+            .map(|e| e.to_string());
         assert_eq!(
             err.as_deref(),
             Some("21.0 tools sent on average, above the gate 20.0")
         );
         // With a history, the learned figures are gated.
-        assert!(gate(&args, &report(21), Some(&report(20))).is_ok());
-        assert!(gate(&args, &report(20), Some(&report(21))).is_err());
+        assert!(gate(&args, &report(21), Some(&report(20)), 0).is_ok());
+        assert!(gate(&args, &report(20), Some(&report(21)), 0).is_err());
+    }
+
+    /// The Hangul turns' gate counts their misses alone; a set without any fails it
+    /// rather than passing unmeasured.
+    #[test]
+    fn the_korean_gate_counts_the_hangul_turns_misses() {
+        let miss = |message: &str| loadout_router::replay::Miss {
+            case_id: "c".into(),
+            turn: 1,
+            message: message.into(),
+            missing: vec!["t".into()],
+            explanation: Vec::new(),
+            summary: String::new(),
+        };
+        let report = Report {
+            turns: 10,
+            hits: 7,
+            misses: vec![
+                miss("거실 불 좀 꺼줘"),
+                miss("turn off the lights"),
+                miss("lights"),
+            ],
+            ..Report::default()
+        };
+        let args = Args {
+            min_korean_recall: Some(0.75),
+            ..Args::new("c".into(), "d.jsonl".into())
+        };
+        // One of four Hangul turns missed: 0.75.
+        assert!(gate(&args, &report, None, 4).is_ok());
+        let err = gate(&args, &report, None, 3).err().map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("Hangul turns' recall 0.667 is below the gate 0.750")
+        );
+        let none = gate(&args, &report, None, 0).err().map(|e| e.to_string());
+        assert!(none.is_some_and(|e| e.contains("no turn")));
     }
 
     #[test]
