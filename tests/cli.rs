@@ -208,6 +208,67 @@ fn route_uses_the_dense_stage_unless_asked_not_to() {
     assert!(!lexical.contains("dense"), "{lexical}");
 }
 
+/// `router_e5_model = FILE` joins multilingual-e5-small to the built-in encoder: a
+/// message in Hangul, which the built-in encoder cannot read, is sent tools on the
+/// second encoder's features (the shipped joined model weighs them), and both the
+/// joined vectors and the built-in's (its fallback when busy) are cached. A file that
+/// is no model leaves the built-in encoder alone, with a warning.
+#[test]
+fn router_e5_model_joins_e5_to_the_built_in_encoder() {
+    let Some(model) = std::env::var_os("LOADOUT_E5_MODEL") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI downloads e5's model file (LOADOUT_E5_MODEL)"
+        );
+        eprintln!("note: LOADOUT_E5_MODEL unset; skipped");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let set = |file: &std::ffi::OsStr| {
+        let output = loadout(dir.path())
+            .args(["settings", "set", "router_e5_model"])
+            .arg(file)
+            .output()
+            .expect("run loadout");
+        stdout_of(output);
+    };
+    let route = || -> serde_json::Value {
+        let output = loadout(dir.path())
+            .args(["route", "치과 예약이 언제였지?", "--json"])
+            .output()
+            .expect("run loadout");
+        serde_json::from_str(&stdout_of(output)).expect("json")
+    };
+    set(&model);
+    let selection = route();
+    let on_e5: Vec<&str> = selection["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter(|t| {
+            t["why"]
+                .as_object()
+                .is_some_and(|why| why.keys().any(|k| k.starts_with("tool_dense2")))
+        })
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(on_e5.contains(&"list_memories"), "{selection}");
+    let caches = std::fs::read_dir(dir.path().join("vectors"))
+        .expect("vectors")
+        .count();
+    assert_eq!(caches, 2, "the joined and the built-in's vectors");
+
+    let not_a_model = dir.path().join("not-a-model.bin");
+    std::fs::write(&not_a_model, b"not a model").expect("written");
+    set(not_a_model.as_os_str());
+    let selection = route();
+    let text = selection.to_string();
+    assert!(
+        text.contains("tool_dense_") && !text.contains("tool_dense2"),
+        "{text}"
+    );
+}
+
 /// `router_dense = static` routes with the table distilled from the built-in encoder,
 /// read from the data dir (distilled there at first start; here, a table of a few
 /// hundred common tokens written beforehand, so that the test does not distil for

@@ -250,11 +250,20 @@ impl App {
                 // The weights and the message cache of a router built earlier serve
                 // this one too.
                 None => match e5 {
+                    // A file that is no model costs the second encoder, not the
+                    // dense stage.
                     Some(file) => {
                         let builtin = loadout_embed::shared_builtin()?;
-                        let e5 = loadout_embed::e5_encoder(&file)?;
-                        let joined = loadout_embed::Joined::new(builtin, e5)?;
-                        Ok(Arc::new(joined) as Arc<dyn loadout_embed::Embedder>)
+                        match loadout_embed::e5_encoder(&file) {
+                            Ok(e5) => Ok(Arc::new(loadout_embed::Joined::new(builtin, e5)?)
+                                as Arc<dyn loadout_embed::Embedder>),
+                            Err(e) => {
+                                tracing::warn!(
+                                    "[router] router_e5_model: {e}; the built-in encoder alone"
+                                );
+                                Ok(builtin)
+                            }
+                        }
                     }
                     None => loadout_embed::shared_builtin(),
                 },
