@@ -142,6 +142,7 @@ fn eval_gates(shared: &Path) -> anyhow::Result<()> {
     let eval_dir = shared.join("eval");
     eval::run(&eval::Args {
         folds: Some(5),
+        embedder: eval::EmbedderChoice::default_for_build(),
         json: true,
         min_turn_recall: Some(EVAL_GATE.turn_recall),
         max_mean_tools: Some(EVAL_GATE.mean_tools),

@@ -56,8 +56,11 @@ pub struct Args {
     /// its model, as the server's `embeddings_base_url` and `embeddings_model`
     /// settings name them (e.g. http://127.0.0.1:11434/v1#nomic-embed-text); its
     /// bearer key, if it needs one, from LOADOUT_EMBEDDINGS_API_KEY.
-    #[arg(long, value_name = "builtin|static|none|e5:FILE|URL#MODEL", value_parser = EmbedderChoice::parse,
-          default_value_t = EmbedderChoice::default_for_build())]
+    /// `builtin+e5:FILE` joins e5 to the built-in encoder (`router_e5_model`), the
+    /// default when LOADOUT_E5_MODEL names the file.
+    #[arg(long, value_name = "builtin|static|none|e5:FILE|URL#MODEL|builtin+e5:FILE",
+          value_parser = EmbedderChoice::parse,
+          default_value_t = EmbedderChoice::default_for_eval())]
     pub embedder: EmbedderChoice,
     /// Where tool vectors are cached (one subdirectory a catalog), or none (default
     /// target/vector-cache of this workspace).
@@ -102,7 +105,7 @@ impl Args {
             gate_learning: false,
             config: None,
             budget: None,
-            embedder: EmbedderChoice::default_for_build(),
+            embedder: EmbedderChoice::default_for_eval(),
             vector_cache: default_vector_cache(),
             tool_ranks: false,
             compare: None,
@@ -180,6 +183,23 @@ impl EmbedderChoice {
             EmbedderChoice::Builtin
         } else {
             EmbedderChoice::None
+        }
+    }
+
+    /// The eval's default: the best encoder here, as a server with
+    /// `router_e5_model` routes when LOADOUT_E5_MODEL names e5's model file.
+    pub fn default_for_eval() -> EmbedderChoice {
+        match (
+            Self::default_for_build(),
+            std::env::var_os("LOADOUT_E5_MODEL"),
+        ) {
+            (EmbedderChoice::Builtin, Some(model)) => EmbedderChoice::Joined(
+                Box::new(EmbedderChoice::Builtin),
+                Box::new(EmbedderChoice::E5 {
+                    model: model.into(),
+                }),
+            ),
+            (choice, _) => choice,
         }
     }
 
