@@ -622,6 +622,7 @@ impl Router {
                     || x[f::TOOL_KEYWORD] > 0.0
                     || x[f::KEYWORD_IN_DOMAIN] > 0.0
                     || x[f::TOOL_DENSE] > 0.0
+                    || x[f::TOOL_DENSE2] > 0.0
                     || x[f::LEARNED_TOOL] > 0.0
             })
             .map(|(t, x)| (model.logit(x), t))

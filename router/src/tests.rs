@@ -769,6 +769,9 @@ fn a_joined_stage_scores_its_second_encoder_apart() {
     assert_eq!(feature(FOUND, f::TOOL_DENSE2_RANK), 1.0);
     assert_eq!(feature(FOUND, f::TOOL_DENSE2_TOP3), 1.0);
     assert_eq!(feature(FOUND, f::TOOL_DENSE), 0.0);
+    // `search_tools` finds what only the second encoder points at.
+    let found = router.search(OUTSIDE, Some(&settings), None, Some(&vectors), 50);
+    assert!(found.iter().any(|hint| hint.name == FOUND), "{found:?}");
     assert_eq!(feature("docker_tool_00", f::TOOL_DENSE2), 0.0);
     assert_eq!(feature("docker_tool_01", f::TOOL_DENSE2), 0.0);
     assert!((feature("docker_tool_01", f::TOOL_DENSE) - 1.0).abs() < 1e-5);
