@@ -850,8 +850,10 @@ fn learned_index(
             let encoder = loadout_embed::encoder_for(dense.model_id())
                 .ok_or_else(|| anyhow::anyhow!("no encoder installed for {}", dense.model_id()))?;
             let embedder = encoder.embedder();
+            // The cache of the messages' vectors (`case_vectors`): `fit` on a history
+            // then finds the vectors `eval --history` computed, and the other way.
             let mut cache = args.vector_cache().map(|dir| {
-                loadout_embed::VectorCache::open(&dir.join("learned"), embedder.model_id())
+                loadout_embed::VectorCache::open(&dir.join("messages"), embedder.model_id())
             });
             let (vectors, _) =
                 loadout_embed::embed_all(embedder.as_ref(), &messages, cache.as_mut())
