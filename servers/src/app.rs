@@ -237,6 +237,12 @@ impl App {
             .get("router_e5_model")
             .filter(|_| http.is_none() && !distilled)
             .map(std::path::PathBuf::from);
+        if e5.is_none() && settings.contains_key("router_e5_model") {
+            tracing::warn!(
+                "[router] router_e5_model ignored: it joins the built-in encoder, and the \
+                 dense stage is an endpoint's or the static table's"
+            );
+        }
         let joined = e5.is_some();
         let cache_dir = self.store().data_dir().join("vectors");
         let table_dir = cache_dir.clone();
