@@ -128,8 +128,8 @@ impl Embedder for Joined {
                         a.len()
                     ));
                 }
-                normalize(&mut a);
-                normalize(&mut b);
+                loadout_router::normalize(&mut a);
+                loadout_router::normalize(&mut b);
                 a.extend_from_slice(&b);
                 Ok(a)
             })
@@ -147,13 +147,6 @@ impl Embedder for Joined {
 
     fn first_dims(&self) -> Option<usize> {
         Some(self.first_dims)
-    }
-}
-
-fn normalize(vector: &mut [f32]) {
-    let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
-    if norm > 0.0 {
-        vector.iter_mut().for_each(|x| *x /= norm);
     }
 }
 

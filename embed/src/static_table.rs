@@ -208,10 +208,7 @@ impl StaticEncoder {
                 *s += scale * f32::from(*v);
             }
         }
-        let norm = sum.iter().map(|v| v * v).sum::<f32>().sqrt();
-        if norm > 0.0 {
-            sum.iter_mut().for_each(|v| *v /= norm);
-        }
+        loadout_router::normalize(&mut sum);
         Ok(sum)
     }
 }

@@ -222,7 +222,9 @@ impl DenseIndex {
     }
 }
 
-pub(crate) fn normalize(vector: &mut [f32]) {
+/// `vector` scaled to length 1 (left as it is when all zero): the dense stage compares
+/// vectors by dot products, so encoders and indexes normalise alike.
+pub fn normalize(vector: &mut [f32]) {
     let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
     if norm > 0.0 {
         for x in vector {

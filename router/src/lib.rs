@@ -47,7 +47,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-pub use embed::{DenseIndex, MessageVectors, message_pieces};
+pub use embed::{DenseIndex, MessageVectors, message_pieces, normalize};
 pub use learned::{LearnedEntry, LearnedIndex};
 pub use selection::{
     DomainDecision, Hint, Name, SelectedTool, Selection, Stage, ToolDecision, Unconfigured, Why,

@@ -153,12 +153,7 @@ fn eval_gates(shared: &Path) -> anyhow::Result<()> {
     match std::env::var_os("LOADOUT_E5_MODEL") {
         Some(model) => eval::run(&eval::Args {
             folds: Some(5),
-            embedder: eval::EmbedderChoice::Joined(
-                Box::new(eval::EmbedderChoice::Builtin),
-                Box::new(eval::EmbedderChoice::E5 {
-                    model: model.into(),
-                }),
-            ),
+            embedder: eval::EmbedderChoice::builtin_and_e5(model.into()),
             json: true,
             min_turn_recall: Some(JOINED_GATE.turn_recall),
             max_mean_tools: Some(JOINED_GATE.mean_tools),

@@ -193,14 +193,17 @@ impl EmbedderChoice {
             Self::default_for_build(),
             std::env::var_os("LOADOUT_E5_MODEL"),
         ) {
-            (EmbedderChoice::Builtin, Some(model)) => EmbedderChoice::Joined(
-                Box::new(EmbedderChoice::Builtin),
-                Box::new(EmbedderChoice::E5 {
-                    model: model.into(),
-                }),
-            ),
+            (EmbedderChoice::Builtin, Some(model)) => EmbedderChoice::builtin_and_e5(model.into()),
             (choice, _) => choice,
         }
+    }
+
+    /// e5 from `model` joined to the built-in encoder, as `router_e5_model` serves.
+    pub fn builtin_and_e5(model: PathBuf) -> EmbedderChoice {
+        EmbedderChoice::Joined(
+            Box::new(EmbedderChoice::Builtin),
+            Box::new(EmbedderChoice::E5 { model }),
+        )
     }
 
     pub fn parse(text: &str) -> anyhow::Result<EmbedderChoice> {

@@ -50,7 +50,8 @@ pub struct Args {
     /// as learned memory, to FILE as JSON lines (the dense path's, or the lexical
     /// path's with `--lexical-only`), for a study of a feature outside the fit
     /// (`scripts/second_encoder.py`). A tool's row is kept when the turn needed it or
-    /// it is among the first 100 of a piece by BM25 or by cosine.
+    /// it has a rank by BM25 or by cosine (among the first 50 of a piece: the ranks
+    /// the router keeps).
     #[arg(long, value_name = "FILE")]
     rows: Option<PathBuf>,
     /// Print nothing (`cargo xtask bench` times the fit).
@@ -260,7 +261,6 @@ fn write_rows(
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
     use loadout_router::scorer::f;
-    const FIRST: f32 = 1.0 / 100.0;
     let vectors = fold_vectors(router, folds)?;
     let turns = loadout_router::fit::turn_rows(
         router,
@@ -275,8 +275,8 @@ fn write_rows(
         let (tools, rows) = candidates
             .filter(|(tool, row)| {
                 turn.needed.contains(tool)
-                    || row[f::TOOL_BM25_RANK] >= FIRST
-                    || row[f::TOOL_DENSE_RANK] >= FIRST
+                    || row[f::TOOL_BM25_RANK] > 0.0
+                    || row[f::TOOL_DENSE_RANK] > 0.0
             })
             .unzip();
         let turn = loadout_router::fit::TurnRows {
