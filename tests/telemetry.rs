@@ -392,8 +392,15 @@ async fn a_chat_turn_is_one_trace_with_its_route_model_and_tool_spans() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(echoed.contains("echoed"), "{echoed}");
+    // The wrapper ends after the upstream call it holds, so it may reach the
+    // collector in a later export: wait for the call's parent too.
     let mcp = spans_of(&spans, MCP_TRACE_ID, |found| {
-        found.iter().any(|s| s.name == "tools/call echo")
+        found.iter().any(|call| {
+            call.name == "tools/call echo"
+                && found
+                    .iter()
+                    .any(|s| hex(&s.span_id) == hex(&call.parent_span_id))
+        })
     })
     .await;
     let client = mcp
