@@ -114,6 +114,14 @@ pub fn run(options: &Args) -> anyhow::Result<()> {
             EmbedderChoice::Builtin,
         )?;
         bench_dense(options, registry.clone(), &messages, EmbedderChoice::Static)?;
+        if let Some(model) = std::env::var_os("LOADOUT_E5_MODEL") {
+            bench_e5(
+                options,
+                registry.clone(),
+                &messages,
+                std::path::Path::new(&model),
+            )?;
+        }
     }
     bench_learned(options, registry, &messages)?;
 
@@ -426,6 +434,43 @@ fn bench_dense(
         }
     }
     let _ = std::fs::remove_dir_all(&cache_root);
+    Ok(())
+}
+
+/// e5 (the file `LOADOUT_E5_MODEL` names) beside the built-in encoder, in the same
+/// run: each dev message and its requests embedded in one call, as the router's
+/// encoder asks for them, and the shared catalog's tool texts in the index's batches.
+fn bench_e5(
+    options: &Args,
+    registry: Arc<Registry>,
+    messages: &[String],
+    model: &std::path::Path,
+) -> anyhow::Result<()> {
+    println!(
+        "
+e5 encoder ({}) beside the built-in",
+        model.display()
+    );
+    let e5 = loadout_embed::e5_encoder(model).map_err(anyhow::Error::msg)?;
+    let builtin = loadout_embed::shared_builtin().map_err(anyhow::Error::msg)?;
+    let rounds = if options.quick { 1 } else { 3 };
+    let router = Router::new(registry, RouterConfig::default());
+    let texts = router.dense_texts();
+    for (label, encoder) in [("built-in", &builtin), ("e5", &e5)] {
+        let times = time_per_message(messages, rounds, |m| {
+            black_box(encoder.embed(&loadout_router::message_pieces(m)).ok());
+        });
+        let started = Instant::now();
+        loadout_embed::embed_all(encoder.as_ref(), texts, None).map_err(anyhow::Error::msg)?;
+        println!(
+            "  {label:<8} per dev message: p50 {}  p95 {}  ({} messages x {rounds}); {} tool texts {:.2} s",
+            micros(percentile(&times, 0.5)),
+            micros(percentile(&times, 0.95)),
+            messages.len(),
+            texts.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
     Ok(())
 }
 
