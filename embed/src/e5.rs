@@ -709,12 +709,20 @@ impl Quantized {
 impl Linear {
     /// From Q4_0 blocks, `out` rows of `inp` weights (both multiples of 32).
     fn new(blocks: &[u8], out: usize, inp: usize, bias: Vec<f32>) -> Linear {
+        let per_row = inp / QK;
         let mut weights = Vec::with_capacity(out * inp);
-        let mut scales = Vec::with_capacity(out * inp / QK);
-        for block in blocks.chunks_exact(Q4_BLOCK_BYTES) {
-            scales.push(f16_to_f32(u16::from_le_bytes([block[0], block[1]])));
-            weights.extend(block[2..].iter().map(|b| b & 0x0f));
-            weights.extend(block[2..].iter().map(|b| b >> 4));
+        let mut scales = Vec::with_capacity(out * per_row);
+        // Each group's rows interleaved block by block (see `Group`).
+        for first in (0..out).step_by(GROUP) {
+            for b in 0..per_row {
+                for row in first..first + GROUP {
+                    let at = (row * per_row + b) * Q4_BLOCK_BYTES;
+                    let block = &blocks[at..at + Q4_BLOCK_BYTES];
+                    scales.push(f16_to_f32(u16::from_le_bytes([block[0], block[1]])));
+                    weights.extend(block[2..].iter().map(|b| b & 0x0f));
+                    weights.extend(block[2..].iter().map(|b| b >> 4));
+                }
+            }
         }
         Linear {
             out,
@@ -828,7 +836,8 @@ fn apply_all(x: &Quantized, jobs: &mut [(&Linear, &mut Vec<f32>)], then: Option<
     }
 }
 
-/// [`GROUP`] rows of a [`Linear`], `blocks` blocks a row.
+/// [`GROUP`] rows of a [`Linear`], `blocks` blocks a row, interleaved: block `b` of
+/// row `r` at `b * GROUP + r`, so that a block's rows are read from one place.
 #[derive(Clone, Copy)]
 struct Group<'a> {
     blocks: usize,
@@ -853,13 +862,13 @@ fn group_dots(group: Group<'_>, token: Token<'_>) -> [f32; GROUP] {
     for (r, out) in out.iter_mut().enumerate() {
         *out = group.bias[r];
         for b in 0..group.blocks {
-            let w = &group.weights[r * group.blocks + b];
+            let w = &group.weights[b * GROUP + r];
             let dot: i32 = w
                 .iter()
                 .zip(&token.values[b])
                 .map(|(&w, &a)| i32::from(w) * i32::from(a))
                 .sum();
-            let scale = group.scales[r * group.blocks + b] * token.scales[b];
+            let scale = group.scales[b * GROUP + r] * token.scales[b];
             *out += scale * (dot - 8 * token.sums[b]) as f32;
         }
     }
@@ -898,25 +907,39 @@ fn avx2_dots(simd: pulp::x86::V3, group: Group<'_>, token: Token<'_>) -> [f32; G
     use std::arch::x86_64::{__m256, __m256i};
     let ones: __m256i = pulp::cast([1i16; 16]);
     let mut sums: [__m256; GROUP] = [pulp::cast([0.0f32; 8]); GROUP];
-    let mut offsets = [0.0f32; GROUP];
-    for b in 0..group.blocks {
-        let values: __m256i = pulp::cast(token.values[b]);
-        let token_scale = token.scales[b];
-        let token_sum = token.sums[b] as f32;
+    let (weights, _) = group.weights.as_chunks::<GROUP>();
+    let (scales, _) = group.scales.as_chunks::<GROUP>();
+    for ((weights, scales), (values, &token_scale)) in weights
+        .iter()
+        .zip(scales)
+        .zip(token.values.iter().zip(token.scales))
+    {
+        let values: __m256i = pulp::cast(*values);
+        let token_scale: __m256 = pulp::cast([token_scale; 8]);
         for r in 0..GROUP {
-            let weights: __m256i = pulp::cast(group.weights[r * group.blocks + b]);
-            let dots = simd
-                .avx2
-                ._mm256_madd_epi16(simd.avx2._mm256_maddubs_epi16(weights, values), ones);
-            let scale = group.scales[r * group.blocks + b] * token_scale;
-            sums[r] = simd.fma._mm256_fmadd_ps(
-                simd.avx._mm256_cvtepi32_ps(dots),
-                pulp::cast([scale; 8]),
-                sums[r],
+            let dots = simd.avx2._mm256_madd_epi16(
+                simd.avx2
+                    ._mm256_maddubs_epi16(pulp::cast(weights[r]), values),
+                ones,
             );
-            offsets[r] += scale * token_sum;
+            let products = simd
+                .avx
+                ._mm256_mul_ps(simd.avx._mm256_cvtepi32_ps(dots), token_scale);
+            sums[r] = simd
+                .fma
+                ._mm256_fmadd_ps(products, pulp::cast([scales[r]; 8]), sums[r]);
         }
     }
+    // The weights' offset of 8, through each block's sum, for the group's rows at once.
+    let mut offsets: __m256 = pulp::cast([0.0f32; 8]);
+    for (scales, (&token_scale, &sum)) in scales.iter().zip(token.scales.iter().zip(token.sums)) {
+        offsets = simd.fma._mm256_fmadd_ps(
+            pulp::cast(*scales),
+            pulp::cast([token_scale * sum as f32; 8]),
+            offsets,
+        );
+    }
+    let offsets: [f32; 8] = pulp::cast(offsets);
     let mut out = [0.0f32; GROUP];
     for r in 0..GROUP {
         let lanes: [f32; 8] = pulp::cast(sums[r]);
