@@ -324,6 +324,12 @@ impl Model {
         let min_score = scores.iter().copied().fold(f32::INFINITY, f32::min);
         let n_norm = c.count(MAX)?;
         let norm_bytes = c.count(MAX)?;
+        // An entry takes at least 5 bytes: a count past them would only reserve memory.
+        if n_norm > norm_bytes / 5 {
+            return Err(format!(
+                "implausible count {n_norm} of normalisations in {norm_bytes} bytes"
+            ));
+        }
         let mut norm = Cursor {
             bytes: c.take(norm_bytes)?,
             at: 0,
@@ -1040,6 +1046,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    proptest! {
+        /// A model file with bytes overwritten or cut short is refused with an error,
+        /// or parses to a model that embeds: never a panic (an operator's file is
+        /// read, and a download can be damaged).
+        #[test]
+        fn a_damaged_model_file_is_refused_or_embeds(
+            writes in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+            cut in proptest::option::of(any::<prop::sample::Index>()),
+        ) {
+            let mut bytes = tiny_model(8);
+            for (at, value) in writes {
+                let i = at.index(bytes.len());
+                bytes[i] = value;
+            }
+            if let Some(cut) = cut {
+                bytes.truncate(cut.index(bytes.len()));
+            }
+            if let Ok(model) = Model::parse(&bytes) {
+                let ids = vec![model.tokenizer.encode("ab a b"), model.tokenizer.encode("")];
+                prop_assert_eq!(model.embed_ids(&ids).len(), 2);
+            }
+        }
+    }
+
+    /// The count of normalisations is read before them: one their bytes cannot hold
+    /// is refused before anything is reserved for it.
+    #[test]
+    fn a_count_past_its_bytes_is_refused() {
+        let mut bytes = tiny_model(8);
+        // The counts follow the vocabulary's bytes.
+        let blob = "<s><pad></s><unk>\u{2581}ab".as_bytes();
+        let at = bytes
+            .windows(blob.len())
+            .position(|w| w == blob)
+            .expect("the vocabulary's bytes")
+            + blob.len();
+        assert_eq!(bytes[at..at + 8], [0; 8]);
+        bytes[at..at + 4].copy_from_slice(&(1u32 << 27).to_le_bytes());
+        let refused = Model::parse(&bytes).err().unwrap_or_default();
+        assert!(refused.contains("implausible count"), "{refused}");
     }
 
     #[test]
